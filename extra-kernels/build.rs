@@ -1,0 +1,70 @@
+//! Compiles the CUDA kernels in `kernels/` with nvcc when the `cuda` feature is on.
+//!
+//! Architectures come from `CMAKE_CUDA_ARCHITECTURES` (the variable that also steers ggml-cuda's
+//! build) in CMake syntax: `90`, `86-real`, `75-virtual`, `native`, `;`-separated. cudart is
+//! linked the way ggml links it: shared when llama.cpp is built as shared libraries
+//! (`LLAMA_BUILD_SHARED_LIBS=1`), static otherwise, so the program has one CUDA runtime.
+use std::env;
+use std::path::PathBuf;
+
+const DEFAULT_ARCHS: &str = "75-virtual;80-virtual;86-real;89-real;90-real";
+
+fn gencode(arch: &str) -> String {
+    let (num, kind) = match arch.split_once('-') {
+        Some((n, k)) => (n, k),
+        None => (arch, "both"),
+    };
+    match kind {
+        "real" => format!("-gencode=arch=compute_{num},code=sm_{num}"),
+        "virtual" => format!("-gencode=arch=compute_{num},code=compute_{num}"),
+        _ => format!("-gencode=arch=compute_{num},code=[sm_{num},compute_{num}]"),
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=CMAKE_CUDA_ARCHITECTURES");
+    println!("cargo:rerun-if-env-changed=LLAMA_BUILD_SHARED_LIBS");
+    println!("cargo:rerun-if-env-changed=CUDA_PATH");
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let archs = env::var("CMAKE_CUDA_ARCHITECTURES").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
+    let shared = env::var("LLAMA_BUILD_SHARED_LIBS").is_ok_and(|v| v == "1");
+    let cuda_path = env::var("CUDA_PATH").ok().map(PathBuf::from);
+
+    let mut build = cc::Build::new();
+    build
+        .cuda(true)
+        .cudart(if shared { "shared" } else { "static" })
+        .flag("-O3")
+        .flag("-std=c++17");
+    if let Some(root) = &cuda_path {
+        let nvcc = root.join("bin/nvcc");
+        if nvcc.is_file() {
+            build.compiler(nvcc);
+        }
+        println!(
+            "cargo:rustc-link-search=native={}",
+            root.join("lib").display()
+        );
+        println!(
+            "cargo:rustc-link-search=native={}",
+            root.join("lib64").display()
+        );
+    }
+    for arch in archs.split(';').map(str::trim).filter(|a| !a.is_empty()) {
+        if arch == "native" {
+            build.flag("-arch=native");
+        } else {
+            build.flag(gencode(arch));
+        }
+    }
+    for entry in std::fs::read_dir("kernels").expect("extra-kernels/kernels is missing") {
+        let path = entry.expect("reading kernels/").path();
+        if path.extension().is_some_and(|e| e == "cu") {
+            build.file(&path);
+        }
+    }
+    build.compile("pocketmoe_kernels");
+}

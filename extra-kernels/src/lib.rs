@@ -1,0 +1,16 @@
+//! extra-kernels — PocketMoE's own CUDA kernels (one op per `.cu`/`.cuh` pair in `kernels/`, each
+//! with one `extern "C"` launcher that takes a stream), and the Rust declarations of those
+//! launchers. Without the `cuda` feature the crate is empty apart from [`available`].
+//!
+//! Kernels: `remap_expert_ids` (expert id -> GPU cache slot, with a miss count).
+
+/// Whether this build compiled the kernels.
+pub const fn available() -> bool {
+    cfg!(feature = "cuda")
+}
+
+#[cfg(feature = "cuda")]
+pub mod ffi;
+
+#[cfg(feature = "cuda")]
+pub use ffi::remap_expert_ids_host;

@@ -1,0 +1,240 @@
+//! Backends (CPU, CUDA), the devices ggml registered, and the multi-backend scheduler.
+//!
+//! Without the `cuda` feature the CUDA entry points exist and return
+//! [`GgmlError::BuiltWithoutCuda`], so callers build the same way on every machine.
+use super::{cstr, GgmlError, Graph, Result, Tensor};
+use ggml_sys as sys;
+use std::ffi::CString;
+use std::ptr::NonNull;
+
+/// What kind of device ggml says a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accel,
+    Other,
+}
+
+/// A device registered with ggml (static registry of the linked backends).
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub index: usize,
+    pub name: String,
+    pub description: String,
+    pub kind: DeviceKind,
+    pub memory_free: usize,
+    pub memory_total: usize,
+}
+
+impl Device {
+    /// Every device of every backend compiled into this binary.
+    pub fn all() -> Vec<Device> {
+        // SAFETY: registry queries; device handles are static for the program's life.
+        let n = unsafe { sys::ggml_backend_dev_count() };
+        (0..n)
+            .map(|i| {
+                // SAFETY: i < count.
+                let dev = unsafe { sys::ggml_backend_dev_get(i) };
+                let (mut free, mut total) = (0usize, 0usize);
+                // SAFETY: dev is a valid registered device.
+                let (name, description, ty) = unsafe {
+                    sys::ggml_backend_dev_memory(dev, &mut free, &mut total);
+                    (
+                        cstr(sys::ggml_backend_dev_name(dev)),
+                        cstr(sys::ggml_backend_dev_description(dev)),
+                        sys::ggml_backend_dev_type(dev),
+                    )
+                };
+                let kind = match ty {
+                    sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+                    sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+                    sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+                    sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accel,
+                    _ => DeviceKind::Other,
+                };
+                Device {
+                    index: i,
+                    name,
+                    description,
+                    kind,
+                    memory_free: free,
+                    memory_total: total,
+                }
+            })
+            .collect()
+    }
+}
+
+/// An initialised ggml backend (a stream of work on one device).
+pub struct Backend {
+    ptr: NonNull<sys::ggml_backend>,
+}
+
+impl Backend {
+    /// The CPU backend with `n_threads` threads (0 = all cores).
+    pub fn cpu(n_threads: usize) -> Result<Self> {
+        // SAFETY: plain constructor; null on failure.
+        let ptr = unsafe { sys::ggml_backend_cpu_init() };
+        let b = Self {
+            ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("CPU".into()))?,
+        };
+        let n = if n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            n_threads
+        };
+        // SAFETY: b is a CPU backend.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(b.raw(), n as i32) };
+        Ok(b)
+    }
+
+    /// The CUDA backend on GPU `device`.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(device: usize) -> Result<Self> {
+        // SAFETY: plain query.
+        let n = unsafe { sys::ggml_backend_cuda_get_device_count() } as usize;
+        if device >= n {
+            return Err(GgmlError::NoSuchDevice(
+                format!("CUDA{device}"),
+                format!("{n} CUDA device(s)"),
+            ));
+        }
+        // SAFETY: device < count; null on failure.
+        let ptr = unsafe { sys::ggml_backend_cuda_init(device as i32) };
+        Ok(Self {
+            ptr: NonNull::new(ptr)
+                .ok_or_else(|| GgmlError::BackendInit(format!("CUDA{device}")))?,
+        })
+    }
+
+    /// The CUDA backend on GPU `device` (this build has no CUDA).
+    #[cfg(not(feature = "cuda"))]
+    pub fn cuda(_device: usize) -> Result<Self> {
+        Err(GgmlError::BuiltWithoutCuda)
+    }
+
+    /// A backend by ggml device name (`CPU`, `CUDA0`, ...).
+    pub fn by_name(name: &str) -> Result<Self> {
+        let c = CString::new(name)
+            .map_err(|_| GgmlError::NoSuchDevice(name.into(), "NUL in name".into()))?;
+        // SAFETY: registry lookup with a valid C string; null if absent.
+        let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
+        NonNull::new(ptr).map(|ptr| Self { ptr }).ok_or_else(|| {
+            let names: Vec<String> = Device::all().into_iter().map(|d| d.name).collect();
+            GgmlError::NoSuchDevice(name.into(), names.join(", "))
+        })
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_backend {
+        self.ptr.as_ptr()
+    }
+
+    pub fn name(&self) -> String {
+        // SAFETY: live backend.
+        cstr(unsafe { sys::ggml_backend_name(self.raw()) })
+    }
+
+    /// Whether this backend can run the op that produced `t`.
+    pub fn supports_op(&self, t: Tensor<'_>) -> bool {
+        // SAFETY: live backend and tensor.
+        unsafe { sys::ggml_backend_supports_op(self.raw(), t.raw()) }
+    }
+
+    /// Runs a graph whose tensors are all allocated (e.g. by [`Context::alloc_tensors`]).
+    pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
+        // SAFETY: live backend and graph; all tensors allocated (ggml checks and aborts otherwise,
+        // so callers allocate first).
+        let status = unsafe { sys::ggml_backend_graph_compute(self.raw(), graph.raw()) };
+        check_status(status, self.name())
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: we own the backend.
+        unsafe { sys::ggml_backend_free(self.raw()) };
+    }
+}
+
+// SAFETY: a ggml backend may be moved to another thread; it is used from one thread at a time.
+unsafe impl Send for Backend {}
+
+fn check_status(status: sys::ggml_status, backend: String) -> Result<()> {
+    if status == sys::GGML_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(GgmlError::Compute {
+            backend,
+            status: status as i32,
+        })
+    }
+}
+
+/// ggml's scheduler: splits a graph over several backends (first = highest priority, last must be
+/// the CPU), allocates intermediates in its own buffers, and copies between backends.
+pub struct Sched<'b> {
+    ptr: NonNull<sys::ggml_backend_sched>,
+    backends: Vec<&'b Backend>,
+}
+
+impl<'b> Sched<'b> {
+    pub fn new(backends: &[&'b Backend], graph_size: usize, op_offload: bool) -> Result<Self> {
+        let mut raw: Vec<_> = backends.iter().map(|b| b.raw()).collect();
+        // SAFETY: `raw` holds live backends, which outlive the scheduler ('b); null bufts = defaults.
+        let ptr = unsafe {
+            sys::ggml_backend_sched_new(
+                raw.as_mut_ptr(),
+                std::ptr::null_mut(),
+                raw.len() as i32,
+                graph_size,
+                false,
+                op_offload,
+            )
+        };
+        Ok(Self {
+            ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("scheduler".into()))?,
+            backends: backends.to_vec(),
+        })
+    }
+
+    /// Allocates and runs `graph`. Outputs are read with [`Sched::read_f32`] while `self` lives.
+    pub fn compute(&mut self, graph: &Graph<'_>) -> Result<()> {
+        // SAFETY: live scheduler and graph.
+        unsafe {
+            sys::ggml_backend_sched_reset(self.ptr.as_ptr());
+            if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw()) {
+                return Err(GgmlError::Alloc {
+                    backend: "scheduler".into(),
+                    what: "graph".into(),
+                    size: 0,
+                });
+            }
+            let status = sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw());
+            check_status(status, "scheduler".into())
+        }
+    }
+
+    /// Number of backend splits of the last graph.
+    pub fn n_splits(&self) -> usize {
+        // SAFETY: pure query.
+        unsafe { sys::ggml_backend_sched_get_n_splits(self.ptr.as_ptr()) as usize }
+    }
+
+    /// Reads a graph output; the scheduler's buffers are alive while `self` is borrowed.
+    pub fn read_f32(&self, t: Tensor<'_>) -> Result<Vec<f32>> {
+        t.read_f32()
+    }
+
+    pub fn backends(&self) -> &[&'b Backend] {
+        &self.backends
+    }
+}
+
+impl Drop for Sched<'_> {
+    fn drop(&mut self) {
+        // SAFETY: we own the scheduler.
+        unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) };
+    }
+}

@@ -1,0 +1,340 @@
+//! `Context` (a `ggml_context`, always `no_alloc`: tensor data lives in backend buffers) and
+//! `Tensor`, a copyable handle that borrows its context. Ops are methods on the context and name
+//! nothing about where they run; backends and the scheduler decide that.
+//!
+//! Invariant: buffers allocated for a context's tensors are owned by that context, so a
+//! `Tensor<'ctx>` never points at freed memory.
+use super::{backend::Backend, cstr, GgmlError, GgmlType, Result};
+use ggml_sys as sys;
+use std::cell::RefCell;
+use std::ffi::CString;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// A ggml context: metadata for tensors and graph nodes. Data lives in backend buffers.
+pub struct Context {
+    ptr: NonNull<sys::ggml_context>,
+    buffers: RefCell<Vec<sys::ggml_backend_buffer_t>>,
+}
+
+impl Context {
+    /// A context with room for the metadata of `max_tensors` tensors and one graph of
+    /// `graph_size` nodes.
+    pub fn new(max_tensors: usize, graph_size: usize) -> Result<Self> {
+        // SAFETY: pure size queries.
+        let mem = unsafe {
+            max_tensors * sys::ggml_tensor_overhead()
+                + sys::ggml_graph_overhead_custom(graph_size, false)
+        } + 1024;
+        let params = sys::ggml_init_params {
+            mem_size: mem,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        // SAFETY: ggml allocates and owns the metadata pool; we free it in Drop.
+        let ptr = unsafe { sys::ggml_init(params) };
+        Ok(Self {
+            ptr: NonNull::new(ptr).ok_or(GgmlError::ContextInit(mem))?,
+            buffers: RefCell::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_context {
+        self.ptr.as_ptr()
+    }
+
+    fn wrap(&self, t: *mut sys::ggml_tensor, what: &str) -> Tensor<'_> {
+        // ggml returns null only when the context's metadata pool is exhausted, which is a sizing
+        // bug in the caller (graph invariant), not bad input.
+        let ptr = NonNull::new(t)
+            .unwrap_or_else(|| panic!("ggml context out of metadata memory creating {what}"));
+        Tensor {
+            ptr,
+            _ctx: PhantomData,
+        }
+    }
+
+    /// A new tensor of `ty` with shape `ne` (ne0 first, 1 to 4 dims).
+    pub fn new_tensor(&self, ty: GgmlType, ne: &[i64]) -> Result<Tensor<'_>> {
+        if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&n| n <= 0) {
+            return Err(GgmlError::Tensor {
+                name: "<new>".into(),
+                msg: format!("invalid shape {ne:?}"),
+            });
+        }
+        if ne[0] % ty.block_size() as i64 != 0 {
+            return Err(GgmlError::Tensor {
+                name: "<new>".into(),
+                msg: format!(
+                    "ne0={} is not a multiple of the {ty} block size {}",
+                    ne[0],
+                    ty.block_size()
+                ),
+            });
+        }
+        // SAFETY: ne has 1..=4 positive entries; the context is live.
+        let t = unsafe { sys::ggml_new_tensor(self.raw(), ty.raw(), ne.len() as i32, ne.as_ptr()) };
+        Ok(self.wrap(t, "tensor"))
+    }
+
+    /// Allocates every tensor of this context that has no data yet in one buffer of `backend`.
+    /// The buffer is owned by the context. Returns its size in bytes.
+    pub fn alloc_tensors(&self, backend: &Backend) -> Result<usize> {
+        // SAFETY: context and backend are live; ggml returns null on failure (or when there is
+        // nothing to allocate, which we treat as 0 bytes).
+        let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors(self.raw(), backend.raw()) };
+        if buf.is_null() {
+            // SAFETY: walking the context's tensor list; pointers stay valid while self lives.
+            let pending = unsafe {
+                let mut t = sys::ggml_get_first_tensor(self.raw());
+                let mut n = 0usize;
+                while !t.is_null() {
+                    if (*t).data.is_null() && (*t).view_src.is_null() {
+                        n += sys::ggml_nbytes(t);
+                    }
+                    t = sys::ggml_get_next_tensor(self.raw(), t);
+                }
+                n
+            };
+            if pending == 0 {
+                return Ok(0);
+            }
+            return Err(GgmlError::Alloc {
+                backend: backend.name(),
+                what: "context tensors".into(),
+                size: pending,
+            });
+        }
+        // SAFETY: buf is a live buffer we now own.
+        let size = unsafe { sys::ggml_backend_buffer_get_size(buf) };
+        self.buffers.borrow_mut().push(buf);
+        Ok(size)
+    }
+
+    // ---- ops (shapes in ggml order, ne0 first) ----
+
+    /// `a` [k, n, ...] × `b` [k, m, ...] -> [n, m, ...] (a may be quantised).
+    pub fn mul_mat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: both tensors belong to this live context (lifetime 'a).
+        self.wrap(
+            unsafe { sys::ggml_mul_mat(self.raw(), a.raw(), b.raw()) },
+            "mul_mat",
+        )
+    }
+
+    /// Indirect matmul over experts: `as_` [k, n, n_expert], `b` [k, n_used|1, n_tokens],
+    /// `ids` i32 [n_used, n_tokens] -> [n, n_used, n_tokens].
+    pub fn mul_mat_id<'a>(&'a self, as_: Tensor<'a>, b: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_mul_mat_id(self.raw(), as_.raw(), b.raw(), ids.raw()) },
+            "mul_mat_id",
+        )
+    }
+
+    pub fn add<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_add(self.raw(), a.raw(), b.raw()) },
+            "add",
+        )
+    }
+
+    pub fn mul<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_mul(self.raw(), a.raw(), b.raw()) },
+            "mul",
+        )
+    }
+
+    pub fn scale<'a>(&'a self, a: Tensor<'a>, s: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_scale(self.raw(), a.raw(), s) }, "scale")
+    }
+
+    pub fn rms_norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_rms_norm(self.raw(), a.raw(), eps) },
+            "rms_norm",
+        )
+    }
+
+    /// Rows of `a` [n_embd, n_rows] picked by i32 `ids` [n] -> [n_embd, n] (f32).
+    pub fn get_rows<'a>(&'a self, a: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_get_rows(self.raw(), a.raw(), ids.raw()) },
+            "get_rows",
+        )
+    }
+
+    pub fn soft_max<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_soft_max(self.raw(), a.raw()) },
+            "soft_max",
+        )
+    }
+
+    /// Reshape to `ne` (same element count, `a` contiguous).
+    pub fn reshape<'a>(&'a self, a: Tensor<'a>, ne: &[i64]) -> Result<Tensor<'a>> {
+        let n: i64 = ne.iter().product();
+        if n != a.n_elements() || !a.is_contiguous() || ne.is_empty() || ne.len() > 4 {
+            return Err(a.err(format!("cannot reshape {:?} to {ne:?}", a.shape())));
+        }
+        // SAFETY: element counts match and `a` is contiguous (ggml's own preconditions).
+        let t = unsafe {
+            match *ne {
+                [n0] => sys::ggml_reshape_1d(self.raw(), a.raw(), n0),
+                [n0, n1] => sys::ggml_reshape_2d(self.raw(), a.raw(), n0, n1),
+                [n0, n1, n2] => sys::ggml_reshape_3d(self.raw(), a.raw(), n0, n1, n2),
+                [n0, n1, n2, n3] => sys::ggml_reshape_4d(self.raw(), a.raw(), n0, n1, n2, n3),
+                _ => unreachable!(),
+            }
+        };
+        Ok(self.wrap(t, "reshape"))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        for buf in self.buffers.get_mut().drain(..) {
+            // SAFETY: we own each buffer; tensors that point into it die with this context.
+            unsafe { sys::ggml_backend_buffer_free(buf) };
+        }
+        // SAFETY: we own the context.
+        unsafe { sys::ggml_free(self.ptr.as_ptr()) };
+    }
+}
+
+/// A tensor of a [`Context`]; `Copy`, valid as long as the context.
+#[derive(Clone, Copy)]
+pub struct Tensor<'ctx> {
+    ptr: NonNull<sys::ggml_tensor>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Tensor<'ctx> {
+    pub(crate) fn raw(self) -> *mut sys::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    fn get(&self) -> &sys::ggml_tensor {
+        // SAFETY: the tensor lives in the context's pool for 'ctx.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    fn err(&self, msg: String) -> GgmlError {
+        GgmlError::Tensor {
+            name: self.name(),
+            msg,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        cstr(self.get().name.as_ptr())
+    }
+
+    /// Sets the tensor's name (llama.cpp style, e.g. `ffn_moe_out-12`). Truncated at 63 bytes.
+    pub fn set_name(self, name: &str) -> Self {
+        let c = CString::new(name.replace('\0', "")).expect("NULs removed");
+        // SAFETY: ggml copies at most GGML_MAX_NAME-1 bytes.
+        unsafe { sys::ggml_set_name(self.raw(), c.as_ptr()) };
+        self
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        GgmlType::from_id(self.get().type_ as u32)
+            .expect("ggml produced a tensor of an unknown type")
+    }
+
+    /// Shape, ne0 first, trailing 1s removed (at least one dimension).
+    pub fn shape(&self) -> Vec<i64> {
+        let ne = self.get().ne;
+        let nd = (1..=4).rev().find(|&d| ne[d - 1] != 1).unwrap_or(1);
+        ne[..nd].to_vec()
+    }
+
+    pub fn ne(&self) -> [i64; 4] {
+        self.get().ne
+    }
+
+    pub fn n_elements(&self) -> i64 {
+        self.get().ne.iter().product()
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        // SAFETY: pure computation from the tensor's metadata.
+        unsafe { sys::ggml_nbytes(self.raw()) }
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { sys::ggml_is_contiguous(self.raw()) }
+    }
+
+    fn check_io(&self, len: usize) -> Result<()> {
+        let t = self.get();
+        if t.buffer.is_null() || t.data.is_null() {
+            return Err(
+                self.err("has no backend buffer (allocate its context or graph first)".into())
+            );
+        }
+        if len != self.n_bytes() {
+            return Err(self.err(format!("holds {} bytes, got {len}", self.n_bytes())));
+        }
+        Ok(())
+    }
+
+    /// Copies raw bytes (the tensor's own layout, e.g. quantised blocks) into the tensor.
+    pub fn write_bytes(self, data: &[u8]) -> Result<()> {
+        self.check_io(data.len())?;
+        // SAFETY: the tensor has a live buffer (owned by its context or a live allocator) of
+        // n_bytes == data.len() at its data pointer.
+        unsafe { sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), 0, data.len()) };
+        Ok(())
+    }
+
+    /// Copies the tensor's bytes out.
+    pub fn read_bytes(self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.n_bytes()];
+        self.check_io(out.len())?;
+        // SAFETY: as in write_bytes; `out` has exactly n_bytes.
+        unsafe { sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), 0, out.len()) };
+        Ok(out)
+    }
+
+    pub fn write_f32(self, data: &[f32]) -> Result<()> {
+        self.expect_type(GgmlType::F32)?;
+        self.write_bytes(bytemuck::cast_slice(data))
+    }
+
+    pub fn write_i32(self, data: &[i32]) -> Result<()> {
+        self.expect_type(GgmlType::I32)?;
+        self.write_bytes(bytemuck::cast_slice(data))
+    }
+
+    pub fn read_f32(self) -> Result<Vec<f32>> {
+        self.expect_type(GgmlType::F32)?;
+        let bytes = self.read_bytes()?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    fn expect_type(&self, ty: GgmlType) -> Result<()> {
+        if self.ty() != ty {
+            return Err(self.err(format!("is {}, not {ty}", self.ty())));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Tensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}{:?}", self.name(), self.ty(), self.shape())
+    }
+}

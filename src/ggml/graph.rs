@@ -1,0 +1,38 @@
+//! `Graph`: a ggml compute graph, allocated in (and borrowing) a [`Context`].
+use super::{Context, Tensor};
+use ggml_sys as sys;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+pub struct Graph<'ctx> {
+    ptr: NonNull<sys::ggml_cgraph>,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl<'ctx> Graph<'ctx> {
+    /// An empty graph of at most `size` nodes in `ctx` (which must have been sized for it).
+    pub fn new(ctx: &'ctx Context, size: usize) -> Self {
+        // SAFETY: the context is live; ggml aborts only if the pool is too small, which
+        // Context::new sized for.
+        let g = unsafe { sys::ggml_new_graph_custom(ctx.raw(), size, false) };
+        Self {
+            ptr: NonNull::new(g).expect("ggml_new_graph_custom returned null"),
+            _ctx: PhantomData,
+        }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::ggml_cgraph {
+        self.ptr.as_ptr()
+    }
+
+    /// Adds `t` and everything it depends on.
+    pub fn build_forward(&mut self, t: Tensor<'ctx>) {
+        // SAFETY: graph and tensor live in the same context.
+        unsafe { sys::ggml_build_forward_expand(self.raw(), t.raw()) };
+    }
+
+    pub fn n_nodes(&self) -> usize {
+        // SAFETY: pure query.
+        unsafe { sys::ggml_graph_n_nodes(self.raw()) as usize }
+    }
+}

@@ -1,0 +1,22 @@
+//! PocketMoE: run large Mixture-of-Experts GGUF models on GPUs too small to hold them.
+//!
+//! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-2`) does the quantised
+//! math; this crate does the MoE-specific parts. See the README's architecture section for the
+//! layout and DESIGN.md (shared) for the physics and the offload design.
+pub mod ggml;
+pub mod selfcheck;
+pub mod util;
+
+/// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).
+pub fn version() -> String {
+    let (v, c) = ggml::version();
+    let backends = if cfg!(feature = "cuda") {
+        "cpu+cuda"
+    } else {
+        "cpu"
+    };
+    format!(
+        "{} (ggml {v} {c}, llama-cpp-sys-2 0.1.161, backends: {backends})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
