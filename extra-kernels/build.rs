@@ -40,10 +40,14 @@ fn main() {
         .flag("-O3")
         .flag("-std=c++17");
     if let Some(root) = &cuda_path {
-        let nvcc = root.join("bin/nvcc");
-        if nvcc.is_file() {
-            build.compiler(nvcc);
-        }
+        // cc runs `nvcc` from PATH (and recognises it by that name); make CUDA_PATH's win.
+        let path = env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![root.join("bin")];
+        dirs.extend(env::split_paths(&path));
+        env::set_var(
+            "PATH",
+            env::join_paths(dirs).expect("PATH entries are valid"),
+        );
         println!(
             "cargo:rustc-link-search=native={}",
             root.join("lib").display()

@@ -165,10 +165,7 @@ fn check_status(status: sys::ggml_status, backend: String) -> Result<()> {
     if status == sys::GGML_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(GgmlError::Compute {
-            backend,
-            status: status as i32,
-        })
+        Err(GgmlError::Compute { backend, status })
     }
 }
 

@@ -246,8 +246,7 @@ impl<'ctx> Tensor<'ctx> {
     }
 
     pub fn ty(&self) -> GgmlType {
-        GgmlType::from_id(self.get().type_ as u32)
-            .expect("ggml produced a tensor of an unknown type")
+        GgmlType::from_id(self.get().type_).expect("ggml produced a tensor of an unknown type")
     }
 
     /// Shape, ne0 first, trailing 1s removed (at least one dimension).

@@ -32,7 +32,7 @@ impl GgmlType {
 
     /// Checked conversion from a raw id (as read from a GGUF file).
     pub fn from_id(id: u32) -> Result<Self> {
-        let t = Self(id as sys::ggml_type);
+        let t = Self(id);
         // Ids that ggml has retired (Q4_2, Q4_3, ...) have no block size.
         if id >= Self::COUNT || t.traits().blck_size == 0 {
             return Err(GgmlError::UnknownType(id));
@@ -51,7 +51,7 @@ impl GgmlType {
     }
 
     pub fn id(self) -> u32 {
-        self.0 as u32
+        self.0
     }
 
     pub(crate) fn raw(self) -> sys::ggml_type {

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on the device machine (the H200), from the repo root of the copied working tree, with
+# dist/ carried. Unpacks the CUDA build from scripts/pack-device.sh once into /tmp/pmoe, then:
+#
+#   scripts/device-run.sh tests [FILTER]        # every packed test executable (cargo test names)
+#   scripts/device-run.sh pocketmoe ARGS...     # the CLI, e.g. `pocketmoe self-check`
+#   scripts/device-run.sh exec CMD ARGS...      # anything, with the environment set
+#
+# Output is also written to $OUT/device-run.log when $OUT is set.
+set -uo pipefail
+ROOT=/tmp/pmoe
+sum=$(cat dist/device.tar.xz.part* | md5sum | cut -d' ' -f1)
+if [ ! -f "$ROOT/.sum" ] || [ "$(cat "$ROOT/.sum")" != "$sum" ]; then
+  rm -rf "$ROOT" && mkdir -p /tmp && cat dist/device.tar.xz.part* | xz -d | tar -C /tmp -xf - || exit 1
+  echo "$sum" > "$ROOT/.sum"
+fi
+export LD_LIBRARY_PATH="$ROOT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PATH="$ROOT/bin:$PATH"
+log="${OUT:-/tmp}/device-run.log"
+cmd="${1:-tests}"; shift || true
+case "$cmd" in
+  tests)
+    (
+      rc=0
+      for t in "$ROOT"/tests/*; do
+        echo "== $(basename "$t")"
+        "$t" --test-threads=1 "$@" || rc=1
+      done
+      exit $rc
+    ) 2>&1 | tee -a "$log"
+    exit "${PIPESTATUS[0]}"
+    ;;
+  pocketmoe) pocketmoe "$@" 2>&1 | tee -a "$log"; exit "${PIPESTATUS[0]}" ;;
+  exec) "$@" 2>&1 | tee -a "$log"; exit "${PIPESTATUS[0]}" ;;
+  *) echo "usage: $0 tests [FILTER] | pocketmoe ARGS... | exec CMD..." >&2; exit 2 ;;
+esac

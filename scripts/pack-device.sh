@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Packs the CUDA build (scripts/build-cuda.sh) for the device machine: binaries, test executables
+# and the stripped shared ggml/llama libraries, as dist/device.tar.xz split into 15 MiB pieces
+# (dist/ is git-ignored; name it in the device tool's `carry`). Prints the packed size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T="${POCKETMOE_CUDA_TARGET:-$HOME/.cache/pocketmoe-target-cuda}/release"
+stage=$(mktemp -d)
+mkdir -p "$stage/pmoe/bin" "$stage/pmoe/lib" "$stage/pmoe/tests"
+cp "$T/pocketmoe" "$T/pocketmoe-serve" "$stage/pmoe/bin/"
+while read -r exe; do
+  [ -n "$exe" ] || continue
+  name=$(basename "$exe"); cp "$exe" "$stage/pmoe/tests/${name%-*}"
+done < "$T/test-executables.txt"
+# The one ggml/llama build that llama-cpp-sys-2 made (shared: LLAMA_BUILD_SHARED_LIBS=1).
+libdir=$(dirname "$(ls -t "$T"/build/llama-cpp-sys-2-*/out/lib/libggml-base.so | head -1)")
+cp -L "$libdir"/lib*.so* "$stage/pmoe/lib/" 2>/dev/null || true
+# Only the sonames the binaries ask for, one file each (no symlink chains).
+strip --strip-unneeded "$stage"/pmoe/bin/* "$stage"/pmoe/tests/* "$stage"/pmoe/lib/* 2>/dev/null || true
+rm -rf dist && mkdir -p dist
+tar -C "$stage" -cf - pmoe | xz -T0 -6 > dist/device.tar.xz
+(cd dist && split -b 15M -d device.tar.xz device.tar.xz.part && rm device.tar.xz)
+rm -rf "$stage"
+du -cb dist/* | tail -1 | awk '{printf "packed: %.1f MiB in dist/\n", $1/1048576}'
+ls -l dist
