@@ -3,8 +3,12 @@
 //! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-2`) does the quantised
 //! math; this crate does the MoE-specific parts. See the README's architecture section for the
 //! layout and DESIGN.md (shared) for the physics and the offload design.
+pub mod cli;
 pub mod ggml;
+pub mod gguf;
+pub mod model;
 pub mod selfcheck;
+pub mod synth;
 pub mod util;
 
 /// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).

@@ -1,4 +1,4 @@
-//! `pocketmoe`: the command-line tool (self-check now; inspect, synth, run and bench follow).
+//! `pocketmoe`: the command-line tool (self-check, synth; inspect, run and bench follow).
 use anyhow::{bail, Context as _, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use pocketmoe::ggml::{Backend, Device, DeviceKind};
@@ -26,6 +26,11 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         threads: usize,
     },
+    /// Write a random-weight GGUF of a real model's shape that stock llama.cpp loads and runs.
+    Synth(pocketmoe::cli::synth::SynthArgs),
+    /// Show a GGUF's architecture, hyper-parameters, bytes by role and type, validation, kernel
+    /// capabilities and the placement report for a VRAM budget.
+    Inspect(pocketmoe::cli::inspect::InspectArgs),
 }
 
 fn main() {
@@ -38,6 +43,8 @@ fn main() {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.cmd {
         Cmd::SelfCheck { list, threads } => self_check(list, threads),
+        Cmd::Synth(args) => pocketmoe::cli::synth::run(args),
+        Cmd::Inspect(args) => pocketmoe::cli::inspect::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -12,6 +12,7 @@
 mod backend;
 mod context;
 mod graph;
+pub mod llama;
 pub mod quant;
 pub mod refquant;
 mod types;
@@ -19,7 +20,7 @@ mod types;
 pub use backend::{Backend, Device, DeviceKind, Sched};
 pub use context::{Context, Tensor};
 pub use graph::Graph;
-pub use types::GgmlType;
+pub use types::{GgmlType, Kernels};
 
 /// Errors of the ggml layer. Every variant names what failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,8 @@ pub enum GgmlError {
     Compute { backend: String, status: i32 },
     #[error("unknown ggml type id {0}")]
     UnknownType(u32),
+    #[error("libllama: {0}")]
+    Llama(String),
     #[error("quantisation to {ty}: {msg}")]
     Quant { ty: &'static str, msg: String },
 }

@@ -14,6 +14,7 @@ impl GgmlType {
     pub const BF16: Self = Self(sys::GGML_TYPE_BF16);
     pub const I32: Self = Self(sys::GGML_TYPE_I32);
     pub const Q4_0: Self = Self(sys::GGML_TYPE_Q4_0);
+    pub const Q5_0: Self = Self(sys::GGML_TYPE_Q5_0);
     pub const Q8_0: Self = Self(sys::GGML_TYPE_Q8_0);
     pub const Q2_K: Self = Self(sys::GGML_TYPE_Q2_K);
     pub const Q3_K: Self = Self(sys::GGML_TYPE_Q3_K);
@@ -121,5 +122,42 @@ impl std::fmt::Debug for GgmlType {
 impl std::fmt::Display for GgmlType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Quantised types ggml-cuda's MMVQ (batch-1 matrix-vector) kernel handles, from
+/// `ggml-cuda/mmvq.cu` (`get_vdr_mmvq`) of the pinned llama.cpp tree.
+const CUDA_MMVQ: &[&str] = &[
+    "q1_0", "q2_0", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "nvfp4", "q2_K", "q3_K",
+    "q4_K", "q5_K", "q6_K", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m",
+    "iq4_nl", "iq4_xs",
+];
+/// Quantised types ggml-cuda's MMQ (batched, tensor-core) kernel handles, from
+/// `ggml-cuda/mmq.cu` (`ggml_cuda_should_use_mmq`) of the pinned tree.
+const CUDA_MMQ: &[&str] = &[
+    "q1_0", "q2_0", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+    "iq1_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq4_xs", "iq4_nl", "mxfp4",
+    "nvfp4",
+];
+
+/// Which matmul kernels the linked ggml has for a type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Kernels {
+    /// ggml-cpu has a vec-dot for the type (from `ggml_get_type_traits_cpu`, at run time).
+    pub cpu: bool,
+    /// ggml-cuda MMVQ / MMQ consume the blocks directly (float types go through cuBLAS instead).
+    pub cuda_mmvq: bool,
+    pub cuda_mmq: bool,
+}
+
+impl GgmlType {
+    pub fn kernels(self) -> Kernels {
+        // SAFETY: the CPU trait table is static and indexed by a valid type id.
+        let cpu = unsafe { (*sys::ggml_get_type_traits_cpu(self.0)).vec_dot.is_some() };
+        Kernels {
+            cpu,
+            cuda_mmvq: CUDA_MMVQ.contains(&self.name()),
+            cuda_mmq: CUDA_MMQ.contains(&self.name()),
+        }
     }
 }

@@ -1,0 +1,304 @@
+//! `pocketmoe inspect MODEL.gguf`: architecture and hyper-parameters, tensor bytes by role and
+//! by type, validation against the architecture table, kernel capabilities of the types present,
+//! and the placement report for a VRAM budget (human-readable, or `--json`).
+use crate::ggml::{GgmlType, Kernels};
+use crate::gguf::GgufModel;
+use crate::model::placement::{self, Bandwidths, Placement};
+use crate::model::validate::{validate, Finding};
+use crate::model::{arch_by_name, Hparams, Role};
+use anyhow::{bail, Context as _, Result};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// The GGUF file (any shard of a split bundle).
+    pub model: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// GPU memory budget for the placement report: bytes, or with a unit (24GiB, 8G, 512MiB).
+    #[arg(long, default_value = "24GiB", value_parser = parse_bytes)]
+    pub gpu_mem: u64,
+    /// Context length for the KV-cache estimate.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: u64,
+    /// Expected expert-cache hit rate for the bound (default: the cached fraction, i.e. uniform
+    /// routing, the pessimistic case).
+    #[arg(long)]
+    pub hit_rate: Option<f64>,
+    /// GPU memory bandwidth, GB/s (default: measured H200).
+    #[arg(long, default_value_t = 4470.0)]
+    pub hbm_gbps: f64,
+    /// Host-to-GPU bandwidth (pinned), GB/s.
+    #[arg(long, default_value_t = 50.7)]
+    pub pcie_gbps: f64,
+    /// CPU memory bandwidth for CPU-computed experts, GB/s.
+    #[arg(long, default_value_t = 68.0)]
+    pub cpu_gbps: f64,
+}
+
+/// Parses `123`, `8G`, `8GB` (10^9), `8GiB` (2^30), `512MiB`, ...
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (try 24GiB or 8000000000)"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => (1u64 << 20) as f64,
+        "g" | "gb" => 1e9,
+        "gib" => (1u64 << 30) as f64,
+        "t" | "tb" => 1e12,
+        "tib" => (1u64 << 40) as f64,
+        u => return Err(format!("unknown unit {u:?} in {s:?}")),
+    };
+    let v = n * mult;
+    if !v.is_finite() || v < 0.0 || v > 1e16 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(v as u64)
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub path: PathBuf,
+    pub architecture: String,
+    pub supported: bool,
+    pub hparams: Option<BTreeMap<&'static str, String>>,
+    pub file_bytes: u64,
+    pub n_tensors: usize,
+    pub by_role: BTreeMap<String, (usize, u64)>,
+    pub by_type: BTreeMap<String, (usize, u64)>,
+    pub findings: Vec<String>,
+    pub valid: bool,
+    pub kernels: BTreeMap<String, Kernels>,
+    pub placement: Option<Placement>,
+}
+
+fn hparams_table(h: &Hparams) -> BTreeMap<&'static str, String> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: &'static str, v: String| {
+        m.insert(k, v);
+    };
+    put("n_vocab", h.n_vocab.to_string());
+    put("n_embd", h.n_embd.to_string());
+    put("n_layer", h.n_layer.to_string());
+    put("n_layer_nextn", h.n_layer_nextn.to_string());
+    put("n_head", h.n_head.to_string());
+    put("n_head_kv", h.n_head_kv.to_string());
+    put("head_dim_k", h.head_dim_k.to_string());
+    put("head_dim_v", h.head_dim_v.to_string());
+    put("n_ff", h.n_ff.to_string());
+    put("n_ff_exp", h.n_ff_exp.to_string());
+    put("n_expert", h.n_expert.to_string());
+    put("n_expert_used", h.n_expert_used.to_string());
+    put("n_expert_shared", h.n_expert_shared.to_string());
+    put("n_layer_dense_lead", h.n_layer_dense_lead.to_string());
+    put("gating", format!("{:?}", h.gating));
+    put("n_ctx_train", h.n_ctx_train.to_string());
+    put("rope_freq_base", h.rope_freq_base.to_string());
+    m
+}
+
+/// Builds the report (no printing), so tests can check the figures.
+pub fn report(args: &InspectArgs) -> Result<Report> {
+    let model = GgufModel::open(&args.model)
+        .with_context(|| format!("reading {}", args.model.display()))?;
+    let arch_name = model
+        .get_str("general.architecture")
+        .unwrap_or("")
+        .to_string();
+    if arch_name.is_empty() {
+        bail!(
+            "{}: metadata has no general.architecture",
+            args.model.display()
+        );
+    }
+    let tensors: Vec<_> = model.tensors().cloned().collect();
+    let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut kernels = BTreeMap::new();
+    for t in &tensors {
+        let e = by_type.entry(t.ty.name().to_string()).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+        if t.ty.is_quantized() || t.ty == GgmlType::F16 || t.ty == GgmlType::BF16 {
+            kernels.insert(t.ty.name().to_string(), t.ty.kernels());
+        }
+    }
+    let mut rep = Report {
+        path: args.model.clone(),
+        architecture: arch_name.clone(),
+        supported: false,
+        hparams: None,
+        file_bytes: model.file_size(),
+        n_tensors: tensors.len(),
+        by_role: BTreeMap::new(),
+        by_type,
+        findings: Vec::new(),
+        valid: false,
+        kernels,
+        placement: None,
+    };
+    let Some(arch) = arch_by_name(&arch_name) else {
+        rep.findings.push(format!(
+            "architecture {arch_name:?} is not supported (supported: {})",
+            supported_list()
+        ));
+        return Ok(rep);
+    };
+    rep.supported = true;
+    let hp = match Hparams::from_meta(&arch_name, arch.required_keys, &model) {
+        Ok(hp) => hp,
+        Err(e) => {
+            rep.findings.push(format!("hyper-parameters: {e}"));
+            return Ok(rep);
+        }
+    };
+    let v = validate(arch, &hp, &tensors);
+    rep.valid = v.is_ok();
+    rep.findings = v.findings.iter().map(Finding::to_string).collect();
+    for t in &tensors {
+        let role = v.roles.get(&t.name).copied().unwrap_or(Role::Other);
+        let e = rep.by_role.entry(format!("{role:?}")).or_default();
+        e.0 += 1;
+        e.1 += t.n_bytes;
+    }
+    let bw = Bandwidths {
+        hbm: args.hbm_gbps * 1e9,
+        pcie: args.pcie_gbps * 1e9,
+        cpu: args.cpu_gbps * 1e9,
+    };
+    rep.placement = Some(placement::plan(
+        &hp,
+        &tensors,
+        &v.roles,
+        args.gpu_mem,
+        args.ctx,
+        args.hit_rate,
+        bw,
+    ));
+    rep.hparams = Some(hparams_table(&hp));
+    Ok(rep)
+}
+
+fn supported_list() -> String {
+    crate::model::ARCHS
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    let rep = report(&args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else {
+        print_text(&rep);
+    }
+    if !rep.supported || !rep.valid {
+        bail!(
+            "{}: {} finding(s); the model cannot be run as is",
+            rep.path.display(),
+            rep.findings.len()
+        );
+    }
+    Ok(())
+}
+
+fn print_text(r: &Report) {
+    println!("{}", r.path.display());
+    println!(
+        "  architecture  {}{}",
+        r.architecture,
+        if r.supported { "" } else { " (not supported)" }
+    );
+    println!(
+        "  file size     {} ({} tensors)",
+        gib(r.file_bytes),
+        r.n_tensors
+    );
+    if let Some(h) = &r.hparams {
+        let line: Vec<String> = h.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("  hparams       {}", line.join(" "));
+    }
+    println!("  bytes by role:");
+    for (role, (n, b)) in &r.by_role {
+        println!("    {role:<14} {n:>6} tensors {:>12}", gib(*b));
+    }
+    println!("  bytes by type (kernels: CPU vec-dot / CUDA MMVQ / CUDA MMQ):");
+    for (ty, (n, b)) in &r.by_type {
+        let k = r.kernels.get(ty).map_or(String::from("-"), |k| {
+            let yn = |x: bool| if x { "yes" } else { "no" };
+            format!(
+                "cpu {} mmvq {} mmq {}",
+                yn(k.cpu),
+                yn(k.cuda_mmvq),
+                yn(k.cuda_mmq)
+            )
+        });
+        println!("    {ty:<8} {n:>6} tensors {:>12}   {k}", gib(*b));
+    }
+    if r.findings.is_empty() {
+        println!("  validation    ok");
+    } else {
+        println!(
+            "  validation    {}:",
+            if r.valid { "ok, with notes" } else { "FAILED" }
+        );
+        for f in &r.findings {
+            println!("    - {f}");
+        }
+    }
+    if let Some(p) = &r.placement {
+        println!(
+            "  placement for --gpu-mem {} --ctx {}:",
+            gib(p.gpu_mem),
+            p.n_ctx
+        );
+        println!(
+            "    resident (non-expert) weights {}",
+            gib(p.resident_bytes)
+        );
+        println!("    KV cache (f16)                {}", gib(p.kv_bytes));
+        println!("    compute buffers (estimate)    {}", gib(p.compute_bytes));
+        if !p.fits {
+            println!("    DOES NOT FIT: resident parts + KV + compute exceed the budget");
+        }
+        println!(
+            "    expert cache                  {} = {} of {} experts ({:.1}%), {:.2} MiB each",
+            gib(p.cache_bytes),
+            p.experts_cached,
+            p.n_experts_total,
+            100.0 * p.cached_fraction,
+            p.expert_bytes_each as f64 / (1u64 << 20) as f64
+        );
+        println!(
+            "    per token: {:.0} MiB resident + {:.0} MiB routed experts; hit rate assumed {:.0}%",
+            p.active_resident_bytes as f64 / (1u64 << 20) as f64,
+            p.active_expert_bytes as f64 / (1u64 << 20) as f64,
+            100.0 * p.hit_rate
+        );
+        println!(
+            "    decode bound (tok/s, HBM {:.0} GB/s, PCIe {:.1} GB/s, CPU {:.0} GB/s): all in VRAM {:.0} | misses over PCIe {:.0} | PCIe + CPU {:.0}",
+            p.bandwidths.hbm / 1e9,
+            p.bandwidths.pcie / 1e9,
+            p.bandwidths.cpu / 1e9,
+            p.bound_all_in_vram,
+            p.bound_pcie_only,
+            p.bound_pcie_and_cpu
+        );
+    }
+}

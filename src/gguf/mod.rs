@@ -1,0 +1,146 @@
+//! GGUF: the model file format of llama.cpp. A zero-copy reader (mmap; tensor data are slices of
+//! the map), split bundles (`<prefix>-00001-of-00003.gguf`), and a parallel writer.
+//!
+//! Follows the GGUF spec (llama.cpp `ggml/docs/gguf.md`) and ggml's reference implementation
+//! `ggml/src/gguf.cpp` of the llama.cpp we link (llama-cpp-sys-2 0.1.161); [`ggml_ref`] calls
+//! that implementation directly so tests can compare against it.
+//!
+//! Layout (little-endian): `"GGUF"`, u32 version (2 or 3), u64 n_tensors, u64 n_kv, n_kv
+//! key-value pairs, n_tensors tensor infos (name, u32 n_dims, u64 ne[n_dims], u32 ggml type,
+//! u64 offset), padding to `general.alignment` (default 32), then the data section.
+//!
+//! Invariants: parsing never panics, never reads outside its input and never allocates in
+//! proportion to a length field before checking it against the bytes that remain; every
+//! [`GgufError`] names the file, and format errors the byte offset and the field. What the
+//! writer produces, ggml's reader accepts (checked by the tests against `gguf_init_from_file`).
+
+/// Typed accessors over a file's (or a bundle's first shard's) metadata. Expanded inside the
+/// `impl` of every type that has a `fn meta_header(&self) -> &GgufHeader`.
+macro_rules! metadata_getters {
+    () => {
+        /// The value of `key`.
+        pub fn get(&self, key: &str) -> Option<&$crate::gguf::GgufValue> {
+            self.meta_header().metadata().get(key)
+        }
+        /// Any integer type whose value fits in u32.
+        pub fn get_u32(&self, key: &str) -> Option<u32> {
+            self.get(key)?.as_u32()
+        }
+        /// Any integer type whose value fits in u64.
+        pub fn get_u64(&self, key: &str) -> Option<u64> {
+            self.get(key)?.as_u64()
+        }
+        /// Any integer type whose value fits in i32.
+        pub fn get_i32(&self, key: &str) -> Option<i32> {
+            self.get(key)?.as_i32()
+        }
+        /// Any integer type whose value fits in i64.
+        pub fn get_i64(&self, key: &str) -> Option<i64> {
+            self.get(key)?.as_i64()
+        }
+        /// F32, F64 (rounded) or an integer of magnitude <= 2^24.
+        pub fn get_f32(&self, key: &str) -> Option<f32> {
+            self.get(key)?.as_f32()
+        }
+        /// F32, F64 or an integer of magnitude <= 2^53.
+        pub fn get_f64(&self, key: &str) -> Option<f64> {
+            self.get(key)?.as_f64()
+        }
+        pub fn get_bool(&self, key: &str) -> Option<bool> {
+            self.get(key)?.as_bool()
+        }
+        pub fn get_str(&self, key: &str) -> Option<&str> {
+            self.get(key)?.as_str()
+        }
+        pub fn get_array(&self, key: &str) -> Option<&$crate::gguf::GgufArray> {
+            self.get(key)?.as_array()
+        }
+        pub fn get_str_array(&self, key: &str) -> Option<&[String]> {
+            self.get_array(key)?.as_strs()
+        }
+        pub fn get_i32_array(&self, key: &str) -> Option<&[i32]> {
+            self.get_array(key)?.as_i32s()
+        }
+        pub fn get_u32_array(&self, key: &str) -> Option<&[u32]> {
+            self.get_array(key)?.as_u32s()
+        }
+        pub fn get_f32_array(&self, key: &str) -> Option<&[f32]> {
+            self.get_array(key)?.as_f32s()
+        }
+        /// `conv` applied to the value of `key`; a [`GgufError::Key`] naming the file, the key,
+        /// its byte offset and `expected` if the key is missing or `conv` returns `None`.
+        pub fn require<'s, T>(
+            &'s self,
+            key: &str,
+            expected: &str,
+            conv: impl FnOnce(&'s $crate::gguf::GgufValue) -> Option<T>,
+        ) -> Result<T, $crate::gguf::GgufError> {
+            let h = self.meta_header();
+            let err = |offset, msg| $crate::gguf::GgufError::Key {
+                path: h.path().to_path_buf(),
+                offset,
+                key: key.to_string(),
+                msg,
+            };
+            let Some(v) = h.metadata().get(key) else {
+                return Err(err(None, format!("missing (expected {expected})")));
+            };
+            let shown = match v {
+                $crate::gguf::GgufValue::Str(_) | $crate::gguf::GgufValue::Array(_) => {
+                    String::new()
+                }
+                v => format!(" {v}"),
+            };
+            conv(v).ok_or_else(|| {
+                let msg = format!("is {}{shown}, expected {expected}", v.type_name());
+                err(h.kv_offset(key), msg)
+            })
+        }
+        pub fn require_u32(&self, key: &str) -> Result<u32, $crate::gguf::GgufError> {
+            self.require(key, "an integer in u32 range", |v| v.as_u32())
+        }
+        pub fn require_u64(&self, key: &str) -> Result<u64, $crate::gguf::GgufError> {
+            self.require(key, "an integer in u64 range", |v| v.as_u64())
+        }
+        pub fn require_f32(&self, key: &str) -> Result<f32, $crate::gguf::GgufError> {
+            self.require(key, "a number", |v| v.as_f32())
+        }
+        pub fn require_bool(&self, key: &str) -> Result<bool, $crate::gguf::GgufError> {
+            self.require(key, "a bool", |v| v.as_bool())
+        }
+        pub fn require_str(&self, key: &str) -> Result<&str, $crate::gguf::GgufError> {
+            self.require(key, "a string", |v| v.as_str())
+        }
+        pub fn require_str_array(&self, key: &str) -> Result<&[String], $crate::gguf::GgufError> {
+            self.require(key, "an array of strings", |v| v.as_array()?.as_strs())
+        }
+    };
+}
+
+mod error;
+pub mod ggml_ref;
+mod header;
+mod reader;
+mod value;
+mod writer;
+
+pub use error::{FormatError, GgufError};
+pub use header::{GgufHeader, TensorInfo};
+pub use reader::{parse_split_path, split_path, GgufFile, GgufModel};
+pub use value::{GgufArray, GgufValue, GgufValueType, MAX_ARRAY_DEPTH};
+pub use writer::GgufWriter;
+
+/// The first four bytes of every GGUF file.
+pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+/// The version the writer produces.
+pub const GGUF_VERSION: u32 = 3;
+/// Alignment of the data section and of tensor offsets when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's `GGML_MAX_NAME`: tensor names must be shorter than this (they are NUL-terminated there).
+pub const MAX_TENSOR_NAME: u64 = 64;
+
+/// Metadata keys this module interprets.
+pub const KEY_ALIGNMENT: &str = "general.alignment";
+pub const KEY_SPLIT_NO: &str = "split.no";
+pub const KEY_SPLIT_COUNT: &str = "split.count";
+pub const KEY_SPLIT_TENSORS_COUNT: &str = "split.tensors.count";

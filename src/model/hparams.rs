@@ -1,0 +1,609 @@
+//! Hyper-parameters of an MoE model, read from GGUF metadata (`{arch}.*` keys, as llama.cpp's
+//! `llama_model::load_hparams` and each arch's `load_arch_hparams` read them) or set by a synth
+//! preset. One struct for every architecture: fields an architecture does not use stay 0/None.
+//!
+//! Invariant after [`Hparams::validate`]: sizes are positive where the architecture needs them,
+//! `n_expert_used <= n_expert`, and shapes computed from these fields cannot overflow u64.
+
+/// How router logits become expert weights (llama.cpp `LLAMA_EXPERT_GATING_FUNC_TYPE_*`, the
+/// values of `{arch}.expert_gating_func`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Gating {
+    #[default]
+    Softmax = 1,
+    Sigmoid = 2,
+    /// Softmax over the selected experts' logits only (gpt-oss).
+    SoftmaxWeight = 3,
+    /// `sqrt(softplus(logit))` (DeepSeek-V4, `LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS`).
+    SqrtSoftplus = 4,
+}
+
+/// Read access to model metadata (implemented by the GGUF reader; a map in tests).
+pub trait Meta {
+    fn u64(&self, key: &str) -> Option<u64>;
+    fn f32(&self, key: &str) -> Option<f32>;
+    fn bool(&self, key: &str) -> Option<bool>;
+    fn str(&self, key: &str) -> Option<String>;
+    /// Length of an array value (e.g. `tokenizer.ggml.tokens`).
+    fn array_len(&self, key: &str) -> Option<u64>;
+    /// Elements of an integer or bool array (bools as 0/1), e.g. deepseek4's
+    /// `attention.compress_ratios` or a per-layer `attention.sliding_window_pattern`. `None` when
+    /// the key is absent, not such an array, or the reader does not provide array values.
+    fn u64_array(&self, key: &str) -> Option<Vec<u64>> {
+        let _ = key;
+        None
+    }
+}
+
+/// Keys every architecture needs (after the `{arch}.` prefix).
+pub const COMMON_REQUIRED: &[&str] = &[
+    "block_count",
+    "embedding_length",
+    "attention.head_count",
+    "context_length",
+];
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hparams {
+    pub arch: String,
+    pub n_vocab: u64,
+    pub n_ctx_train: u64,
+    pub n_embd: u64,
+    /// Blocks in the file, including any MTP/nextn blocks.
+    pub n_layer: usize,
+    /// Trailing MTP ("nextn") blocks that decode does not run (GLM-4.5, DeepSeek-V3 files).
+    pub n_layer_nextn: usize,
+    pub n_head: u64,
+    pub n_head_kv: u64,
+    pub head_dim_k: u64,
+    pub head_dim_v: u64,
+    /// Dense FFN width (dense blocks; Mixtral-style experts when no expert width is given).
+    pub n_ff: u64,
+    /// Routed-expert FFN width.
+    pub n_ff_exp: u64,
+    /// Shared-expert FFN width (qwen2moe: `expert_shared_feed_forward_length`).
+    pub n_ff_shexp: u64,
+    pub n_expert: u64,
+    pub n_expert_used: u64,
+    pub n_expert_shared: u64,
+    /// Leading dense blocks before the MoE blocks (`leading_dense_block_count`).
+    pub n_layer_dense_lead: usize,
+    pub n_expert_groups: u64,
+    pub n_group_used: u64,
+    pub gating: Gating,
+    pub expert_weights_norm: bool,
+    pub expert_weights_scale: f32,
+    pub rope_freq_base: f32,
+    /// Rotary dimensions (partial rotary when < head_dim_k).
+    pub n_rot: u64,
+    pub rms_eps: f32,
+    /// Sliding-window size (gpt-oss), 0 = none.
+    pub sliding_window: u64,
+    /// MLA (deepseek2): q low-rank (0 = no q compression, V2-Lite), kv low-rank.
+    pub q_lora_rank: u64,
+    pub kv_lora_rank: u64,
+    /// MLA per-head key/value length after decompression (`key_length_mla`/`value_length_mla`).
+    pub head_dim_k_mla: u64,
+    pub head_dim_v_mla: u64,
+    /// Per-block sliding-window flag (llama.cpp `is_swa_impl`): gpt-oss from
+    /// `attention.sliding_window_pattern` (a per-block array, or a period, default 2 = even blocks
+    /// windowed), deepseek4 every block. Empty = no sliding-window blocks.
+    pub swa_layers: Vec<bool>,
+    /// Key/value head sizes and rotary dims of sliding-window blocks (`attention.key_length_swa`,
+    /// `attention.value_length_swa`, `rope.dimension_count_swa`; default the full-attention ones).
+    pub head_dim_k_swa: u64,
+    pub head_dim_v_swa: u64,
+    pub n_rot_swa: u64,
+    /// RoPE base of sliding-window blocks (`rope.freq_base_swa`, default `rope_freq_base`; gpt-oss).
+    pub rope_freq_base_swa: f32,
+    /// DeepSeek-V4 sparse-attention indexer: heads, head size and top-k
+    /// (`attention.indexer.head_count`, `.key_length`, `.top_k`).
+    pub indexer_n_head: u64,
+    pub indexer_head_dim: u64,
+    pub indexer_top_k: u64,
+    /// DeepSeek-V4 grouped low-rank output projection: groups and rank per group
+    /// (`attention.output_group_count`, `attention.output_lora_rank`).
+    pub o_group_count: u64,
+    pub o_lora_rank: u64,
+    /// DeepSeek-V4 RoPE base of the compressed KV (`attention.compress_rope_freq_base`).
+    pub compress_rope_freq_base: f32,
+    /// DeepSeek-V4 per-block KV compression ratio (`attention.compress_ratios`, one per block):
+    /// 0 = window only, 4 = compressed KV plus the sparse indexer, 128 = compressed KV.
+    pub compress_ratios: Vec<u64>,
+    /// DeepSeek-V4 hyper-connections: residual streams (`hyper_connection.count`), Sinkhorn
+    /// iterations and epsilon (`hyper_connection.sinkhorn_iterations`, `.epsilon`).
+    pub hc_mult: u64,
+    pub hc_sinkhorn_iters: u64,
+    pub hc_eps: f32,
+    /// DeepSeek-V4: leading blocks that route by a token-id -> expert table
+    /// (`ffn_gate_tid2eid`) instead of the router's top-k (`hash_layer_count`).
+    pub hash_layer_count: usize,
+    /// SwiGLU clamp of routed / shared experts (`swiglu_clamp_exp`, `swiglu_clamp_shexp`, the
+    /// latter defaulting to the former; scalar form only, 0 = none). DeepSeek-V4.
+    pub swiglu_clamp_exp: f32,
+    pub swiglu_clamp_shexp: f32,
+}
+
+impl Hparams {
+    /// Whether block `il` has a routed-expert FFN.
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        self.n_expert > 0 && il >= self.n_layer_dense_lead
+    }
+
+    pub fn q_dim(&self) -> u64 {
+        self.n_head * self.head_dim_k
+    }
+
+    pub fn k_dim(&self) -> u64 {
+        self.n_head_kv * self.head_dim_k
+    }
+
+    pub fn v_dim(&self) -> u64 {
+        self.n_head_kv * self.head_dim_v
+    }
+
+    /// Blocks that decode runs (without MTP blocks).
+    pub fn n_layer_decode(&self) -> usize {
+        self.n_layer - self.n_layer_nextn
+    }
+
+    /// Name of the tensor whose presence tells llama.cpp that the MTP blocks are in the file.
+    pub fn mtp_probe_name(&self) -> String {
+        format!("blk.{}.nextn.eh_proj.weight", self.n_layer_decode())
+    }
+
+    /// deepseek4: llama.cpp counts trailing MTP blocks only when the file holds
+    /// [`mtp_probe_name`](Self::mtp_probe_name); otherwise it drops `nextn_predict_layers` and runs
+    /// those blocks as ordinary ones. The model loader calls this with whether the probe exists
+    /// (from_meta cannot see tensors). Other architectures keep the count.
+    pub fn apply_mtp_probe(&mut self, has_probe: bool) {
+        if self.arch == "deepseek4" && !has_probe {
+            self.n_layer_nextn = 0;
+        }
+    }
+
+    /// Whether block `il` is a trailing MTP ("nextn") block.
+    pub fn is_nextn_layer(&self, il: usize) -> bool {
+        il >= self.n_layer_decode()
+    }
+
+    /// Whether block `il` uses sliding-window attention (llama.cpp `hparams.is_swa(il)`).
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa_layers.get(il).copied().unwrap_or(false)
+    }
+
+    /// Key head size of block `il` (llama.cpp `n_embd_head_k(il)`: the SWA size in SWA blocks; a
+    /// hand-built `Hparams` with `head_dim_k_swa == 0` falls back to `head_dim_k`).
+    pub fn head_dim_k_at(&self, il: usize) -> u64 {
+        if self.is_swa(il) && self.head_dim_k_swa > 0 {
+            self.head_dim_k_swa
+        } else {
+            self.head_dim_k
+        }
+    }
+
+    /// Rotary dims of block `il` (llama.cpp `n_rot(il)`; `n_rot_swa == 0` falls back to `n_rot`).
+    pub fn n_rot_at(&self, il: usize) -> u64 {
+        if self.is_swa(il) && self.n_rot_swa > 0 {
+            self.n_rot_swa
+        } else {
+            self.n_rot
+        }
+    }
+
+    /// MLA (deepseek2): whether the file holds the split `attn_k_b`/`attn_v_b` form (both
+    /// `key_length_mla` and `value_length_mla` set) rather than the legacy `attn_kv_b`.
+    pub fn is_mla(&self) -> bool {
+        self.head_dim_k_mla != 0 && self.head_dim_v_mla != 0
+    }
+
+    /// MLA per-head key length after decompression (llama.cpp `n_embd_head_k_mla()`).
+    pub fn mla_head_dim_k(&self) -> u64 {
+        if self.is_mla() {
+            self.head_dim_k_mla
+        } else {
+            self.head_dim_k
+        }
+    }
+
+    /// MLA per-head value length after decompression (llama.cpp `n_embd_head_v_mla()`).
+    pub fn mla_head_dim_v(&self) -> u64 {
+        if self.is_mla() {
+            self.head_dim_v_mla
+        } else {
+            self.head_dim_v
+        }
+    }
+
+    /// MLA non-rotary part of a key head (`n_embd_head_qk_nope`); the rotary part is `n_rot`.
+    pub fn mla_qk_nope(&self) -> u64 {
+        self.mla_head_dim_k().saturating_sub(self.n_rot)
+    }
+
+    /// Reads the hyper-parameters of architecture `arch` from `meta`. Missing required keys are
+    /// errors naming the key; optional ones take llama.cpp's defaults.
+    pub fn from_meta(arch: &str, required: &[&str], meta: &dyn Meta) -> Result<Self, String> {
+        let k = |s: &str| format!("{arch}.{s}");
+        let present = |key: &str| {
+            meta.u64(key).is_some()
+                || meta.f32(key).is_some()
+                || meta.bool(key).is_some()
+                || meta.array_len(key).is_some()
+                || meta.str(key).is_some()
+        };
+        for key in COMMON_REQUIRED.iter().chain(required) {
+            if !present(&k(key)) {
+                return Err(format!("missing required metadata key {}", k(key)));
+            }
+        }
+        let u = |s: &str| meta.u64(&k(s));
+        let f = |s: &str| meta.f32(&k(s));
+        let n_embd = u("embedding_length").unwrap_or(0);
+        let n_head = u("attention.head_count").unwrap_or(0);
+        let head_default = n_embd.checked_div(n_head).unwrap_or(0);
+        let head_dim_k = u("attention.key_length").unwrap_or(head_default);
+        let head_dim_v = u("attention.value_length").unwrap_or(head_default);
+        let n_rot = u("rope.dimension_count").unwrap_or(head_dim_k);
+        let rope_freq_base = f("rope.freq_base").unwrap_or(10000.0);
+        let n_vocab = u("vocab_size")
+            .or_else(|| meta.array_len("tokenizer.ggml.tokens"))
+            .ok_or_else(|| {
+                format!(
+                    "neither {} nor tokenizer.ggml.tokens gives the vocabulary size",
+                    k("vocab_size")
+                )
+            })?;
+        let gating_key = u("expert_gating_func").filter(|&v| v != 0); // 0 = NONE: the arch default
+        let gating = match gating_key {
+            None | Some(1) => Gating::Softmax,
+            Some(2) => Gating::Sigmoid,
+            Some(3) => Gating::SoftmaxWeight,
+            Some(4) => Gating::SqrtSoftplus,
+            Some(v) => {
+                return Err(format!(
+                    "{}: unknown gating function {v}",
+                    k("expert_gating_func")
+                ))
+            }
+        };
+        let swiglu_clamp_exp = f("swiglu_clamp_exp").unwrap_or(0.0);
+        let mut hp = Hparams {
+            arch: arch.to_string(),
+            n_vocab,
+            n_ctx_train: u("context_length").unwrap_or(0),
+            n_embd,
+            n_layer: u("block_count").unwrap_or(0) as usize,
+            n_layer_nextn: u("nextn_predict_layers").unwrap_or(0) as usize,
+            n_head,
+            n_head_kv: u("attention.head_count_kv").unwrap_or(n_head),
+            head_dim_k,
+            head_dim_v,
+            n_ff: u("feed_forward_length").unwrap_or(0),
+            n_ff_exp: u("expert_feed_forward_length").unwrap_or(0),
+            n_ff_shexp: u("expert_shared_feed_forward_length").unwrap_or(0),
+            n_expert: u("expert_count").unwrap_or(0),
+            n_expert_used: u("expert_used_count").unwrap_or(0),
+            n_expert_shared: u("expert_shared_count").unwrap_or(0),
+            n_layer_dense_lead: u("leading_dense_block_count").unwrap_or(0) as usize,
+            n_expert_groups: u("expert_group_count").unwrap_or(0),
+            n_group_used: u("expert_group_used_count").unwrap_or(0),
+            gating,
+            expert_weights_norm: meta.bool(&k("expert_weights_norm")).unwrap_or(false),
+            expert_weights_scale: f("expert_weights_scale").unwrap_or(0.0),
+            rope_freq_base,
+            n_rot,
+            rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            sliding_window: u("attention.sliding_window").unwrap_or(0),
+            q_lora_rank: u("attention.q_lora_rank").unwrap_or(0),
+            kv_lora_rank: u("attention.kv_lora_rank").unwrap_or(0),
+            head_dim_k_mla: u("attention.key_length_mla").unwrap_or(0),
+            head_dim_v_mla: u("attention.value_length_mla").unwrap_or(0),
+            swa_layers: Vec::new(),
+            head_dim_k_swa: u("attention.key_length_swa").unwrap_or(head_dim_k),
+            head_dim_v_swa: u("attention.value_length_swa").unwrap_or(head_dim_v),
+            n_rot_swa: u("rope.dimension_count_swa").unwrap_or(n_rot),
+            rope_freq_base_swa: f("rope.freq_base_swa").unwrap_or(rope_freq_base),
+            indexer_n_head: u("attention.indexer.head_count").unwrap_or(0),
+            indexer_head_dim: u("attention.indexer.key_length").unwrap_or(0),
+            indexer_top_k: u("attention.indexer.top_k").unwrap_or(0),
+            o_group_count: u("attention.output_group_count").unwrap_or(0),
+            o_lora_rank: u("attention.output_lora_rank").unwrap_or(0),
+            compress_rope_freq_base: f("attention.compress_rope_freq_base").unwrap_or(0.0),
+            compress_ratios: Vec::new(),
+            hc_mult: u("hyper_connection.count").unwrap_or(0),
+            hc_sinkhorn_iters: u("hyper_connection.sinkhorn_iterations").unwrap_or(0),
+            hc_eps: f("hyper_connection.epsilon").unwrap_or(0.0),
+            hash_layer_count: u("hash_layer_count").unwrap_or(0) as usize,
+            swiglu_clamp_exp,
+            swiglu_clamp_shexp: f("swiglu_clamp_shexp").unwrap_or(swiglu_clamp_exp),
+        };
+        hp.apply_arch_rules(meta, gating_key.is_some())?;
+        hp.validate()?;
+        Ok(hp)
+    }
+
+    /// What each architecture's `load_arch_hparams` (and graph) in llama.cpp derives or fixes
+    /// beyond reading keys: gating and weight normalisation hard-coded by the graph, defaults for
+    /// an absent `expert_gating_func`, the derived expert width, deepseek2's "lite" rule,
+    /// sliding-window patterns and deepseek4's per-block arrays.
+    fn apply_arch_rules(&mut self, meta: &dyn Meta, gating_given: bool) -> Result<(), String> {
+        let a = self.arch.clone();
+        let k = |s: &str| format!("{a}.{s}");
+        match a.as_str() {
+            // Graphs that pass a fixed gating function and weight normalisation to build_moe_ffn.
+            "qwen3moe" | "llama" => {
+                (self.gating, self.expert_weights_norm) = (Gating::Softmax, true)
+            }
+            "qwen2moe" | "olmoe" => {
+                (self.gating, self.expert_weights_norm) = (Gating::Softmax, false)
+            }
+            "gpt-oss" => (self.gating, self.expert_weights_norm) = (Gating::SoftmaxWeight, false),
+            "minimax-m2" => {
+                // llama.cpp leaves NONE (and aborts in the graph); MiniMax-M2 scores with sigmoid.
+                if !gating_given {
+                    self.gating = Gating::Sigmoid;
+                }
+                self.expert_weights_norm = true;
+            }
+            "glm4moe" if !gating_given => self.gating = Gating::Sigmoid,
+            "deepseek2" if !gating_given => {
+                // V2/V2.5 files have no key (softmax); GLM-4.7 Lite (47/48 blocks, vocab 154880) is sigmoid.
+                let n = self.n_layer_decode();
+                let glm47_lite = (n == 47 || n == 48) && self.n_vocab == 154880;
+                self.gating = if glm47_lite {
+                    Gating::Sigmoid
+                } else {
+                    Gating::Softmax
+                };
+            }
+            _ => {}
+        }
+        // Expert width defaults to n_ff / n_expert_used where llama.cpp derives it.
+        if matches!(a.as_str(), "qwen2moe" | "qwen3moe" | "glm4moe")
+            && self.n_ff_exp == 0
+            && self.n_expert_used > 0
+        {
+            self.n_ff_exp = self.n_ff / self.n_expert_used;
+        }
+        match a.as_str() {
+            "llama" if self.n_rot != self.head_dim_k => {
+                return Err(format!(
+                    "{}: invalid n_rot {}, expected {}",
+                    k("rope.dimension_count"),
+                    self.n_rot,
+                    self.head_dim_k
+                ));
+            }
+            "deepseek2" => {
+                // "Lite" variants (DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B) have no q
+                // compression: q_lora_rank is not read; every other file must give it.
+                let n = self.n_layer_decode();
+                let is_lite = n == 27 || n == 26 || (n == 48 && self.n_vocab == 128256);
+                if is_lite {
+                    self.q_lora_rank = 0;
+                } else if meta.u64(&k("attention.q_lora_rank")).is_none() {
+                    return Err(format!(
+                        "missing required metadata key {}",
+                        k("attention.q_lora_rank")
+                    ));
+                }
+            }
+            "gpt-oss" => {
+                // load_swa_pattern(ml, 2): a per-block array, else a period (default 2) where the
+                // last block of each period is full attention; MTP blocks never windowed.
+                let key = k("attention.sliding_window_pattern");
+                self.swa_layers = match meta.u64_array(&key) {
+                    Some(v) => (0..self.n_layer)
+                        .map(|il| v.get(il).is_some_and(|&x| x != 0))
+                        .collect(),
+                    None => {
+                        let p = meta.u64(&key).unwrap_or(2) as usize;
+                        (0..self.n_layer)
+                            .map(|il| il < self.n_layer_decode() && (p == 0 || il % p < p - 1))
+                            .collect()
+                    }
+                };
+            }
+            "deepseek4" => {
+                if self.gating != Gating::SqrtSoftplus {
+                    return Err(format!(
+                        "{}: DeepSeek-V4 expects sqrtsoftplus scoring (4)",
+                        k("expert_gating_func")
+                    ));
+                }
+                self.swa_layers = vec![true; self.n_layer];
+                let key = k("attention.compress_ratios");
+                let ratios = meta
+                    .u64_array(&key)
+                    .ok_or_else(|| format!("{key}: array values are not available"))?;
+                if ratios.len() < self.n_layer {
+                    return Err(format!(
+                        "{key} has {} entries, shorter than block_count {}",
+                        ratios.len(),
+                        self.n_layer
+                    ));
+                }
+                self.compress_ratios = ratios;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Consistency checks, each naming the field (`n_expert_used > n_expert`, zero sizes, ...).
+    pub fn validate(&self) -> Result<(), String> {
+        let a = &self.arch;
+        let limit = 1u64 << 24; // no real dimension comes near 16M; larger is corrupt metadata
+        for (name, v) in [
+            ("embedding_length", self.n_embd),
+            ("attention.head_count", self.n_head),
+            ("vocab size", self.n_vocab),
+        ] {
+            if v == 0 || v > limit {
+                return Err(format!("{a}.{name} = {v} is out of range (1..={limit})"));
+            }
+        }
+        for (name, v) in [
+            ("attention.head_count_kv", self.n_head_kv),
+            ("attention.key_length", self.head_dim_k),
+            ("attention.value_length", self.head_dim_v),
+            ("feed_forward_length", self.n_ff),
+            ("expert_feed_forward_length", self.n_ff_exp),
+            ("expert_count", self.n_expert),
+            ("expert_used_count", self.n_expert_used),
+        ] {
+            if v > limit {
+                return Err(format!(
+                    "{a}.{name} = {v} is out of range (at most {limit})"
+                ));
+            }
+        }
+        if self.n_layer == 0 || self.n_layer > 4096 {
+            return Err(format!(
+                "{a}.block_count = {} is out of range (1..=4096)",
+                self.n_layer
+            ));
+        }
+        if self.n_layer_nextn >= self.n_layer {
+            return Err(format!(
+                "{a}.nextn_predict_layers = {} leaves no decode blocks of {}",
+                self.n_layer_nextn, self.n_layer
+            ));
+        }
+        if self.n_expert == 0 {
+            return Err(format!(
+                "{a}.expert_count is 0: not a Mixture-of-Experts model"
+            ));
+        }
+        if self.n_expert_used == 0 || self.n_expert_used > self.n_expert {
+            return Err(format!(
+                "{a}.expert_used_count = {} must be in 1..={} ({a}.expert_count)",
+                self.n_expert_used, self.n_expert
+            ));
+        }
+        if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+            return Err(format!(
+                "{a}.attention.head_count = {} is not a multiple of {a}.attention.head_count_kv = {}",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        if self.n_group_used > self.n_expert_groups {
+            return Err(format!(
+                "{a}.expert_group_used_count = {} > {a}.expert_group_count = {}",
+                self.n_group_used, self.n_expert_groups
+            ));
+        }
+        if self.n_expert_groups > 0 && self.n_expert % self.n_expert_groups != 0 {
+            return Err(format!(
+                "{a}.expert_count = {} is not divisible into {} groups",
+                self.n_expert, self.n_expert_groups
+            ));
+        }
+        if self.n_layer_dense_lead > self.n_layer {
+            return Err(format!(
+                "{a}.leading_dense_block_count = {} > block_count = {}",
+                self.n_layer_dense_lead, self.n_layer
+            ));
+        }
+        if self.n_rot > self.head_dim_k.max(self.head_dim_k_mla) {
+            return Err(format!(
+                "{a}.rope.dimension_count = {} exceeds the head size {}",
+                self.n_rot, self.head_dim_k
+            ));
+        }
+        self.validate_arch_fields(limit)
+    }
+
+    /// Range checks of the architecture-specific fields (MLA, DeepSeek-V4) that shapes use.
+    fn validate_arch_fields(&self, limit: u64) -> Result<(), String> {
+        let a = &self.arch;
+        for (name, v) in [
+            ("attention.q_lora_rank", self.q_lora_rank),
+            ("attention.kv_lora_rank", self.kv_lora_rank),
+            ("attention.key_length_mla", self.head_dim_k_mla),
+            ("attention.value_length_mla", self.head_dim_v_mla),
+            ("attention.key_length_swa", self.head_dim_k_swa),
+            ("attention.value_length_swa", self.head_dim_v_swa),
+            ("attention.indexer.head_count", self.indexer_n_head),
+            ("attention.indexer.key_length", self.indexer_head_dim),
+            ("attention.output_group_count", self.o_group_count),
+            ("attention.output_lora_rank", self.o_lora_rank),
+            ("hyper_connection.count", self.hc_mult),
+            ("expert_shared_count", self.n_expert_shared),
+            ("expert_shared_feed_forward_length", self.n_ff_shexp),
+        ] {
+            if v > limit {
+                return Err(format!(
+                    "{a}.{name} = {v} is out of range (at most {limit})"
+                ));
+            }
+        }
+        match a.as_str() {
+            "deepseek2" => {
+                if self.kv_lora_rank == 0 {
+                    return Err(format!("{a}.attention.kv_lora_rank is 0"));
+                }
+                if self.mla_head_dim_k() <= self.n_rot {
+                    return Err(format!(
+                        "{a}: MLA key head {} leaves no non-rotary part beside rope.dimension_count = {}",
+                        self.mla_head_dim_k(),
+                        self.n_rot
+                    ));
+                }
+                if self.n_expert_shared == 0 {
+                    return Err(format!("{a}.expert_shared_count is 0 (DeepSeek blocks always hold a shared expert)"));
+                }
+            }
+            "deepseek4" => {
+                for (name, v) in [
+                    ("attention.q_lora_rank", self.q_lora_rank),
+                    ("attention.output_group_count", self.o_group_count),
+                    ("attention.output_lora_rank", self.o_lora_rank),
+                    ("hyper_connection.count", self.hc_mult),
+                    ("expert_shared_count", self.n_expert_shared),
+                    ("expert_feed_forward_length", self.n_ff_exp),
+                ] {
+                    if v == 0 {
+                        return Err(format!("{a}.{name} is 0"));
+                    }
+                }
+                if (self.n_head * self.head_dim_k_at(0)) % self.o_group_count != 0 {
+                    return Err(format!(
+                        "{a}.attention.output_group_count = {} does not divide n_head * head size = {}",
+                        self.o_group_count,
+                        self.n_head * self.head_dim_k_at(0)
+                    ));
+                }
+                if self.compress_ratios.len() < self.n_layer {
+                    return Err(format!(
+                        "{a}.attention.compress_ratios has {} entries, shorter than block_count {}",
+                        self.compress_ratios.len(),
+                        self.n_layer
+                    ));
+                }
+                if let Some(r) = self
+                    .compress_ratios
+                    .iter()
+                    .find(|r| ![0, 4, 128].contains(*r))
+                {
+                    return Err(format!(
+                        "{a}.attention.compress_ratios holds {r}; only 0, 4 and 128 are supported"
+                    ));
+                }
+                if self.compress_ratios.contains(&4)
+                    && (self.indexer_n_head == 0 || self.indexer_head_dim == 0)
+                {
+                    return Err(format!("{a}: compression ratio 4 needs attention.indexer.head_count and key_length"));
+                }
+                if self.hash_layer_count > self.n_layer {
+                    return Err(format!(
+                        "{a}.hash_layer_count = {} > block_count = {}",
+                        self.hash_layer_count, self.n_layer
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,408 @@
+//! `pocketmoe synth`: random-weight GGUF models of real shapes that stock llama.cpp loads and
+//! runs, for every registered architecture.
+//!
+//! Shapes come from the architecture table (`model::arch`) and a preset's hyper-parameters; types
+//! from a quantisation mix; values are random with variance-preserving scales (so activations
+//! neither vanish nor explode and output logits are peaked), quantised by ggml's own quantisers.
+//! Router rows carry the routing skew (`routing`). Large tensors are filled from a pool of
+//! pre-quantised random rows (one pool per type and row length), which is what makes a 17 GB
+//! model take seconds to write instead of an hour of quantisation; tiny models are quantised row
+//! by row. Output is deterministic for a given seed.
+pub mod presets;
+pub mod quantmix;
+pub mod routing;
+pub mod vocab;
+
+use crate::ggml::{quant, GgmlType};
+use crate::gguf::{GgufArray, GgufValue, GgufWriter};
+use crate::model::{arch_by_name, hparams::Hparams, Role, TensorSpec};
+use crate::util::Rng;
+use presets::Preset;
+use quantmix::QuantMix;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// What `synth` writes.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub arch: String,
+    pub preset: String,
+    pub quant: QuantMix,
+    pub routing_skew: f32,
+    pub seed: u64,
+    pub out: PathBuf,
+}
+
+/// What `synth` wrote.
+#[derive(Debug, Clone)]
+pub struct SynthReport {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub n_tensors: usize,
+    pub bytes_by_type: Vec<(GgmlType, u64)>,
+}
+
+/// Errors of synth: bad options or I/O, each naming the option or file.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
+    #[error(transparent)]
+    Ggml(#[from] crate::ggml::GgmlError),
+}
+
+/// Values above this many elements are filled from pre-quantised pools, not quantised one by one.
+const DIRECT_LIMIT: u64 = 1 << 22;
+/// Elements per pool (per type and row length).
+const POOL_ELEMS: u64 = 1 << 22;
+
+/// One tensor to write: name, shape, type, how to fill it.
+struct Planned {
+    name: String,
+    ty: GgmlType,
+    shape: Vec<u64>,
+    /// Standard deviation of the values (before quantisation); `None` = ones-ish norm weights.
+    std: f32,
+    mean: f32,
+    /// Router skew multipliers per row (expert), for router tensors.
+    row_scale: Option<Vec<f32>>,
+    seed: u64,
+}
+
+impl Planned {
+    fn n_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Value statistics for a tensor: (mean, std).
+fn init_stats(spec: &TensorSpec, name: &str, shape: &[u64]) -> (f32, f32) {
+    let fan_in = shape[0] as f32;
+    match spec.role {
+        Role::Norm if !name.ends_with(".bias") => (1.0, 0.05),
+        _ if name.ends_with(".bias") || name.contains("exp_probs_b") || name.contains("sinks") => {
+            (0.0, 0.02)
+        }
+        Role::Embedding => (0.0, 1.0),
+        // Peaked output logits: std of a logit ~ 4 for unit-RMS hidden states.
+        Role::Output => (0.0, 4.0 / fan_in.sqrt()),
+        _ => (0.0, 1.0 / fan_in.sqrt()),
+    }
+}
+
+fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>, SynthError> {
+    let arch = arch_by_name(&h.arch)
+        .ok_or_else(|| SynthError::Options(format!("unknown architecture {:?}", h.arch)))?;
+    let mut out = Vec::new();
+    let mut router_rng = Rng::new(seed ^ 0x5EED_0F_5CE3);
+    let wanted = arch.expected_tensors(h).filter(|(name, spec, block)| {
+        arch.required_in(spec, h, *block) || real_models_have(h, name)
+    });
+    for (i, (name, spec, block)) in wanted.enumerate() {
+        let shape = (spec.shape)(h, block.unwrap_or(0));
+        if shape.is_empty() || shape.contains(&0) {
+            return Err(SynthError::Options(format!(
+                "{name}: preset gives the shape {shape:?}"
+            )));
+        }
+        let ty = quantmix::tensor_type(mix, &name, spec.role, &shape, block, h.n_layer);
+        let (mean, std) = init_stats(spec, &name, &shape);
+        let row_scale = (spec.role == Role::Router && name.ends_with("ffn_gate_inp.weight"))
+            .then(|| routing::multipliers(shape[1] as usize, skew, &mut router_rng));
+        out.push(Planned {
+            name,
+            ty,
+            shape,
+            std,
+            mean,
+            row_scale,
+            seed: seed.wrapping_add(i as u64 * 0x9E37),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether the real models a preset mirrors carry this optional tensor (synth writes only those:
+/// an optional tensor with random values, like `rope_freqs`, would change what llama.cpp computes).
+fn real_models_have(h: &Hparams, name: &str) -> bool {
+    let arch = h.arch.as_str();
+    let qkv_bias = name.ends_with("attn_q.bias")
+        || name.ends_with("attn_k.bias")
+        || name.ends_with("attn_v.bias");
+    name == "output.weight"
+        || (qkv_bias && matches!(arch, "qwen2moe" | "glm4moe"))
+        || (arch == "llama" && name.ends_with("ffn_gate_exps.weight"))
+        || (name.ends_with("exp_probs_b.bias")
+            && h.gating == crate::model::hparams::Gating::Sigmoid)
+        || name.contains(".nextn.")
+}
+
+/// Random f32 values for rows `[row0, row0 + n_rows)` of a tensor.
+fn values(p: &Planned, rng: &mut Rng, row0: usize, n_rows: usize) -> Vec<f32> {
+    let ne0 = p.shape[0] as usize;
+    let mut v = Vec::with_capacity(ne0 * n_rows);
+    for r in row0..row0 + n_rows {
+        let s = p.std * p.row_scale.as_ref().map_or(1.0, |m| m[r % m.len()]);
+        v.extend((0..ne0).map(|_| p.mean + s * rng.normal()));
+    }
+    v
+}
+
+/// Pools of quantised random rows, keyed by (type, row length, std bits).
+type PoolKey = (u32, u64, u32);
+
+fn pool_key(p: &Planned) -> PoolKey {
+    (p.ty.id(), p.shape[0], p.std.to_bits())
+}
+
+fn build_pool(p: &Planned, seed: u64) -> Result<Vec<u8>, SynthError> {
+    let ne0 = p.shape[0];
+    let rows = (POOL_ELEMS / ne0).max(1) as usize;
+    let mut rng = Rng::new(seed);
+    let v = values(p, &mut rng, 0, rows);
+    Ok(quant::quantize(p.ty, &v, ne0 as usize, None)?)
+}
+
+/// Fills `buf` (the tensor's bytes) for planned tensor `p`.
+fn fill(p: &Planned, pools: &HashMap<PoolKey, Vec<u8>>, buf: &mut [u8]) -> Result<(), SynthError> {
+    let ne0 = p.shape[0] as usize;
+    let n_rows = (p.n_elements() / p.shape[0]) as usize;
+    let row_bytes =
+        p.ty.row_size(ne0 as u64)
+            .expect("planned types fit the row") as usize;
+    let mut rng = Rng::new(p.seed);
+    if let Some(pool) = pools
+        .get(&pool_key(p))
+        .filter(|_| p.n_elements() > DIRECT_LIMIT && p.row_scale.is_none())
+    {
+        let pool_rows = pool.len() / row_bytes;
+        for row in buf.chunks_exact_mut(row_bytes) {
+            let k = (rng.next_u64() % pool_rows as u64) as usize;
+            row.copy_from_slice(&pool[k * row_bytes..(k + 1) * row_bytes]);
+        }
+        return Ok(());
+    }
+    // Direct: quantise in chunks of rows so memory stays bounded.
+    let chunk = ((DIRECT_LIMIT as usize) / ne0).max(1);
+    let mut row0 = 0;
+    for dst in buf.chunks_mut(chunk * row_bytes) {
+        let rows = dst.len() / row_bytes;
+        let v = values(p, &mut rng, row0, rows);
+        let q = if p.ty == GgmlType::F32 {
+            bytemuck::cast_slice(&v).to_vec()
+        } else {
+            quant::quantize(p.ty, &v, ne0, None)?
+        };
+        dst.copy_from_slice(&q);
+        row0 += rows;
+    }
+    debug_assert_eq!(row0, n_rows);
+    Ok(())
+}
+
+/// The `{arch}.*`, `general.*` and tokenizer metadata for `h`.
+pub fn metadata(
+    h: &Hparams,
+    preset: &Preset,
+    mix: QuantMix,
+    skew: f32,
+    seed: u64,
+) -> Result<Vec<(String, GgufValue)>, SynthError> {
+    let a = &h.arch;
+    let mut kv: Vec<(String, GgufValue)> = Vec::new();
+    let mut put = |k: String, v: GgufValue| kv.push((k, v));
+    put("general.architecture".into(), GgufValue::Str(a.clone()));
+    put(
+        "general.name".into(),
+        GgufValue::Str(format!(
+            "PocketMoE synthetic {} ({})",
+            preset.model, preset.name
+        )),
+    );
+    put("general.file_type".into(), GgufValue::U32(mix.file_type()));
+    put("general.quantization_version".into(), GgufValue::U32(2));
+    put(
+        "pocketmoe.synth.preset".into(),
+        GgufValue::Str(preset.name.into()),
+    );
+    put("pocketmoe.synth.routing_skew".into(), GgufValue::F32(skew));
+    put("pocketmoe.synth.seed".into(), GgufValue::U64(seed));
+    for (key, v) in hparams_kv(h) {
+        put(format!("{a}.{key}"), v);
+    }
+    let vocab = vocab::build(a, h.n_vocab as usize).map_err(SynthError::Options)?;
+    put("tokenizer.ggml.model".into(), GgufValue::Str("gpt2".into()));
+    put(
+        "tokenizer.ggml.pre".into(),
+        GgufValue::Str(vocab.pre.into()),
+    );
+    put(
+        "tokenizer.ggml.tokens".into(),
+        GgufValue::Array(GgufArray::Str(vocab.tokens)),
+    );
+    put(
+        "tokenizer.ggml.token_type".into(),
+        GgufValue::Array(GgufArray::I32(vocab.types)),
+    );
+    put(
+        "tokenizer.ggml.merges".into(),
+        GgufValue::Array(GgufArray::Str(vocab.merges)),
+    );
+    put(
+        "tokenizer.ggml.bos_token_id".into(),
+        GgufValue::U32(vocab.bos),
+    );
+    put(
+        "tokenizer.ggml.eos_token_id".into(),
+        GgufValue::U32(vocab.eos),
+    );
+    put(
+        "tokenizer.ggml.add_bos_token".into(),
+        GgufValue::Bool(false),
+    );
+    put(
+        "tokenizer.chat_template".into(),
+        GgufValue::Str(vocab::CHATML_TEMPLATE.into()),
+    );
+    Ok(kv)
+}
+
+/// Hyper-parameters as `{arch}.`-relative GGUF keys (the inverse of `Hparams::from_meta`).
+pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
+    let u = |x: u64| GgufValue::U32(x as u32);
+    let mut kv = vec![
+        ("context_length", u(h.n_ctx_train)),
+        ("embedding_length", u(h.n_embd)),
+        ("block_count", u(h.n_layer as u64)),
+        ("vocab_size", u(h.n_vocab)),
+        ("attention.head_count", u(h.n_head)),
+        ("attention.head_count_kv", u(h.n_head_kv)),
+        ("attention.key_length", u(h.head_dim_k)),
+        ("attention.value_length", u(h.head_dim_v)),
+        (
+            "attention.layer_norm_rms_epsilon",
+            GgufValue::F32(h.rms_eps),
+        ),
+        ("rope.freq_base", GgufValue::F32(h.rope_freq_base)),
+        ("rope.dimension_count", u(h.n_rot)),
+        ("expert_count", u(h.n_expert)),
+        ("expert_used_count", u(h.n_expert_used)),
+        ("expert_gating_func", u(h.gating as u64)),
+        (
+            "expert_weights_norm",
+            GgufValue::Bool(h.expert_weights_norm),
+        ),
+    ];
+    let optional = [
+        ("feed_forward_length", h.n_ff),
+        ("expert_feed_forward_length", h.n_ff_exp),
+        ("expert_shared_feed_forward_length", h.n_ff_shexp),
+        ("expert_shared_count", h.n_expert_shared),
+        ("leading_dense_block_count", h.n_layer_dense_lead as u64),
+        ("expert_group_count", h.n_expert_groups),
+        ("expert_group_used_count", h.n_group_used),
+        ("attention.sliding_window", h.sliding_window),
+        ("attention.q_lora_rank", h.q_lora_rank),
+        ("attention.kv_lora_rank", h.kv_lora_rank),
+        ("attention.key_length_mla", h.head_dim_k_mla),
+        ("attention.value_length_mla", h.head_dim_v_mla),
+        ("nextn_predict_layers", h.n_layer_nextn as u64),
+    ];
+    kv.extend(
+        optional
+            .into_iter()
+            .filter(|&(_, v)| v > 0)
+            .map(|(k, v)| (k, u(v))),
+    );
+    if h.expert_weights_scale > 0.0 {
+        kv.push((
+            "expert_weights_scale",
+            GgufValue::F32(h.expert_weights_scale),
+        ));
+    }
+    kv
+}
+
+/// Writes the model. `progress(done, total)` is called with bytes written.
+pub fn synth(
+    opts: &SynthOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<SynthReport, SynthError> {
+    if !opts.routing_skew.is_finite() || !(0.0..=20.0).contains(&opts.routing_skew) {
+        return Err(SynthError::Options(format!(
+            "--routing-skew {} is outside 0..=20",
+            opts.routing_skew
+        )));
+    }
+    let preset = presets::find(&opts.arch, &opts.preset).map_err(SynthError::Options)?;
+    let h = &preset.hparams;
+    h.validate().map_err(SynthError::Options)?;
+    let planned = plan(h, opts.quant, opts.routing_skew, opts.seed)?;
+
+    let mut w = GgufWriter::new();
+    for (k, v) in metadata(h, &preset, opts.quant, opts.routing_skew, opts.seed)? {
+        w.add_kv(&k, v);
+    }
+    for p in &planned {
+        w.add_tensor(&p.name, p.ty, &p.shape)?;
+    }
+    // Pools for the large tensors, built in parallel.
+    let mut keys: Vec<(PoolKey, usize)> = Vec::new();
+    for (i, p) in planned.iter().enumerate() {
+        if p.n_elements() > DIRECT_LIMIT
+            && p.row_scale.is_none()
+            && !keys.iter().any(|(k, _)| *k == pool_key(p))
+        {
+            keys.push((pool_key(p), i));
+        }
+    }
+    let planned_ref = &planned;
+    let pools: HashMap<PoolKey, Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = keys
+            .iter()
+            .map(|&(k, i)| {
+                s.spawn(move || {
+                    build_pool(&planned_ref[i], opts.seed ^ i as u64).map(|pool| (k, pool))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("pool thread panicked"))
+            .collect::<Result<_, _>>()
+    })?;
+    let bytes = w.write_with_progress(&opts.out, progress, |i, buf| {
+        fill(&planned[i], &pools, buf).map_err(|e| std::io::Error::other(e.to_string()))
+    })?;
+    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
+    for (i, p) in planned.iter().enumerate() {
+        let n = w.tensor_size(i);
+        match by_type.iter_mut().find(|(t, _)| *t == p.ty) {
+            Some((_, b)) => *b += n,
+            None => by_type.push((p.ty, n)),
+        }
+    }
+    by_type.sort_by_key(|&(_, b)| std::cmp::Reverse(b));
+    Ok(SynthReport {
+        path: opts.out.clone(),
+        bytes,
+        n_tensors: planned.len(),
+        bytes_by_type: by_type,
+    })
+}
+
+/// Bytes of tensor data a preset gives under `mix` (without writing anything).
+pub fn estimate_bytes(preset: &Preset, mix: QuantMix) -> Result<u64, SynthError> {
+    let planned = plan(&preset.hparams, mix, 0.0, 0)?;
+    Ok(planned
+        .iter()
+        .map(|p| p.ty.row_size(p.shape[0]).unwrap_or(0) * (p.n_elements() / p.shape[0]))
+        .sum())
+}
+
+/// Default output name: `<arch>-<preset>-<quant>.gguf` in `dir`.
+pub fn default_path(dir: &Path, arch: &str, preset: &str, quant: QuantMix) -> PathBuf {
+    dir.join(format!("{arch}-{preset}-{}.gguf", quant.name()))
+}
