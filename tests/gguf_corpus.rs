@@ -409,6 +409,18 @@ fn every_malformed_case_names_file_offset_and_field() {
 }
 
 #[test]
+fn version_2_is_accepted_like_version_3() {
+    let mut b = base();
+    b[4..8].copy_from_slice(&2u32.to_le_bytes());
+    let h = GgufHeader::parse(Path::new("v2.gguf"), &b).unwrap();
+    assert_eq!(h.version(), 2);
+    let v3 = base();
+    let h3 = GgufHeader::parse(Path::new("v3.gguf"), &v3).unwrap();
+    assert_eq!(h.tensors(), h3.tensors());
+    assert_eq!(h.metadata(), h3.metadata());
+}
+
+#[test]
 fn every_truncation_fails_until_the_last_tensor_ends() {
     let b = base();
     let h = GgufHeader::parse(Path::new("base.gguf"), &b).unwrap();

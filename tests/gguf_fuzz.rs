@@ -2,7 +2,11 @@
 //! overwrites with boundary values, truncations and splices of a small valid file, and random
 //! bytes with and without a valid preamble. Properties: the parser returns (never panics, never
 //! hangs); an error names the file and a byte offset inside the input; a parsed header's tensors
-//! are aligned, sized as their shape says, inside the input and pairwise disjoint.
+//! are aligned, sized as their shape says, inside the input and pairwise disjoint. Memory:
+//! counts that claim most of a large input allocate almost nothing before they fail (measured
+//! with a per-thread counting allocator).
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::path::Path;
 
 use pocketmoe::ggml::GgmlType;
@@ -12,6 +16,49 @@ use proptest::sample::Index;
 use proptest::test_runner::Config;
 
 const CASES: u32 = 2000;
+
+/// Counts live and peak heap bytes of the current thread (the parser is single-threaded).
+struct CountingAlloc;
+
+thread_local! {
+    static LIVE: Cell<usize> = const { Cell::new(0) };
+    static PEAK: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(delta: isize) {
+    // try_with: allocations during thread teardown are not counted.
+    let _ = LIVE.try_with(|live| {
+        let now = live.get().saturating_add_signed(delta);
+        live.set(now);
+        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+    });
+}
+
+// SAFETY: forwards to the system allocator unchanged; the bookkeeping uses const-initialised
+// thread-locals without destructors, which never allocate.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size() as isize);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        note(-(layout.size() as isize));
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+/// Peak heap bytes this thread allocated (beyond what was live before) while running `f`.
+fn peak_alloc<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(base));
+    let r = f();
+    (r, PEAK.with(Cell::get) - base)
+}
 
 fn config() -> Config {
     Config {
@@ -225,4 +272,46 @@ fn huge_claimed_counts_fail_fast() {
         assert!(GgufHeader::parse(Path::new("x.gguf"), &b).is_err());
     }
     assert!(t.elapsed().as_millis() < 500, "took {:?}", t.elapsed());
+}
+
+/// A 16 MiB input whose counts claim nearly all of it (as a corrupt header in a large model
+/// would): each parse fails on the first entry, having allocated almost nothing.
+#[test]
+fn claimed_counts_do_not_drive_allocation() {
+    let size = 16usize << 20;
+    let header = |n_tensors: u64, n_kv: u64| {
+        let mut b = vec![0u8; size];
+        b[..4].copy_from_slice(b"GGUF");
+        b[4..8].copy_from_slice(&3u32.to_le_bytes());
+        b[8..16].copy_from_slice(&n_tensors.to_le_bytes());
+        b[16..24].copy_from_slice(&n_kv.to_le_bytes());
+        b
+    };
+    let room = (size - 24) as u64;
+    // Tensor infos: zeros read as an empty name, then n_dims 0 (an error).
+    let tensors = header(room / 32, 0);
+    // Key-value pairs: key "k", then a string array claiming room/8 strings whose first
+    // length is 0xFF.. (past the end).
+    let mut kvs = header(0, room / 14);
+    let mut at = 24;
+    for part in [
+        &1u64.to_le_bytes()[..],
+        b"k",
+        &9u32.to_le_bytes(),
+        &8u32.to_le_bytes(),
+    ] {
+        kvs[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    kvs[at..at + 8].copy_from_slice(&((room - 64) / 8).to_le_bytes());
+    kvs[at + 8..].fill(0xFF);
+    for (what, b) in [("n_tensors", tensors), ("string array", kvs)] {
+        let (r, peak) = peak_alloc(|| GgufHeader::parse(Path::new("big.gguf"), &b));
+        let msg = r.unwrap_err().to_string();
+        eprintln!("{what}: peak {peak} bytes: {msg}");
+        assert!(
+            peak < 1 << 20,
+            "{what}: parse allocated {peak} bytes for a {size}-byte input"
+        );
+    }
 }

@@ -443,6 +443,12 @@ fn split_bundle_inconsistent_shards_are_rejected() {
 }
 
 #[test]
+fn errors_stay_small() {
+    // Results carry GgufError by value everywhere; keep it cheap to move.
+    assert!(std::mem::size_of::<GgufError>() <= 120, "{}", std::mem::size_of::<GgufError>());
+}
+
+#[test]
 fn open_reports_io_errors_with_the_path() {
     let path = test_dir("io").join("does-not-exist.gguf");
     let msg = GgufModel::open(&path).unwrap_err().to_string();

@@ -122,7 +122,8 @@ pub enum FormatError {
     ArrayTooLarge {
         count: u64,
         elem: GgufValueType,
-        need: u128,
+        /// Saturated at u64::MAX (still a lower bound).
+        need: u64,
         available: u64,
     },
     #[error("array count {count} exceeds ggml's limit of {max} elements")]
@@ -132,7 +133,8 @@ pub enum FormatError {
     #[error("{count} is absurd: at least {need} bytes needed but only {available} remain")]
     CountTooLarge {
         count: u64,
-        need: u128,
+        /// Saturated at u64::MAX (still a lower bound).
+        need: u64,
         available: u64,
     },
     #[error("key is empty")]

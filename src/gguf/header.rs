@@ -11,8 +11,10 @@
 //! contiguously in index order (ggml's reader requires that; our writer produces it).
 //!
 //! Invariants: parsing never panics and never allocates in proportion to a length field before
-//! checking that field against the bytes that remain; a returned header's tensors all satisfy
-//! `offset % alignment == 0`-relative, `offset + n_bytes <= file_size`, and are pairwise disjoint.
+//! checking it against the bytes that remain (and reserves at most `PREALLOC_MAX` entries for
+//! any count: memory grows only with what actually parses); a returned header's tensors all have
+//! `offset - data_offset` a multiple of the alignment, `offset + n_bytes <= file_size`, and are
+//! pairwise disjoint.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -26,10 +28,19 @@ use crate::ggml::GgmlType;
 /// ggml's `GGUF_MAX_STRING_LENGTH` and `GGUF_MAX_ARRAY_ELEMENTS`.
 const MAX_STRING_LEN: u64 = 1 << 30;
 const MAX_ARRAY_ELEMENTS: u64 = 1 << 30;
+/// Most entries reserved up front for a count read from the file. A count is checked against the
+/// bytes that remain, but in a multi-GB model those include the tensor data, so a corrupt count
+/// could still ask for gigabytes: beyond this, collections grow only as entries actually parse.
+const PREALLOC_MAX: u64 = 1024;
+
+fn prealloc(count: u64) -> usize {
+    count.min(PREALLOC_MAX) as usize
+}
+
 /// Smallest valid key-value pair: key length, a 1-byte key, type tag, a 1-byte value.
-const MIN_KV_BYTES: u128 = 8 + 1 + 4 + 1;
+const MIN_KV_BYTES: u64 = 8 + 1 + 4 + 1;
 /// Smallest tensor info: name length (empty name), n_dims, one ne, type, offset.
-const MIN_TENSOR_INFO_BYTES: u128 = 8 + 4 + 8 + 4 + 8;
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
 
 /// One tensor of the index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,8 +206,8 @@ impl<'a> Cursor<'a> {
         let count_at = self.pos;
         let count_field = || format!("{}: array count", field());
         let count = self.u64(&count_field)?;
-        let need = count as u128 * elem.min_size() as u128;
-        if need > self.remaining() as u128 {
+        let need = count.saturating_mul(elem.min_size() as u64);
+        if need > self.remaining() {
             let available = self.remaining();
             let kind = FormatError::ArrayTooLarge {
                 count,
@@ -213,7 +224,8 @@ impl<'a> Cursor<'a> {
             };
             return Err(self.err(count_at, &count_field, kind));
         }
-        // `count` is now bounded by the bytes that remain, so allocating for it is safe.
+        // Fixed-size elements are copied from bytes `bytes` has checked exist; variable-size
+        // ones reserve at most PREALLOC_MAX entries and grow as elements parse.
         let n = count as usize;
         let elems = || format!("{}: array elements", field());
         Ok(match elem {
@@ -228,21 +240,21 @@ impl<'a> Cursor<'a> {
             GgufValueType::I64 => GgufArray::I64(self.fixed(n, &elems, i64::from_le_bytes)?),
             GgufValueType::F64 => GgufArray::F64(self.fixed(n, &elems, f64::from_le_bytes)?),
             GgufValueType::Bool => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(prealloc(count));
                 for i in 0..n {
                     v.push(self.bool(&|| format!("{}[{i}]", field()))?);
                 }
                 GgufArray::Bool(v)
             }
             GgufValueType::Str => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(prealloc(count));
                 for i in 0..n {
                     v.push(self.string(&|| format!("{}[{i}]", field()))?);
                 }
                 GgufArray::Str(v)
             }
             GgufValueType::Array => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(prealloc(count));
                 for i in 0..n {
                     v.push(self.gguf_array(&|| format!("{}[{i}]", field()), depth + 1)?);
                 }
@@ -319,8 +331,8 @@ impl GgufHeader {
             (8, n_tensors, MIN_TENSOR_INFO_BYTES, &tf as Field),
             (16, n_kv, MIN_KV_BYTES, &kf as Field),
         ] {
-            let need = count as u128 * min;
-            if need > c.remaining() as u128 {
+            let need = count.saturating_mul(min);
+            if need > c.remaining() {
                 let available = c.remaining();
                 return Err(c.err(
                     at,
@@ -335,8 +347,8 @@ impl GgufHeader {
         }
 
         // Key-value pairs. Counts are bounded by the remaining bytes, so capacity is safe.
-        let mut metadata = IndexMap::with_capacity(n_kv as usize);
-        let mut kv_offsets = Vec::with_capacity(n_kv as usize);
+        let mut metadata = IndexMap::with_capacity(prealloc(n_kv));
+        let mut kv_offsets = Vec::with_capacity(prealloc(n_kv));
         for i in 0..n_kv {
             let kv_at = c.pos;
             let key_bytes = c.str_bytes(&|| format!("key #{i}"))?;
@@ -373,9 +385,9 @@ impl GgufHeader {
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut by_name = HashMap::with_capacity(n_tensors as usize);
-        let mut offset_fields = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(prealloc(n_tensors));
+        let mut by_name = HashMap::with_capacity(prealloc(n_tensors));
+        let mut offset_fields = Vec::with_capacity(prealloc(n_tensors));
         for i in 0..n_tensors {
             let (t, offset_at) = tensor_info(&mut c, i, alignment, shard)?;
             if let Some(&first_index) = by_name.get(&t.name) {

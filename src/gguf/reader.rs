@@ -191,9 +191,10 @@ impl GgufModel {
     fn from_shards(shards: Vec<GgufFile>) -> Result<Self, GgufError> {
         let n_tensors: usize = shards.iter().map(|s| s.tensors().len()).sum();
         if shards.len() > 1 {
-            for s in &shards {
+            // Required in the first shard (where llama.cpp reads it), checked wherever present.
+            for (i, s) in shards.iter().enumerate() {
                 let Some(v) = s.get(KEY_SPLIT_TENSORS_COUNT) else {
-                    if std::ptr::eq(s, &shards[0]) {
+                    if i == 0 {
                         let msg = "missing in the first shard of a split bundle".to_string();
                         return Err(split_err(s, KEY_SPLIT_TENSORS_COUNT, msg));
                     }

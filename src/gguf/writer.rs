@@ -7,8 +7,9 @@
 //! alignment, the last one padded too. ggml's reader requires exactly this contiguous layout.
 //!
 //! Invariants: everything `add_tensor` accepts and `write` writes is accepted by our reader and
-//! by ggml's (tensor names < 64 bytes, no duplicates, nonzero dims, ne0 a multiple of the block
-//! size, alignment a u32 power of two, arrays nested at most `MAX_ARRAY_DEPTH`). The header is
+//! by ggml's (tensor names of 1..=63 bytes without NUL, no duplicates, nonzero dims, ne0 a
+//! multiple of the block size, keys nonempty without NUL, alignment a u32 power of two, arrays
+//! nested at most `MAX_ARRAY_DEPTH`; nested arrays themselves only by ours). The header is
 //! written after all data, so a write that fails or is interrupted leaves a file that no GGUF
 //! reader accepts (its magic is still zero); a failed write removes the file.
 use std::collections::HashMap;
@@ -86,6 +87,11 @@ impl GgufWriter {
                 "name is {} bytes, must be 1..={max}",
                 name.len()
             )));
+        }
+        if name.contains('\0') {
+            return Err(bad(
+                "name contains a NUL byte (ggml's C API would cut it there)".into(),
+            ));
         }
         if let Some(&i) = self.names.get(name) {
             return Err(bad(format!("already added as tensor #{i}")));
@@ -190,10 +196,12 @@ impl GgufWriter {
         })
     }
 
-    /// Writes the file: header, then every tensor's bytes from `fill(index, buf)`, where `buf`
-    /// is exactly `tensor_size(index)` zeroed bytes of the mapped output. `fill` runs on up to
-    /// `available_parallelism` threads at once, each taking the largest tensor left. Returns the
-    /// file size. On error the file is removed.
+    /// Writes the file (created or truncated, preallocated, memory-mapped): every tensor's bytes
+    /// from `fill(index, buf)`, where `buf` is exactly `tensor_size(index)` zeroed bytes of the
+    /// mapped output, then the header. `fill` runs on up to `available_parallelism` threads at
+    /// once, each taking the largest tensor left. Returns the file size. On an error the file is
+    /// removed; if `fill` panics, the panic propagates and the file stays without a header.
+    /// Data reach the disk through the page cache (no `msync`).
     pub fn write<F>(&self, path: &Path, fill: F) -> Result<u64, GgufError>
     where
         F: Fn(usize, &mut [u8]) -> std::io::Result<()> + Sync,
@@ -256,7 +264,8 @@ impl GgufWriter {
         Ok(())
     }
 
-    /// The whole file in memory, `fill` called sequentially (for tests and small files).
+    /// The whole file in memory, `fill` called in index order on this thread (for tests and
+    /// small files). Byte-for-byte what `write` produces.
     pub fn to_bytes<F>(&self, fill: F) -> Result<Vec<u8>, GgufError>
     where
         F: Fn(usize, &mut [u8]) -> std::io::Result<()>,
@@ -286,6 +295,9 @@ fn check_value(key: &str, value: &GgufValue) -> Result<(), GgufError> {
     if key.is_empty() {
         return bad("key is empty".into());
     }
+    if key.contains('\0') {
+        return bad("key contains a NUL byte (ggml's C API would cut it there)".into());
+    }
     if key.len() > MAX_LEN {
         return bad("key is longer than 2^30 bytes".into());
     }
@@ -310,7 +322,7 @@ fn check_value(key: &str, value: &GgufValue) -> Result<(), GgufError> {
     }
 }
 
-/// Cuts the data section into one `(index, bytes)` per tensor, sorted by size (largest last).
+/// Cuts the data section into one `(index, bytes)` per tensor, in index order.
 fn split_jobs<'a>(
     tensors: &[PendingTensor],
     offsets: &[u64],
@@ -326,7 +338,6 @@ fn split_jobs<'a>(
         data = rest;
         pos = off + t.n_bytes;
     }
-    jobs.sort_by_key(|(_, b)| b.len());
     jobs
 }
 
@@ -343,6 +354,8 @@ fn run_fill(
         .map_or(1, |n| n.get())
         .min(jobs.len())
         .max(1);
+    let mut jobs = jobs;
+    jobs.sort_by_key(|(_, b)| b.len()); // pop() takes the largest left
     let queue = Mutex::new(jobs);
     let done = AtomicU64::new(0);
     let failed = AtomicBool::new(false);

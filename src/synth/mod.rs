@@ -98,7 +98,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
     let mut out = Vec::new();
     let mut router_rng = Rng::new(seed ^ 0x5EED_0F_5CE3);
     let wanted = arch.expected_tensors(h).filter(|(name, spec, block)| {
-        arch.required_in(spec, h, *block) || real_models_have(h, name)
+        arch.required_in(spec, h, *block) || real_models_have(h, name, *block)
     });
     for (i, (name, spec, block)) in wanted.enumerate() {
         let shape = (spec.shape)(h, block.unwrap_or(0));
@@ -126,7 +126,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
 
 /// Whether the real models a preset mirrors carry this optional tensor (synth writes only those:
 /// an optional tensor with random values, like `rope_freqs`, would change what llama.cpp computes).
-fn real_models_have(h: &Hparams, name: &str) -> bool {
+fn real_models_have(h: &Hparams, name: &str, block: Option<usize>) -> bool {
     let arch = h.arch.as_str();
     let qkv_bias = name.ends_with("attn_q.bias")
         || name.ends_with("attn_k.bias")
@@ -136,7 +136,8 @@ fn real_models_have(h: &Hparams, name: &str) -> bool {
         || (arch == "llama" && name.ends_with("ffn_gate_exps.weight"))
         || (name.ends_with("exp_probs_b.bias")
             && h.gating == crate::model::hparams::Gating::Sigmoid)
-        || name.contains(".nextn.")
+        // Real GLM-4.5 / DeepSeek-V3 files carry their MTP blocks whole.
+        || block.is_some_and(|il| h.is_nextn_layer(il))
 }
 
 /// Random f32 values for rows `[row0, row0 + n_rows)` of a tensor.

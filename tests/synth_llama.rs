@@ -1,0 +1,127 @@
+//! Every architecture's `tiny` synth preset: written by our writer, read back by our reader,
+//! valid against the registry, and loaded and run by libllama (the reference) — which must agree
+//! with us on the weight bytes and parameter count, and produce finite, peaked logits.
+use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
+use pocketmoe::gguf::GgufModel;
+use pocketmoe::model::{arch_by_name, validate::validate, Hparams};
+use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
+use std::path::PathBuf;
+
+const ARCHS: [&str; 8] = ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "llama", "glm4moe", "minimax-m2", "olmoe"];
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn write_tiny(arch: &str, quant: QuantMix) -> PathBuf {
+    let out = tmp(&format!("{arch}-{}.gguf", quant.name()));
+    let opts = SynthOptions { arch: arch.into(), preset: "tiny".into(), quant, routing_skew: 1.0, seed: 7, out: out.clone() };
+    synth::synth(&opts, &|_, _| {}).unwrap_or_else(|e| panic!("synth {arch}: {e}"));
+    out
+}
+
+fn check_arch(arch: &str, quant: QuantMix) {
+    let path = write_tiny(arch, quant);
+    // Our reader: round trip of the hyper-parameters and a clean validation.
+    let model = GgufModel::open(&path).unwrap();
+    let spec = arch_by_name(arch).unwrap();
+    let hp = Hparams::from_meta(arch, spec.required_keys, &model).unwrap();
+    let preset = presets::find(arch, "tiny").unwrap();
+    for (field, ours, theirs) in [
+        ("n_embd", hp.n_embd, preset.hparams.n_embd),
+        ("n_vocab", hp.n_vocab, preset.hparams.n_vocab),
+        ("n_expert", hp.n_expert, preset.hparams.n_expert),
+        ("n_expert_used", hp.n_expert_used, preset.hparams.n_expert_used),
+        ("n_layer", hp.n_layer as u64, preset.hparams.n_layer as u64),
+    ] {
+        assert_eq!(ours, theirs, "{arch}: {field} did not round-trip");
+    }
+    let tensors: Vec<_> = model.tensors().cloned().collect();
+    let v = validate(spec, &hp, &tensors);
+    assert!(v.is_ok(), "{arch}: {:?}", v.errors().collect::<Vec<_>>());
+    let our_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
+    let our_params: u64 = tensors.iter().map(|t| t.n_elements()).sum();
+
+    // The reference loads it and runs a forward pass.
+    let lm = LlamaModel::load(&path, 0).unwrap_or_else(|e| panic!("{arch}: {e}"));
+    assert_eq!(lm.n_vocab() as u64, preset.hparams.n_vocab, "{arch}: libllama's vocabulary size");
+    assert_eq!(lm.size(), our_bytes, "{arch}: libllama counts different weight bytes");
+    assert_eq!(lm.n_params(), our_params, "{arch}: libllama counts different parameters");
+    let mut ctx = LlamaContext::new(&lm, 64, 2).unwrap();
+    let tokens = lm.tokenize("Hello world, this is a test of 123 tokens", false, false).unwrap();
+    assert!(tokens.len() > 3, "{arch}: tokenized to {tokens:?}");
+    let logits = ctx.logits_all(&tokens).unwrap();
+    assert_eq!(logits.len(), tokens.len());
+    for (pos, l) in logits.iter().enumerate() {
+        assert!(l.iter().all(|x| x.is_finite()), "{arch}: non-finite logits at {pos}");
+        let mean = l.iter().sum::<f32>() / l.len() as f32;
+        let std = (l.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / l.len() as f32).sqrt();
+        assert!(std > 0.5, "{arch}: near-flat logits at position {pos} (std {std})");
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+macro_rules! arch_tests {
+    ($($name:ident => $arch:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                check_arch($arch, QuantMix::Q4KM);
+            }
+        )*
+    };
+}
+
+arch_tests! {
+    tiny_qwen3moe_loads_in_libllama => "qwen3moe",
+    tiny_qwen2moe_loads_in_libllama => "qwen2moe",
+    tiny_gpt_oss_loads_in_libllama => "gpt-oss",
+    tiny_deepseek2_loads_in_libllama => "deepseek2",
+    tiny_mixtral_loads_in_libllama => "llama",
+    tiny_glm4moe_loads_in_libllama => "glm4moe",
+    tiny_minimax_m2_loads_in_libllama => "minimax-m2",
+    tiny_olmoe_loads_in_libllama => "olmoe",
+}
+
+#[test]
+fn every_quant_mix_loads_in_libllama() {
+    for q in [QuantMix::Q8_0, QuantMix::IQ2XXS, QuantMix::F16] {
+        check_arch("qwen3moe", q);
+    }
+    check_arch("gpt-oss", QuantMix::MXFP4);
+}
+
+#[test]
+fn all_archs_listed() {
+    for a in ARCHS {
+        assert!(arch_by_name(a).is_some(), "{a} missing from the registry");
+        assert!(presets::find(a, "tiny").is_ok(), "{a} has no tiny preset");
+    }
+}
+
+#[test]
+fn synth_is_deterministic_and_seeded() {
+    let a = write_tiny("olmoe", QuantMix::Q8_0);
+    let bytes_a = std::fs::read(&a).unwrap();
+    std::fs::remove_file(&a).unwrap();
+    let b = write_tiny("olmoe", QuantMix::Q8_0);
+    assert_eq!(bytes_a, std::fs::read(&b).unwrap(), "same seed, different file");
+    let out = tmp("olmoe-seed8.gguf");
+    let opts = SynthOptions { arch: "olmoe".into(), preset: "tiny".into(), quant: QuantMix::Q8_0, routing_skew: 1.0, seed: 8, out: out.clone() };
+    synth::synth(&opts, &|_, _| {}).unwrap();
+    assert_ne!(bytes_a, std::fs::read(&out).unwrap(), "different seed, same file");
+}
+
+#[test]
+fn synth_rejects_bad_options() {
+    let out = tmp("bad.gguf");
+    let mk = |arch: &str, preset: &str, skew: f32| SynthOptions { arch: arch.into(), preset: preset.into(), quant: QuantMix::Q8_0, routing_skew: skew, seed: 1, out: out.clone() };
+    let e = synth::synth(&mk("nope", "tiny", 1.0), &|_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
+    let e = synth::synth(&mk("qwen3moe", "huge", 1.0), &|_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("huge") && e.contains("qwen3-30b-a3b"), "{e}");
+    let e = synth::synth(&mk("qwen3moe", "tiny", f32::NAN), &|_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("routing-skew"), "{e}");
+}
