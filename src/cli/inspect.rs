@@ -197,8 +197,20 @@ fn supported_list() -> String {
         .join(", ")
 }
 
-fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+/// Bytes in the largest binary unit that keeps the number >= 1 (`1.50 GiB`, `312.0 KiB`).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -227,7 +239,7 @@ fn print_text(r: &Report) {
     );
     println!(
         "  file size     {} ({} tensors)",
-        gib(r.file_bytes),
+        human_bytes(r.file_bytes),
         r.n_tensors
     );
     if let Some(h) = &r.hparams {
@@ -236,7 +248,7 @@ fn print_text(r: &Report) {
     }
     println!("  bytes by role:");
     for (role, (n, b)) in &r.by_role {
-        println!("    {role:<14} {n:>6} tensors {:>12}", gib(*b));
+        println!("    {role:<14} {n:>6} tensors {:>12}", human_bytes(*b));
     }
     println!("  bytes by type (kernels: CPU vec-dot / CUDA MMVQ / CUDA MMQ):");
     for (ty, (n, b)) in &r.by_type {
@@ -249,7 +261,7 @@ fn print_text(r: &Report) {
                 yn(k.cuda_mmq)
             )
         });
-        println!("    {ty:<8} {n:>6} tensors {:>12}   {k}", gib(*b));
+        println!("    {ty:<8} {n:>6} tensors {:>12}   {k}", human_bytes(*b));
     }
     if r.findings.is_empty() {
         println!("  validation    ok");
@@ -265,30 +277,30 @@ fn print_text(r: &Report) {
     if let Some(p) = &r.placement {
         println!(
             "  placement for --gpu-mem {} --ctx {}:",
-            gib(p.gpu_mem),
+            human_bytes(p.gpu_mem),
             p.n_ctx
         );
         println!(
             "    resident (non-expert) weights {}",
-            gib(p.resident_bytes)
+            human_bytes(p.resident_bytes)
         );
-        println!("    KV cache (f16)                {}", gib(p.kv_bytes));
-        println!("    compute buffers (estimate)    {}", gib(p.compute_bytes));
+        println!("    KV cache (f16)                {}", human_bytes(p.kv_bytes));
+        println!("    compute buffers (estimate)    {}", human_bytes(p.compute_bytes));
         if !p.fits {
             println!("    DOES NOT FIT: resident parts + KV + compute exceed the budget");
         }
         println!(
-            "    expert cache                  {} = {} of {} experts ({:.1}%), {:.2} MiB each",
-            gib(p.cache_bytes),
+            "    expert cache                  {} = {} of {} experts ({:.1}%), {} each",
+            human_bytes(p.cache_bytes),
             p.experts_cached,
             p.n_experts_total,
             100.0 * p.cached_fraction,
-            p.expert_bytes_each as f64 / (1u64 << 20) as f64
+            human_bytes(p.expert_bytes_each)
         );
         println!(
-            "    per token: {:.0} MiB resident + {:.0} MiB routed experts; hit rate assumed {:.0}%",
-            p.active_resident_bytes as f64 / (1u64 << 20) as f64,
-            p.active_expert_bytes as f64 / (1u64 << 20) as f64,
+            "    per token: {} resident + {} routed experts; hit rate assumed {:.0}%",
+            human_bytes(p.active_resident_bytes),
+            human_bytes(p.active_expert_bytes),
             100.0 * p.hit_rate
         );
         println!(
