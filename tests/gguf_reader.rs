@@ -445,7 +445,11 @@ fn split_bundle_inconsistent_shards_are_rejected() {
 #[test]
 fn errors_stay_small() {
     // Results carry GgufError by value everywhere; keep it cheap to move.
-    assert!(std::mem::size_of::<GgufError>() <= 120, "{}", std::mem::size_of::<GgufError>());
+    assert!(
+        std::mem::size_of::<GgufError>() <= 120,
+        "{}",
+        std::mem::size_of::<GgufError>()
+    );
 }
 
 #[test]

@@ -7,7 +7,16 @@ use pocketmoe::model::{arch_by_name, validate::validate, Hparams};
 use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
 use std::path::PathBuf;
 
-const ARCHS: [&str; 8] = ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "llama", "glm4moe", "minimax-m2", "olmoe"];
+const ARCHS: [&str; 8] = [
+    "qwen3moe",
+    "qwen2moe",
+    "gpt-oss",
+    "deepseek2",
+    "llama",
+    "glm4moe",
+    "minimax-m2",
+    "olmoe",
+];
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pocketmoe-test-{}", std::process::id()));
@@ -17,7 +26,14 @@ fn tmp(name: &str) -> PathBuf {
 
 fn write_tiny(arch: &str, quant: QuantMix) -> PathBuf {
     let out = tmp(&format!("{arch}-{}.gguf", quant.name()));
-    let opts = SynthOptions { arch: arch.into(), preset: "tiny".into(), quant, routing_skew: 1.0, seed: 7, out: out.clone() };
+    let opts = SynthOptions {
+        arch: arch.into(),
+        preset: "tiny".into(),
+        quant,
+        routing_skew: 1.0,
+        seed: 7,
+        out: out.clone(),
+    };
     synth::synth(&opts, &|_, _| {}).unwrap_or_else(|e| panic!("synth {arch}: {e}"));
     out
 }
@@ -33,7 +49,11 @@ fn check_arch(arch: &str, quant: QuantMix) {
         ("n_embd", hp.n_embd, preset.hparams.n_embd),
         ("n_vocab", hp.n_vocab, preset.hparams.n_vocab),
         ("n_expert", hp.n_expert, preset.hparams.n_expert),
-        ("n_expert_used", hp.n_expert_used, preset.hparams.n_expert_used),
+        (
+            "n_expert_used",
+            hp.n_expert_used,
+            preset.hparams.n_expert_used,
+        ),
         ("n_layer", hp.n_layer as u64, preset.hparams.n_layer as u64),
     ] {
         assert_eq!(ours, theirs, "{arch}: {field} did not round-trip");
@@ -46,19 +66,39 @@ fn check_arch(arch: &str, quant: QuantMix) {
 
     // The reference loads it and runs a forward pass.
     let lm = LlamaModel::load(&path, 0).unwrap_or_else(|e| panic!("{arch}: {e}"));
-    assert_eq!(lm.n_vocab() as u64, preset.hparams.n_vocab, "{arch}: libllama's vocabulary size");
-    assert_eq!(lm.size(), our_bytes, "{arch}: libllama counts different weight bytes");
-    assert_eq!(lm.n_params(), our_params, "{arch}: libllama counts different parameters");
+    assert_eq!(
+        lm.n_vocab() as u64,
+        preset.hparams.n_vocab,
+        "{arch}: libllama's vocabulary size"
+    );
+    assert_eq!(
+        lm.size(),
+        our_bytes,
+        "{arch}: libllama counts different weight bytes"
+    );
+    assert_eq!(
+        lm.n_params(),
+        our_params,
+        "{arch}: libllama counts different parameters"
+    );
     let mut ctx = LlamaContext::new(&lm, 64, 2).unwrap();
-    let tokens = lm.tokenize("Hello world, this is a test of 123 tokens", false, false).unwrap();
+    let tokens = lm
+        .tokenize("Hello world, this is a test of 123 tokens", false, false)
+        .unwrap();
     assert!(tokens.len() > 3, "{arch}: tokenized to {tokens:?}");
     let logits = ctx.logits_all(&tokens).unwrap();
     assert_eq!(logits.len(), tokens.len());
     for (pos, l) in logits.iter().enumerate() {
-        assert!(l.iter().all(|x| x.is_finite()), "{arch}: non-finite logits at {pos}");
+        assert!(
+            l.iter().all(|x| x.is_finite()),
+            "{arch}: non-finite logits at {pos}"
+        );
         let mean = l.iter().sum::<f32>() / l.len() as f32;
         let std = (l.iter().map(|x| (x - mean).powi(2)).sum::<f32>() / l.len() as f32).sqrt();
-        assert!(std > 0.5, "{arch}: near-flat logits at position {pos} (std {std})");
+        assert!(
+            std > 0.5,
+            "{arch}: near-flat logits at position {pos} (std {std})"
+        );
     }
     std::fs::remove_file(&path).ok();
 }
@@ -107,21 +147,49 @@ fn synth_is_deterministic_and_seeded() {
     let bytes_a = std::fs::read(&a).unwrap();
     std::fs::remove_file(&a).unwrap();
     let b = write_tiny("olmoe", QuantMix::Q8_0);
-    assert_eq!(bytes_a, std::fs::read(&b).unwrap(), "same seed, different file");
+    assert_eq!(
+        bytes_a,
+        std::fs::read(&b).unwrap(),
+        "same seed, different file"
+    );
     let out = tmp("olmoe-seed8.gguf");
-    let opts = SynthOptions { arch: "olmoe".into(), preset: "tiny".into(), quant: QuantMix::Q8_0, routing_skew: 1.0, seed: 8, out: out.clone() };
+    let opts = SynthOptions {
+        arch: "olmoe".into(),
+        preset: "tiny".into(),
+        quant: QuantMix::Q8_0,
+        routing_skew: 1.0,
+        seed: 8,
+        out: out.clone(),
+    };
     synth::synth(&opts, &|_, _| {}).unwrap();
-    assert_ne!(bytes_a, std::fs::read(&out).unwrap(), "different seed, same file");
+    assert_ne!(
+        bytes_a,
+        std::fs::read(&out).unwrap(),
+        "different seed, same file"
+    );
 }
 
 #[test]
 fn synth_rejects_bad_options() {
     let out = tmp("bad.gguf");
-    let mk = |arch: &str, preset: &str, skew: f32| SynthOptions { arch: arch.into(), preset: preset.into(), quant: QuantMix::Q8_0, routing_skew: skew, seed: 1, out: out.clone() };
-    let e = synth::synth(&mk("nope", "tiny", 1.0), &|_, _| {}).unwrap_err().to_string();
+    let mk = |arch: &str, preset: &str, skew: f32| SynthOptions {
+        arch: arch.into(),
+        preset: preset.into(),
+        quant: QuantMix::Q8_0,
+        routing_skew: skew,
+        seed: 1,
+        out: out.clone(),
+    };
+    let e = synth::synth(&mk("nope", "tiny", 1.0), &|_, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("nope"), "{e}");
-    let e = synth::synth(&mk("qwen3moe", "huge", 1.0), &|_, _| {}).unwrap_err().to_string();
+    let e = synth::synth(&mk("qwen3moe", "huge", 1.0), &|_, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("huge") && e.contains("qwen3-30b-a3b"), "{e}");
-    let e = synth::synth(&mk("qwen3moe", "tiny", f32::NAN), &|_, _| {}).unwrap_err().to_string();
+    let e = synth::synth(&mk("qwen3moe", "tiny", f32::NAN), &|_, _| {})
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("routing-skew"), "{e}");
 }

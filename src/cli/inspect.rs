@@ -61,7 +61,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         u => return Err(format!("unknown unit {u:?} in {s:?}")),
     };
     let v = n * mult;
-    if !v.is_finite() || v < 0.0 || v > 1e16 {
+    if !v.is_finite() || !(0.0..=1e16).contains(&v) {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(v as u64)
@@ -284,8 +284,14 @@ fn print_text(r: &Report) {
             "    resident (non-expert) weights {}",
             human_bytes(p.resident_bytes)
         );
-        println!("    KV cache (f16)                {}", human_bytes(p.kv_bytes));
-        println!("    compute buffers (estimate)    {}", human_bytes(p.compute_bytes));
+        println!(
+            "    KV cache (f16)                {}",
+            human_bytes(p.kv_bytes)
+        );
+        println!(
+            "    compute buffers (estimate)    {}",
+            human_bytes(p.compute_bytes)
+        );
         if !p.fits {
             println!("    DOES NOT FIT: resident parts + KV + compute exceed the budget");
         }

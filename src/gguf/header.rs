@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use indexmap::IndexMap;
 
 use super::error::{FormatError, GgufError};
+use super::reader::TensorInfo;
 use super::value::{GgufArray, GgufValue, GgufValueType, MAX_ARRAY_DEPTH};
 use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use crate::ggml::GgmlType;
@@ -41,35 +42,6 @@ fn prealloc(count: u64) -> usize {
 const MIN_KV_BYTES: u64 = 8 + 1 + 4 + 1;
 /// Smallest tensor info: name length (empty name), n_dims, one ne, type, offset.
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
-
-/// One tensor of the index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    pub ty: GgmlType,
-    /// ne0 first, padded with 1 up to 4 dimensions.
-    pub ne: [u64; 4],
-    pub n_dims: u32,
-    /// Absolute byte offset of the data within its (shard) file.
-    pub offset: u64,
-    /// `ty.row_size(ne0) * ne1 * ne2 * ne3`.
-    pub n_bytes: u64,
-    /// Index of the shard file that holds the data (0 for single files).
-    pub shard: usize,
-    /// Byte offset of this tensor's info record in the header (for messages).
-    pub info_offset: u64,
-}
-
-impl TensorInfo {
-    /// The shape without padding: `ne[..n_dims]`.
-    pub fn shape(&self) -> &[u64] {
-        &self.ne[..(self.n_dims as usize).min(4)]
-    }
-
-    pub fn n_elements(&self) -> u64 {
-        self.ne.iter().product()
-    }
-}
 
 /// The validated header and tensor index of one GGUF file (no tensor data).
 #[derive(Clone, Debug)]
@@ -109,13 +81,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn bytes(&mut self, n: u64, field: Field) -> Result<&'a [u8], GgufError> {
-        if n > self.remaining() {
-            let available = self.remaining();
-            return Err(self.err(
-                self.pos,
-                field,
-                FormatError::Truncated { need: n, available },
-            ));
+        let available = self.remaining();
+        if n > available {
+            let kind = FormatError::Truncated { need: n, available };
+            return Err(self.err(self.pos, field, kind));
         }
         let s = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -346,7 +315,7 @@ impl GgufHeader {
             }
         }
 
-        // Key-value pairs. Counts are bounded by the remaining bytes, so capacity is safe.
+        // Key-value pairs (counts are checked against the remaining bytes, capacity capped).
         let mut metadata = IndexMap::with_capacity(prealloc(n_kv));
         let mut kv_offsets = Vec::with_capacity(prealloc(n_kv));
         for i in 0..n_kv {

@@ -96,7 +96,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
     let arch = arch_by_name(&h.arch)
         .ok_or_else(|| SynthError::Options(format!("unknown architecture {:?}", h.arch)))?;
     let mut out = Vec::new();
-    let mut router_rng = Rng::new(seed ^ 0x5EED_0F_5CE3);
+    let mut router_rng = Rng::new(seed ^ 0x005E_ED0F_5CE3);
     let wanted = arch.expected_tensors(h).filter(|(name, spec, block)| {
         arch.required_in(spec, h, *block) || real_models_have(h, name, *block)
     });

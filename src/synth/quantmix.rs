@@ -62,7 +62,7 @@ impl QuantMix {
 
 /// llama.cpp's `use_more_bits(i_layer, n_layers)`.
 fn more_bits(il: usize, n: usize) -> bool {
-    il < n / 8 || il >= 7 * n / 8 || (il >= n / 8 && (il - n / 8) % 3 == 2)
+    il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2
 }
 
 fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
