@@ -1,5 +1,5 @@
 //! Our GGUF reader and writer against the reference, ggml's own parser (`gguf_init_from_file` /
-//! `gguf_init_from_buffer` of the linked llama.cpp, via `pocketmoe::gguf::ggml_ref`):
+//! `gguf_init_from_buffer` of the linked llama.cpp, via `pocketmoe::ggml::gguf_ref`):
 //! - files from our writer are read by ggml with the same version, alignment, data offset,
 //!   keys, value types, strings, integers, tensor names, types, shapes, offsets, sizes and bytes;
 //! - on the malformed corpus, ggml rejects every file except the few where we are stricter;
@@ -8,8 +8,8 @@
 //!   documented extra checks.
 use std::path::{Path, PathBuf};
 
+use pocketmoe::ggml::gguf_ref::{self as ggml_ref, GgmlGguf};
 use pocketmoe::ggml::GgmlType;
-use pocketmoe::gguf::ggml_ref::{self, GgmlGguf};
 use pocketmoe::gguf::{FormatError, GgufError, GgufHeader, GgufModel, GgufValue, GgufWriter};
 use proptest::prelude::*;
 use proptest::sample::Index;

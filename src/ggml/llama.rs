@@ -48,6 +48,15 @@ pub struct LlamaModel {
 impl LlamaModel {
     /// Loads `path` with `n_gpu_layers` layers offloaded (0 = CPU only, -1 = all).
     pub fn load(path: &Path, n_gpu_layers: i32) -> Result<Self> {
+        Self::load_with(path, n_gpu_layers, false)
+    }
+
+    /// Loads only the vocabulary of `path` (works on vocab-only GGUFs of any architecture).
+    pub fn load_vocab(path: &Path) -> Result<Self> {
+        Self::load_with(path, 0, true)
+    }
+
+    fn load_with(path: &Path, n_gpu_layers: i32, vocab_only: bool) -> Result<Self> {
         init();
         let c = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| err(format!("{}: NUL in path", path.display())))?;
@@ -55,6 +64,7 @@ impl LlamaModel {
         let ptr = unsafe {
             let mut p = sys::llama_model_default_params();
             p.n_gpu_layers = n_gpu_layers;
+            p.vocab_only = vocab_only;
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };
         NonNull::new(ptr).map(|ptr| Self { ptr }).ok_or_else(|| {

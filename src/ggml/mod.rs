@@ -11,6 +11,7 @@
 
 mod backend;
 mod context;
+pub mod gguf_ref;
 mod graph;
 pub mod llama;
 pub mod quant;

@@ -2,7 +2,7 @@
 //! the map), split bundles (`<prefix>-00001-of-00003.gguf`), and a parallel writer.
 //!
 //! Follows the GGUF spec (llama.cpp `ggml/docs/gguf.md`) and ggml's reference implementation
-//! `ggml/src/gguf.cpp` of the llama.cpp we link (llama-cpp-sys-2 0.1.161); [`ggml_ref`] calls
+//! `ggml/src/gguf.cpp` of the llama.cpp we link (llama-cpp-sys-2 0.1.161); [`crate::ggml::gguf_ref`] calls
 //! that implementation directly so tests can compare against it.
 //!
 //! Layout (little-endian): `"GGUF"`, u32 version (2 or 3), u64 n_tensors, u64 n_kv, n_kv
@@ -118,7 +118,7 @@ macro_rules! metadata_getters {
 }
 
 mod error;
-pub mod ggml_ref;
+
 mod header;
 mod reader;
 mod value;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use ggml_sys as sys;
 
-use super::value::GgufValueType;
+use crate::gguf::GgufValueType;
 
 /// What ggml's parser saw in a file.
 #[derive(Clone, Debug, PartialEq)]
