@@ -2,7 +2,8 @@
 # Runs on the device machine (the H200), from the repo root of the copied working tree, with
 # dist/ carried. Unpacks the CUDA build from scripts/pack-device.sh once into /tmp/pmoe, then:
 #
-#   scripts/device-run.sh tests [FILTER]        # every packed test executable (cargo test names)
+#   scripts/device-run.sh tests [FILTER]        # every packed test executable (cargo test names);
+#                                               # TESTS="ggml_smoke synth_llama" picks executables
 #   scripts/device-run.sh pocketmoe ARGS...     # the CLI, e.g. `pocketmoe self-check`
 #   scripts/device-run.sh exec CMD ARGS...      # anything, with the environment set
 #
@@ -23,6 +24,7 @@ case "$cmd" in
     (
       rc=0
       for t in "$ROOT"/tests/*; do
+        if [ -n "${TESTS:-}" ] && ! grep -qw "$(basename "$t")" <<<"$TESTS"; then continue; fi
         echo "== $(basename "$t")"
         "$t" --test-threads=1 "$@" || rc=1
       done
