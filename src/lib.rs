@@ -4,8 +4,10 @@
 //! math; this crate does the MoE-specific parts. See the README's architecture section for the
 //! layout and DESIGN.md (shared) for the physics and the offload design.
 pub mod cli;
+pub mod engine;
 pub mod ggml;
 pub mod gguf;
+pub mod graph;
 pub mod model;
 pub mod selfcheck;
 pub mod synth;

@@ -87,7 +87,7 @@ pub fn matvec(
         .new_tensor(GgmlType::F32, &[cols as i64, 1])?
         .set_name("x"); // [cols, 1]
     let y = ctx.mul_mat(w, xt).set_name("y"); // [rows, 1]
-    let mut graph = Graph::new(&ctx, 16);
+    let graph = Graph::new(&ctx, 16);
     graph.build_forward(y);
     ctx.alloc_tensors(backend)?;
     w.write_bytes(&w_q)?;

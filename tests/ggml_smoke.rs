@@ -152,7 +152,7 @@ fn check_mul_mat_id(backend: &Backend) {
             .unwrap(); // [n_used, n_tokens]
         let y = ctx.mul_mat_id(tw, tx, tid); // [n, n_used, n_tokens]
         assert_eq!(y.shape(), vec![n as i64, n_used as i64, n_tokens as i64]);
-        let mut g = Graph::new(&ctx, 16);
+        let g = Graph::new(&ctx, 16);
         g.build_forward(y);
         ctx.alloc_tensors(backend).unwrap();
         tw.write_bytes(&wq).unwrap();

@@ -6,6 +6,7 @@ use super::{cstr, GgmlError, Graph, Result, Tensor};
 use ggml_sys as sys;
 use std::ffi::CString;
 use std::ptr::NonNull;
+use std::rc::Rc;
 
 /// What kind of device ggml says a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,15 +172,17 @@ fn check_status(status: sys::ggml_status, backend: String) -> Result<()> {
 
 /// ggml's scheduler: splits a graph over several backends (first = highest priority, last must be
 /// the CPU), allocates intermediates in its own buffers, and copies between backends.
-pub struct Sched<'b> {
+pub struct Sched {
     ptr: NonNull<sys::ggml_backend_sched>,
-    backends: Vec<&'b Backend>,
+    /// Kept alive as long as the scheduler, which holds their raw pointers.
+    backends: Vec<Rc<Backend>>,
 }
 
-impl<'b> Sched<'b> {
-    pub fn new(backends: &[&'b Backend], graph_size: usize, op_offload: bool) -> Result<Self> {
+impl Sched {
+    pub fn new(backends: &[Rc<Backend>], graph_size: usize, op_offload: bool) -> Result<Self> {
         let mut raw: Vec<_> = backends.iter().map(|b| b.raw()).collect();
-        // SAFETY: `raw` holds live backends, which outlive the scheduler ('b); null bufts = defaults.
+        // SAFETY: `raw` holds live backends, kept alive by `backends` (Rc) as long as the
+        // scheduler; null bufts = each backend's default.
         let ptr = unsafe {
             sys::ggml_backend_sched_new(
                 raw.as_mut_ptr(),
@@ -196,21 +199,30 @@ impl<'b> Sched<'b> {
         })
     }
 
-    /// Allocates and runs `graph`. Outputs are read with [`Sched::read_f32`] while `self` lives.
-    pub fn compute(&mut self, graph: &Graph<'_>) -> Result<()> {
+    /// Assigns backends and allocates every tensor of `graph` (inputs included, so they can be
+    /// written before [`Sched::compute`]).
+    pub fn alloc(&mut self, graph: &Graph<'_>) -> Result<()> {
         // SAFETY: live scheduler and graph.
-        unsafe {
+        let ok = unsafe {
             sys::ggml_backend_sched_reset(self.ptr.as_ptr());
-            if !sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw()) {
-                return Err(GgmlError::Alloc {
-                    backend: "scheduler".into(),
-                    what: "graph".into(),
-                    size: 0,
-                });
-            }
-            let status = sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw());
-            check_status(status, "scheduler".into())
+            sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw())
+        };
+        if !ok {
+            return Err(GgmlError::Alloc {
+                backend: "scheduler".into(),
+                what: "graph".into(),
+                size: 0,
+            });
         }
+        Ok(())
+    }
+
+    /// Runs a graph allocated by [`Sched::alloc`]. Outputs are read while `self` lives.
+    pub fn compute(&mut self, graph: &Graph<'_>) -> Result<()> {
+        // SAFETY: live scheduler and a graph allocated by alloc().
+        let status =
+            unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw()) };
+        check_status(status, "scheduler".into())
     }
 
     /// Number of backend splits of the last graph.
@@ -224,12 +236,12 @@ impl<'b> Sched<'b> {
         t.read_f32()
     }
 
-    pub fn backends(&self) -> &[&'b Backend] {
+    pub fn backends(&self) -> &[Rc<Backend>] {
         &self.backends
     }
 }
 
-impl Drop for Sched<'_> {
+impl Drop for Sched {
     fn drop(&mut self) {
         // SAFETY: we own the scheduler.
         unsafe { sys::ggml_backend_sched_free(self.ptr.as_ptr()) };

@@ -11,6 +11,20 @@ use std::ffi::CString;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+/// Rotary-embedding parameters (ggml `rope_ext`); YaRN fields are 0/1 when unused.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeParams {
+    pub n_dims: i32,
+    pub mode: i32,
+    pub n_ctx_orig: i32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
 /// A ggml context: metadata for tensors and graph nodes. Data lives in backend buffers.
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
@@ -111,6 +125,32 @@ impl Context {
         Ok(size)
     }
 
+    /// Looks up every tensor of this context by name, once (ggml's own lookup is a linear scan).
+    pub fn index(&self) -> TensorIndex {
+        let mut map = std::collections::HashMap::new();
+        // SAFETY: walking the context's tensor list; pointers stay valid while self lives.
+        unsafe {
+            let mut t = sys::ggml_get_first_tensor(self.raw());
+            while !t.is_null() {
+                map.insert(cstr((*t).name.as_ptr()), NonNull::new_unchecked(t));
+                t = sys::ggml_get_next_tensor(self.raw(), t);
+            }
+        }
+        TensorIndex { ctx: self.ptr, map }
+    }
+
+    /// The tensor called `name`, through an index built from this context.
+    pub fn get<'a>(&'a self, index: &TensorIndex, name: &str) -> Option<Tensor<'a>> {
+        assert!(
+            index.ctx == self.ptr,
+            "tensor index used with another context"
+        );
+        index.map.get(name).map(|&ptr| Tensor {
+            ptr,
+            _ctx: PhantomData,
+        })
+    }
+
     // ---- ops (shapes in ggml order, ne0 first) ----
 
     /// `a` [k, n, ...] × `b` [k, m, ...] -> [n, m, ...] (a may be quantised).
@@ -178,6 +218,192 @@ impl Context {
         )
     }
 
+    pub fn div<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_div(self.raw(), a.raw(), b.raw()) },
+            "div",
+        )
+    }
+
+    pub fn sigmoid<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_sigmoid(self.raw(), a.raw()) }, "sigmoid")
+    }
+
+    pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_silu(self.raw(), a.raw()) }, "silu")
+    }
+
+    /// `silu(a) * b` (SwiGLU with separate gate and up).
+    pub fn swiglu_split<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_swiglu_split(self.raw(), a.raw(), b.raw()) },
+            "swiglu",
+        )
+    }
+
+    /// Sum of each row: [n, ...] -> [1, ...].
+    pub fn sum_rows<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_sum_rows(self.raw(), a.raw()) },
+            "sum_rows",
+        )
+    }
+
+    pub fn clamp<'a>(&'a self, a: Tensor<'a>, min: f32, max: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_clamp(self.raw(), a.raw(), min, max) },
+            "clamp",
+        )
+    }
+
+    /// Indices of the `k` largest values of each row, i32 [k, rows...].
+    pub fn argsort_top_k<'a>(&'a self, a: Tensor<'a>, k: usize) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_argsort_top_k(self.raw(), a.raw(), k as i32) },
+            "argsort_top_k",
+        )
+    }
+
+    pub fn cont<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_cont(self.raw(), a.raw()) }, "cont")
+    }
+
+    pub fn permute<'a>(&'a self, a: Tensor<'a>, axes: [i32; 4]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the axes are a permutation (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3]) },
+            "permute",
+        )
+    }
+
+    /// Copies `a` into `b` (with type conversion), returning the view `b` for the graph.
+    pub fn cpy<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_cpy(self.raw(), a.raw(), b.raw()) },
+            "cpy",
+        )
+    }
+
+    /// A view of `a` with shape `ne` (1..=4 dims), byte strides `nb` (one fewer than dims) and
+    /// byte `offset`. The caller guarantees it lies inside `a` (graph invariant; ggml asserts).
+    pub fn view<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        ne: &[i64],
+        nb: &[usize],
+        offset: usize,
+    ) -> Tensor<'a> {
+        assert!(
+            !ne.is_empty() && ne.len() <= 4 && nb.len() + 1 == ne.len(),
+            "view: {ne:?} / {nb:?}"
+        );
+        // SAFETY: dimensions checked above; bounds are ggml's assertion.
+        let t = unsafe {
+            match ne.len() {
+                1 => sys::ggml_view_1d(self.raw(), a.raw(), ne[0], offset),
+                2 => sys::ggml_view_2d(self.raw(), a.raw(), ne[0], ne[1], nb[0], offset),
+                3 => sys::ggml_view_3d(
+                    self.raw(),
+                    a.raw(),
+                    ne[0],
+                    ne[1],
+                    ne[2],
+                    nb[0],
+                    nb[1],
+                    offset,
+                ),
+                _ => sys::ggml_view_4d(
+                    self.raw(),
+                    a.raw(),
+                    ne[0],
+                    ne[1],
+                    ne[2],
+                    ne[3],
+                    nb[0],
+                    nb[1],
+                    nb[2],
+                    offset,
+                ),
+            }
+        };
+        self.wrap(t, "view")
+    }
+
+    /// Rotary embedding (`mode` 0 = normal, 2 = NeoX) over the first `n_dims` of each head.
+    /// `a` [head_dim, n_head, n_tokens], `pos` i32 [n_tokens].
+    pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
+        // SAFETY: as above; no frequency-factor tensor.
+        self.wrap(
+            unsafe {
+                sys::ggml_rope_ext(
+                    self.raw(),
+                    a.raw(),
+                    pos.raw(),
+                    std::ptr::null_mut(),
+                    p.n_dims,
+                    p.mode,
+                    p.n_ctx_orig,
+                    p.freq_base,
+                    p.freq_scale,
+                    p.ext_factor,
+                    p.attn_factor,
+                    p.beta_fast,
+                    p.beta_slow,
+                )
+            },
+            "rope",
+        )
+    }
+
+    /// Fused attention: `q` [d, n_tokens, n_head], `k` [d, n_kv, n_head_kv], `v` [dv, n_kv,
+    /// n_head_kv], `mask` f16 [n_kv, n_tokens_padded] -> [dv, n_head, n_tokens].
+    pub fn flash_attn<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        mask: Tensor<'a>,
+        scale: f32,
+    ) -> Tensor<'a> {
+        // SAFETY: as above.
+        let t = unsafe {
+            sys::ggml_flash_attn_ext(
+                self.raw(),
+                q.raw(),
+                k.raw(),
+                v.raw(),
+                mask.raw(),
+                scale,
+                0.0,
+                0.0,
+            )
+        };
+        // SAFETY: t is a live tensor; F32 accumulation as llama.cpp requests.
+        unsafe { sys::ggml_prec_set_acc(t, sys::GGML_PREC_F32) };
+        self.wrap(t, "flash_attn")
+    }
+
+    /// Marks `t` as a graph input (allocated so it can be written before compute).
+    pub fn set_input(&self, t: Tensor<'_>) {
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_set_input(t.raw()) };
+    }
+
+    /// Marks `t` as a graph output (never overwritten by the allocator).
+    pub fn set_output(&self, t: Tensor<'_>) {
+        // SAFETY: live tensor.
+        unsafe { sys::ggml_set_output(t.raw()) };
+    }
+
     /// Reshape to `ne` (same element count, `a` contiguous).
     pub fn reshape<'a>(&'a self, a: Tensor<'a>, ne: &[i64]) -> Result<Tensor<'a>> {
         let n: i64 = ne.iter().product();
@@ -206,6 +432,26 @@ impl Drop for Context {
         }
         // SAFETY: we own the context.
         unsafe { sys::ggml_free(self.ptr.as_ptr()) };
+    }
+}
+
+/// Name -> tensor lookup for one context (see [`Context::index`]).
+pub struct TensorIndex {
+    ctx: NonNull<sys::ggml_context>,
+    map: std::collections::HashMap<String, NonNull<sys::ggml_tensor>>,
+}
+
+impl TensorIndex {
+    pub fn contains(&self, name: &str) -> bool {
+        self.map.contains_key(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 }
 

@@ -26,7 +26,7 @@ impl<'ctx> Graph<'ctx> {
     }
 
     /// Adds `t` and everything it depends on.
-    pub fn build_forward(&mut self, t: Tensor<'ctx>) {
+    pub fn build_forward(&self, t: Tensor<'ctx>) {
         // SAFETY: graph and tensor live in the same context.
         unsafe { sys::ggml_build_forward_expand(self.raw(), t.raw()) };
     }

@@ -98,33 +98,27 @@ impl LlamaModel {
 
     /// Tokenizes `text` as llama.cpp does.
     pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<i32>> {
-        let mut out = vec![0i32; text.len() + 8];
-        // SAFETY: text is valid for len bytes; out has capacity for n_tokens_max tokens.
-        let mut n = unsafe {
-            sys::llama_tokenize(
-                self.vocab(),
-                text.as_ptr().cast(),
-                text.len() as i32,
-                out.as_mut_ptr(),
-                out.len() as i32,
-                add_special,
-                parse_special,
-            )
-        };
-        if n < 0 {
-            out.resize((-n) as usize, 0);
-            // SAFETY: as above, with the size llama.cpp asked for.
-            n = unsafe {
+        let len = i32::try_from(text.len()).map_err(|_| err("text longer than 2^31 bytes"))?;
+        let run = |out: &mut Vec<i32>| {
+            // SAFETY: text is valid for len bytes; out has room for out.len() tokens.
+            unsafe {
                 sys::llama_tokenize(
                     self.vocab(),
                     text.as_ptr().cast(),
-                    text.len() as i32,
+                    len,
                     out.as_mut_ptr(),
                     out.len() as i32,
                     add_special,
                     parse_special,
                 )
-            };
+            }
+        };
+        let mut out = vec![0i32; text.len() + 8];
+        let mut n = run(&mut out);
+        if n < 0 {
+            // llama.cpp says how many tokens it needs.
+            out.resize(n.unsigned_abs() as usize, 0);
+            n = run(&mut out);
         }
         if n < 0 {
             return Err(err(format!("llama_tokenize failed ({n})")));
@@ -164,8 +158,15 @@ impl<'m> LlamaContext<'m> {
             .ok_or_else(|| err("llama_init_from_model failed"))
     }
 
-    /// Runs `tokens` (positions 0..n, a fresh sequence) and returns the logits at every position.
+    /// Runs `tokens` as a fresh sequence (positions 0..n) and returns the logits at every position.
     pub fn logits_all(&mut self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
+        // SAFETY: live context; clears its KV memory.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) };
+        self.eval(tokens, 0)
+    }
+
+    /// Appends `tokens` at positions `n_past..` of sequence 0 and returns their logits.
+    pub fn eval(&mut self, tokens: &[i32], n_past: usize) -> Result<Vec<Vec<f32>>> {
         let n = tokens.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -174,11 +175,10 @@ impl<'m> LlamaContext<'m> {
         // SAFETY: the batch is allocated for n tokens with one sequence id each, filled within
         // bounds, decoded, and freed; logits pointers are read while the context lives.
         unsafe {
-            sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true);
             let mut b = sys::llama_batch_init(n as i32, 0, 1);
             for (i, &t) in tokens.iter().enumerate() {
                 *b.token.add(i) = t;
-                *b.pos.add(i) = i as i32;
+                *b.pos.add(i) = (n_past + i) as i32;
                 *b.n_seq_id.add(i) = 1;
                 *(*b.seq_id.add(i)) = 0;
                 *b.logits.add(i) = 1;

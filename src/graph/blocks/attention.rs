@@ -1,0 +1,110 @@
+//! Grouped-query attention over the KV cache (llama.cpp `build_qkv` + `build_attn` with flash
+//! attention): q/k/v projections (+ optional biases), optional q/k RMSNorm, RoPE, cache store,
+//! `flash_attn_ext` with a causal mask, output projection.
+use crate::ggml::{GgmlType, RopeParams, Tensor};
+use crate::graph::GraphBuilder;
+
+/// Where the q/k RMSNorm applies, if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Per head, weight [head_dim] (Qwen3, OLMoE-style per-head).
+    PerHead,
+    /// Over the whole projection, weight [n_head * head_dim] (MiniMax-M2, OLMoE).
+    Full,
+}
+
+/// Per-architecture attention settings.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnOpts {
+    pub qk_norm: QkNorm,
+    /// ggml rope mode: 0 = normal (GPT-J interleaved), 2 = NeoX (halves).
+    pub rope_mode: i32,
+}
+
+pub const ROPE_NORMAL: i32 = 0;
+pub const ROPE_NEOX: i32 = 2;
+
+impl<'a> GraphBuilder<'a> {
+    fn rope_params(&self, mode: i32) -> RopeParams {
+        RopeParams {
+            n_dims: self.hp.n_rot as i32,
+            mode,
+            n_ctx_orig: self.hp.n_ctx_train as i32,
+            freq_base: self.hp.rope_freq_base,
+            freq_scale: 1.0,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }
+    }
+
+    /// Projection `w·x` plus an optional bias.
+    fn proj(&self, x: Tensor<'a>, il: usize, name: &str) -> Tensor<'a> {
+        let y = self.ctx.mul_mat(self.wl(il, &format!("{name}.weight")), x);
+        match self.wl_opt(il, &format!("{name}.bias")) {
+            Some(b) => self.ctx.add(y, b),
+            None => y,
+        }
+    }
+
+    /// Self-attention of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens].
+    pub fn attention(&self, x: Tensor<'a>, il: usize, opts: &AttnOpts) -> Tensor<'a> {
+        let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
+        let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
+        let (dk, dv, nt) = (
+            hp.head_dim_k as i64,
+            hp.head_dim_v as i64,
+            b.n_tokens as i64,
+        );
+        let ili = il as i32;
+
+        let mut q = self.cb(self.proj(x, il, "attn_q"), "Qcur", ili); // [dk*n_head, nt]
+        let mut k = self.cb(self.proj(x, il, "attn_k"), "Kcur", ili); // [dk*n_head_kv, nt]
+        let v = self.cb(self.proj(x, il, "attn_v"), "Vcur", ili); // [dv*n_head_kv, nt]
+        if opts.qk_norm == QkNorm::Full {
+            q = self.rms_norm(q, self.wl(il, "attn_q_norm.weight"), "Qcur_normed", ili);
+            k = self.rms_norm(k, self.wl(il, "attn_k_norm.weight"), "Kcur_normed", ili);
+        }
+        let q = ctx.reshape(q, &[dk, n_head, nt]).expect("q reshape"); // [dk, n_head, nt]
+        let k = ctx.reshape(k, &[dk, n_head_kv, nt]).expect("k reshape"); // [dk, n_head_kv, nt]
+        let (q, k) = if opts.qk_norm == QkNorm::PerHead {
+            (
+                self.rms_norm(q, self.wl(il, "attn_q_norm.weight"), "Qcur_normed", ili),
+                self.rms_norm(k, self.wl(il, "attn_k_norm.weight"), "Kcur_normed", ili),
+            )
+        } else {
+            (q, k)
+        };
+        let rp = self.rope_params(opts.rope_mode);
+        let q = self.cb(ctx.rope(q, b.pos, &rp), "Qcur", ili);
+        let k = self.cb(ctx.rope(k, b.pos, &rp), "Kcur", ili);
+
+        // Store this batch's K and V rows at positions n_past.. of the cache.
+        let (kc, vc) = (self.kv.k(il), self.kv.v(il));
+        let (k_row, v_row) = (self.kv.k_width[il], self.kv.v_width[il]);
+        let kt = self.kv.ty;
+        let k_rb = kt.row_size(k_row as u64).expect("cache row") as usize;
+        let v_rb = kt.row_size(v_row as u64).expect("cache row") as usize;
+        let k_dst = ctx.view(kc, &[k_row as i64, nt], &[k_rb], b.n_past * k_rb); // [k_row, nt]
+        let v_dst = ctx.view(vc, &[v_row as i64, nt], &[v_rb], b.n_past * v_rb); // [v_row, nt]
+        let k_flat = ctx.reshape(k, &[k_row as i64, nt]).expect("k flat");
+        let v_flat = ctx.cont(v);
+        self.graph.build_forward(ctx.cpy(k_flat, k_dst));
+        self.graph.build_forward(ctx.cpy(v_flat, v_dst));
+
+        // Attend over cache positions 0..n_kv.
+        let n_kv = b.n_kv() as i64;
+        let elt = |t: GgmlType, n: i64| t.row_size(n as u64).expect("head row") as usize;
+        let k_all = ctx.view(kc, &[dk, n_kv, n_head_kv], &[k_rb, elt(kt, dk)], 0); // [dk, n_kv, n_head_kv]
+        let v_all = ctx.view(vc, &[dv, n_kv, n_head_kv], &[v_rb, elt(kt, dv)], 0); // [dv, n_kv, n_head_kv]
+        let qp = ctx.permute(q, [0, 2, 1, 3]); // [dk, nt, n_head]
+        let scale = 1.0 / (dk as f32).sqrt();
+        let o = ctx.flash_attn(qp, k_all, v_all, b.mask, scale); // [dv, n_head, nt]
+        let o = ctx
+            .reshape(o, &[dv * n_head, nt])
+            .expect("attn out reshape"); // [dv*n_head, nt]
+        self.cb(self.proj(o, il, "attn_output"), "attn_out", ili)
+    }
+}

@@ -1,0 +1,24 @@
+//! Token embedding lookup and the output head.
+use crate::ggml::Tensor;
+use crate::graph::GraphBuilder;
+
+impl<'a> GraphBuilder<'a> {
+    /// `token_embd` rows of the batch's tokens -> [n_embd, n_tokens] (f32).
+    pub fn embed(&self) -> Tensor<'a> {
+        let e = self
+            .ctx
+            .get_rows(self.wg("token_embd.weight"), self.batch.tokens);
+        self.cb(e, "inp_embd", -1)
+    }
+
+    /// Final norm and output projection (tied to `token_embd` when `output` is absent)
+    /// -> [n_vocab, n_tokens].
+    pub fn output(&self, x: Tensor<'a>) -> Tensor<'a> {
+        let x = self.rms_norm(x, self.wg("output_norm.weight"), "result_norm", -1);
+        let head = self
+            .w
+            .get("output.weight")
+            .unwrap_or_else(|| self.wg("token_embd.weight"));
+        self.cb(self.ctx.mul_mat(head, x), "result_output", -1)
+    }
+}

@@ -1,0 +1,8 @@
+//! Building blocks shared by every architecture: norms, attention, MoE and dense FFNs, in/out.
+pub mod attention;
+pub mod io;
+pub mod moe;
+pub mod norm;
+
+pub use attention::AttnOpts;
+pub use moe::MoeOpts;

@@ -1,0 +1,114 @@
+//! The routed-expert FFN (llama.cpp `build_moe_ffn`): router logits, gating (softmax / sigmoid /
+//! softmax over the selected), optional selection bias (`exp_probs_b`), top-k, weight
+//! renormalisation and scaling, then up/gate/down through `mul_mat_id` and the weighted sum over
+//! the selected experts. Shared experts are added by the caller's arch file.
+//!
+//! This is the seam of DESIGN.md §4: the offload path replaces [`GraphBuilder::moe`]'s expert
+//! matmuls; architecture files never change.
+use crate::ggml::Tensor;
+use crate::graph::GraphBuilder;
+use crate::model::hparams::Gating;
+
+/// Per-architecture MoE settings (from the hyper-parameters, with arch overrides).
+#[derive(Debug, Clone, Copy)]
+pub struct MoeOpts {
+    pub gating: Gating,
+    /// Renormalise the selected weights to sum to 1.
+    pub norm_w: bool,
+    /// Multiply the weights by this (0 or 1 = no scaling).
+    pub scale: f32,
+}
+
+impl<'a> GraphBuilder<'a> {
+    /// Routed experts of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens].
+    pub fn moe(&self, x: Tensor<'a>, il: usize, opts: &MoeOpts) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let ili = il as i32;
+        let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
+        let (n_expert, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
+
+        let mut logits = ctx.mul_mat(self.wl(il, "ffn_gate_inp.weight"), x); // [n_expert, nt]
+        if let Some(b) = self.wl_opt(il, "ffn_gate_inp.bias") {
+            logits = ctx.add(logits, b);
+        }
+        let logits = self.cb(logits, "ffn_moe_logits", ili);
+        let probs = match opts.gating {
+            Gating::Softmax => ctx.soft_max(logits),
+            Gating::Sigmoid => ctx.sigmoid(logits),
+            Gating::SoftmaxWeight => logits,
+            other => unimplemented!("gating {other:?} is not built yet"),
+        };
+        let probs = self.cb(probs, "ffn_moe_probs", ili); // [n_expert, nt]
+        let selection = match self.wl_opt(il, "exp_probs_b.bias") {
+            Some(b) => self.cb(ctx.add(probs, b), "ffn_moe_probs_biased", ili),
+            None => probs,
+        };
+        let selected = self.cb(
+            ctx.argsort_top_k(selection, k as usize),
+            "ffn_moe_topk",
+            ili,
+        ); // i32 [k, nt]
+
+        let probs3 = ctx
+            .reshape(probs, &[1, n_expert, nt])
+            .expect("probs reshape"); // [1, n_expert, nt]
+        let mut weights = self.cb(ctx.get_rows(probs3, selected), "ffn_moe_weights", ili); // [1, k, nt]
+        if opts.gating == Gating::SoftmaxWeight {
+            let w2 = ctx.reshape(weights, &[k, nt]).expect("weights 2d");
+            weights = ctx
+                .reshape(ctx.soft_max(w2), &[1, k, nt])
+                .expect("weights 3d");
+        }
+        if opts.norm_w {
+            let w2 = ctx.reshape(weights, &[k, nt]).expect("weights 2d"); // [k, nt]
+            let sum = ctx.clamp(ctx.sum_rows(w2), 6.103_515_6e-5, f32::INFINITY); // [1, nt]
+            weights = ctx
+                .reshape(ctx.div(w2, sum), &[1, k, nt])
+                .expect("weights 3d");
+            weights = self.cb(weights, "ffn_moe_weights_norm", ili);
+        }
+        if opts.scale != 0.0 && opts.scale != 1.0 {
+            weights = self.cb(
+                ctx.scale(weights, opts.scale),
+                "ffn_moe_weights_scaled",
+                ili,
+            );
+        }
+        self.graph.build_forward(weights);
+
+        let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
+        let up = self.cb(
+            ctx.mul_mat_id(self.wl(il, "ffn_up_exps.weight"), x3, selected),
+            "ffn_moe_up",
+            ili,
+        ); // [n_ff, k, nt]
+        let act = match self.wl_opt(il, "ffn_gate_exps.weight") {
+            Some(gate) => {
+                let g = self.cb(ctx.mul_mat_id(gate, x3, selected), "ffn_moe_gate", ili);
+                self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili)
+            }
+            None => self.cb(ctx.silu(up), "ffn_moe_silu", ili),
+        };
+        let experts = ctx.mul_mat_id(self.wl(il, "ffn_down_exps.weight"), act, selected); // [n_embd, k, nt]
+        let experts = self.cb(ctx.mul(experts, weights), "ffn_moe_weighted", ili);
+
+        // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
+        let row = experts.ne()[0] as usize * 4;
+        let view = |i: i64| {
+            ctx.view(
+                experts,
+                &[n_embd, nt],
+                &[row * k as usize],
+                i as usize * row,
+            )
+        }; // [n_embd, nt]
+        let mut out = view(0);
+        for i in 1..k {
+            out = ctx.add(out, view(i));
+        }
+        if k == 1 {
+            out = ctx.cont(out);
+        }
+        self.cb(out, "ffn_moe_out", ili)
+    }
+}

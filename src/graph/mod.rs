@@ -1,0 +1,82 @@
+//! Graph building: [`GraphBuilder`] holds one step's ggml context, the weights, the KV cache and
+//! the batch inputs; blocks (`blocks/`) are its methods; each architecture (`arch/`) is one file
+//! that only strings blocks together (DESIGN.md §3).
+//!
+//! Tensor names follow llama.cpp's `cb(cur, "name", il)` convention (`attn_norm-3`,
+//! `ffn_moe_out-12`) so a debug dump diffs by name against the reference.
+pub mod arch;
+pub mod blocks;
+
+use crate::engine::{kv::KvCache, weights::Weights};
+use crate::ggml::{Context, Graph, Tensor};
+use crate::model::Hparams;
+
+/// The inputs of one micro-batch (created by the engine, filled after allocation).
+#[derive(Clone, Copy)]
+pub struct BatchInputs<'a> {
+    /// i32 [n_tokens]
+    pub tokens: Tensor<'a>,
+    /// i32 [n_tokens]
+    pub pos: Tensor<'a>,
+    /// f16 [n_kv, n_tokens]: 0 where a token may attend, -inf elsewhere.
+    pub mask: Tensor<'a>,
+    pub n_tokens: usize,
+    /// Positions already in the cache before this batch.
+    pub n_past: usize,
+}
+
+impl BatchInputs<'_> {
+    /// Cache positions attention reads (`n_past + n_tokens`).
+    pub fn n_kv(&self) -> usize {
+        self.n_past + self.n_tokens
+    }
+}
+
+pub struct GraphBuilder<'a> {
+    pub ctx: &'a Context,
+    pub w: &'a Weights,
+    pub kv: &'a KvCache,
+    pub hp: &'a Hparams,
+    pub batch: BatchInputs<'a>,
+    pub graph: Graph<'a>,
+}
+
+impl<'a> GraphBuilder<'a> {
+    /// Names `t` as llama.cpp would (`name-il`, or `name` for il < 0).
+    pub fn cb(&self, t: Tensor<'a>, name: &str, il: i32) -> Tensor<'a> {
+        if il >= 0 {
+            t.set_name(&format!("{name}-{il}"))
+        } else {
+            t.set_name(name)
+        }
+    }
+
+    /// The weight `blk.{il}.{suffix}`; its absence is a graph invariant violation (validation ran
+    /// before loading), so this panics with the name.
+    pub fn wl(&self, il: usize, suffix: &str) -> Tensor<'a> {
+        self.w
+            .layer(il, suffix)
+            .unwrap_or_else(|| panic!("weight blk.{il}.{suffix} missing after validation"))
+    }
+
+    /// An optional per-layer weight.
+    pub fn wl_opt(&self, il: usize, suffix: &str) -> Option<Tensor<'a>> {
+        self.w.layer(il, suffix)
+    }
+
+    pub fn wg(&self, name: &str) -> Tensor<'a> {
+        self.w
+            .get(name)
+            .unwrap_or_else(|| panic!("weight {name} missing after validation"))
+    }
+
+    pub fn add(&self, a: Tensor<'a>, b: Tensor<'a>, name: &str, il: i32) -> Tensor<'a> {
+        self.cb(self.ctx.add(a, b), name, il)
+    }
+
+    /// Ends the graph with `t` as its output.
+    pub fn finish(&self, t: Tensor<'a>) {
+        self.ctx.set_output(t);
+        self.graph.build_forward(t);
+    }
+}

@@ -1,0 +1,443 @@
+//! The vocabulary of a GGUF as llama.cpp sees it: token texts, scores and attributes, the special
+//! token ids, the add-BOS/EOS flags, the end-of-generation set and the special-token list used to
+//! cut text before tokenizing.
+//!
+//! Reference: `llama_vocab::impl::load` in llama.cpp `src/llama-vocab.cpp` (llama-cpp-sys-2
+//! 0.1.161). The order of the steps is llama.cpp's, because later steps read what earlier ones
+//! set: model defaults, then the pre-tokenizer's flags, tokens/scores/types, special ids from the
+//! GGUF, the add_* flags, detection of EOT/EOM/FIM tokens by their text (which marks them
+//! control), "unused" control tokens, the EOG set and its model-specific fixes (gpt-oss harmony,
+//! Gemma 4), the special-token list, and finally per-model attributes (Phi-3's rstrip).
+//!
+//! Invariants: every id held here is < `tokens.len()`; `ids` maps each text to its unique id
+//! (duplicate texts are an error, llama.cpp asserts on them); errors name the file and the key.
+use super::pretok::{self, PreSpec};
+use super::TokenizerError;
+use crate::gguf::{GgufArray, GgufModel, GgufValue};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+
+/// llama.cpp's `llama_token_attr` bits.
+pub mod attr {
+    pub const UNKNOWN: u32 = 1 << 0;
+    pub const UNUSED: u32 = 1 << 1;
+    pub const NORMAL: u32 = 1 << 2;
+    pub const CONTROL: u32 = 1 << 3;
+    pub const USER_DEFINED: u32 = 1 << 4;
+    pub const BYTE: u32 = 1 << 5;
+    pub const NORMALIZED: u32 = 1 << 6;
+    pub const LSTRIP: u32 = 1 << 7;
+    pub const RSTRIP: u32 = 1 << 8;
+    pub const SINGLE_WORD: u32 = 1 << 9;
+}
+
+/// The tokenizer algorithm a GGUF asks for (`tokenizer.ggml.model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenizerKind {
+    /// `llama`: SentencePiece BPE over scores, `<0xXX>` byte fallback, U+2581 for spaces.
+    Spm,
+    /// `gpt2`: byte-level BPE over ranked merges after a regex pre-tokenizer.
+    Bpe,
+    /// `gemma4`: BPE over merges on raw UTF-8 with U+2581 for spaces and `<0xXX>` fallback.
+    BpeSpmStyle,
+}
+
+/// Special token ids (None = the model has none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub sep: Option<u32>,
+    pub pad: Option<u32>,
+    pub mask: Option<u32>,
+    pub fim_pre: Option<u32>,
+    pub fim_suf: Option<u32>,
+    pub fim_mid: Option<u32>,
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
+}
+
+pub(crate) struct Vocab {
+    pub path: PathBuf,
+    pub kind: TokenizerKind,
+    pub model: String,
+    /// The pre-tokenizer (BPE kinds only).
+    pub pre: Option<PreSpec>,
+    pub tokens: Vec<String>,
+    pub scores: Vec<f32>,
+    pub attrs: Vec<u32>,
+    pub ids: HashMap<String, u32>,
+    pub special: SpecialTokens,
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub add_space_prefix: bool,
+    pub clean_spaces: bool,
+    pub eog: BTreeSet<u32>,
+    /// Control, user-defined and unknown tokens, longest text first (`cache_special_tokens`).
+    pub special_cache: Vec<u32>,
+}
+
+const EOT_TEXTS: &[&str] = &[
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+];
+const FIM_PRE_TEXTS: &[&str] = &[
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+    "<|code_prefix|>", "<|prefix|>",
+];
+const FIM_SUF_TEXTS: &[&str] = &[
+    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+    "<|code_suffix|>", "<|suffix|>",
+];
+const FIM_MID_TEXTS: &[&str] = &[
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+    "<|code_middle|>", "<|middle|>",
+];
+const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
+const FIM_REP_TEXTS: &[&str] =
+    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+];
+
+/// Reads the tokenizer part of `model`'s metadata.
+pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
+    let path = model.path().to_path_buf();
+    let key_err = |key: &str, msg: String| TokenizerError::Key {
+        path: path.clone(),
+        key: key.to_string(),
+        msg,
+    };
+    let model_name = model.require_str("tokenizer.ggml.model")?.to_string();
+    let pre_raw = match model.get("tokenizer.ggml.pre") {
+        None => None,
+        Some(v) => Some(v.as_str().ok_or_else(|| {
+            key_err("tokenizer.ggml.pre", format!("is {}, expected a string", v.type_name()))
+        })?),
+    };
+    let mut special = SpecialTokens::default();
+    let (kind, mut add_bos, mut add_space_prefix, mut clean_spaces) = match model_name.as_str() {
+        "llama" => {
+            (special.bos, special.eos, special.unk) = (Some(1), Some(2), Some(0));
+            (TokenizerKind::Spm, true, true, false)
+        }
+        "gpt2" => {
+            (special.bos, special.eos) = (Some(11), Some(11));
+            (TokenizerKind::Bpe, false, false, true)
+        }
+        "gemma4" => (TokenizerKind::BpeSpmStyle, false, false, true),
+        other => {
+            let what = match other {
+                "bert" => "WordPiece (bert) tokenizers are not supported",
+                "t5" => "Unigram (t5) tokenizers are not supported",
+                "rwkv" => "RWKV tokenizers are not supported",
+                "plamo2" => "PLaMo-2 tokenizers are not supported",
+                "no_vocab" | "none" => "the file has no vocabulary",
+                _ => "unknown tokenizer model (supported: llama, gpt2, gemma4)",
+            };
+            return Err(TokenizerError::Unsupported {
+                path,
+                what: format!("tokenizer.ggml.model '{other}': {what}"),
+            });
+        }
+    };
+    let mut pre = None;
+    if kind != TokenizerKind::Spm {
+        let name = match (kind, pre_raw) {
+            (TokenizerKind::BpeSpmStyle, _) => "gemma4",
+            (_, None | Some("")) => {
+                tracing::warn!(
+                    "{}: tokenizer.ggml.pre is missing, using 'default' (as llama.cpp does); \
+                     generation quality will be degraded, consider regenerating the model",
+                    path.display()
+                );
+                "default"
+            }
+            (_, Some(name)) => name,
+        };
+        let spec = pretok::lookup(name).ok_or_else(|| TokenizerError::Unsupported {
+            path: path.clone(),
+            what: if pretok::KNOWN_UNSUPPORTED.contains(&name) {
+                format!("tokenizer.ggml.pre '{name}' needs llama.cpp's custom code, not ported")
+            } else {
+                format!("tokenizer.ggml.pre '{name}' is unknown (llama.cpp refuses it too)")
+            },
+        })?;
+        add_bos |= spec.add_bos;
+        clean_spaces = spec.clean_spaces;
+        if spec.no_bos {
+            special.bos = None;
+        }
+        pre = Some(spec);
+    }
+    if let Some(v) = model.get("tokenizer.ggml.add_space_prefix") {
+        add_space_prefix = bool_of(v, "tokenizer.ggml.add_space_prefix", &key_err)?;
+    }
+
+    let texts = model.require_str_array("tokenizer.ggml.tokens")?;
+    let n = texts.len();
+    if n == 0 || n > i32::MAX as usize {
+        return Err(key_err("tokenizer.ggml.tokens", format!("has {n} tokens")));
+    }
+    let scores: Vec<f32> = match model.get("tokenizer.ggml.scores") {
+        None => vec![0.0; n],
+        Some(v) => match v.as_array() {
+            Some(GgufArray::F32(s)) if s.len() >= n => s[..n].to_vec(),
+            Some(GgufArray::I32(s)) if s.len() >= n => s[..n].iter().map(|&x| x as f32).collect(),
+            Some(GgufArray::F32(_) | GgufArray::I32(_)) => {
+                let len = v.as_array().map_or(0, |a| a.len());
+                return Err(key_err("tokenizer.ggml.scores", format!("{len} scores < {n} tokens")));
+            }
+            _ => {
+                let t = v.type_name();
+                return Err(key_err("tokenizer.ggml.scores", format!("is {t}, expected f32/i32[]")));
+            }
+        },
+    };
+    let mut attrs = vec![attr::NORMAL; n];
+    if let Some(v) = model.get("tokenizer.ggml.token_type") {
+        let types = match v.as_array() {
+            Some(GgufArray::I32(t)) => t,
+            _ => {
+                let t = v.type_name();
+                return Err(key_err("tokenizer.ggml.token_type", format!("is {t}, expected i32[]")));
+            }
+        };
+        if types.len() < n {
+            let len = types.len();
+            return Err(key_err("tokenizer.ggml.token_type", format!("{len} types < {n} tokens")));
+        }
+        for (a, &t) in attrs.iter_mut().zip(types) {
+            *a = match t {
+                1 => attr::NORMAL,
+                2 => attr::UNKNOWN,
+                3 => attr::CONTROL,
+                4 => attr::USER_DEFINED,
+                5 => attr::UNUSED,
+                6 => attr::BYTE,
+                _ => 0,
+            };
+        }
+    }
+    let mut tokens = Vec::with_capacity(n);
+    let mut ids = HashMap::with_capacity(n);
+    for (i, t) in texts.iter().enumerate() {
+        let text = if t.is_empty() {
+            tracing::warn!("{}: empty token at index {i}", path.display());
+            format!("[EMPTY_{i}]")
+        } else {
+            t.clone()
+        };
+        if let Some(first) = ids.insert(text.clone(), i as u32) {
+            let msg = format!("entry {i} {text:?} repeats entry {first}");
+            return Err(key_err("tokenizer.ggml.tokens", msg));
+        }
+        tokens.push(text);
+    }
+
+    // Special ids: defaults out of range are dropped; the GGUF's ids override when in range.
+    let n32 = n as u32;
+    let slots: [(&str, &mut Option<u32>); 17] = [
+        ("bos_token_id", &mut special.bos),
+        ("eos_token_id", &mut special.eos),
+        ("eot_token_id", &mut special.eot),
+        ("eom_token_id", &mut special.eom),
+        ("unknown_token_id", &mut special.unk),
+        ("seperator_token_id", &mut special.sep),
+        ("padding_token_id", &mut special.pad),
+        ("mask_token_id", &mut special.mask),
+        ("fim_pre_token_id", &mut special.fim_pre),
+        ("fim_suf_token_id", &mut special.fim_suf),
+        ("fim_mid_token_id", &mut special.fim_mid),
+        ("fim_pad_token_id", &mut special.fim_pad),
+        ("fim_rep_token_id", &mut special.fim_rep),
+        ("fim_sep_token_id", &mut special.fim_sep),
+        ("prefix_token_id", &mut special.fim_pre),
+        ("suffix_token_id", &mut special.fim_suf),
+        ("middle_token_id", &mut special.fim_mid),
+    ];
+    for (name, slot) in slots {
+        let key = format!("tokenizer.ggml.{name}");
+        if slot.is_some_and(|id| id >= n32) {
+            *slot = None;
+        }
+        let Some(v) = model.get(&key) else { continue };
+        let id = v.as_u32().ok_or_else(|| {
+            key_err(&key, format!("is {} {v}, expected a token id", v.type_name()))
+        })?;
+        if id < n32 {
+            *slot = Some(id);
+        } else {
+            tracing::warn!("{}: {key} = {id} is outside the vocabulary of {n}", path.display());
+        }
+    }
+    let mut add_eos = false;
+    if let Some(v) = model.get("tokenizer.ggml.add_bos_token") {
+        add_bos = bool_of(v, "tokenizer.ggml.add_bos_token", &key_err)?;
+    }
+    if let Some(v) = model.get("tokenizer.ggml.add_eos_token") {
+        add_eos = bool_of(v, "tokenizer.ggml.add_eos_token", &key_err)?;
+    }
+    if pre.is_some_and(|p| p.kind == "gemma4") {
+        add_bos = true; // llama.cpp's Gemma 4 workaround (PR 21500)
+    }
+
+    let mut v = Vocab {
+        path,
+        kind,
+        model: model_name,
+        pre,
+        tokens,
+        scores,
+        attrs,
+        ids,
+        special,
+        add_bos,
+        add_eos,
+        add_space_prefix,
+        clean_spaces,
+        eog: BTreeSet::new(),
+        special_cache: Vec::new(),
+    };
+    v.detect_special_by_text();
+    v.build_eog();
+    v.special_cache = (0..n32)
+        .filter(|&id| {
+            v.attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
+        })
+        .collect();
+    v.special_cache
+        .sort_by_key(|&id| std::cmp::Reverse(v.tokens[id as usize].len()));
+    v.per_model_attrs(model, pre_raw.unwrap_or(""));
+    Ok(v)
+}
+
+fn bool_of(
+    v: &GgufValue,
+    key: &str,
+    key_err: &impl Fn(&str, String) -> TokenizerError,
+) -> Result<bool, TokenizerError> {
+    v.as_bool()
+        .ok_or_else(|| key_err(key, format!("is {} {v}, expected a bool", v.type_name())))
+}
+
+impl Vocab {
+    pub fn id(&self, text: &str) -> Option<u32> {
+        self.ids.get(text).copied()
+    }
+
+    fn set_control(&mut self, id: u32) {
+        self.attrs[id as usize] |= attr::CONTROL;
+    }
+
+    /// EOT/EOM/FIM tokens found by their text when the GGUF does not name them; each found one
+    /// becomes a control token. llama.cpp walks a hash map here, so when several candidates of
+    /// one kind exist its pick is hash-order dependent; we take the first in its list.
+    fn detect_special_by_text(&mut self) {
+        let lists: [(fn(&mut SpecialTokens) -> &mut Option<u32>, &[&str]); 8] = [
+            (|s| &mut s.eot, EOT_TEXTS),
+            (|s| &mut s.eom, &["<|eom_id|>"]),
+            (|s| &mut s.fim_pre, FIM_PRE_TEXTS),
+            (|s| &mut s.fim_suf, FIM_SUF_TEXTS),
+            (|s| &mut s.fim_mid, FIM_MID_TEXTS),
+            (|s| &mut s.fim_pad, FIM_PAD_TEXTS),
+            (|s| &mut s.fim_rep, FIM_REP_TEXTS),
+            (|s| &mut s.fim_sep, FIM_SEP_TEXTS),
+        ];
+        for (slot, texts) in lists {
+            if slot(&mut self.special).is_some() {
+                continue;
+            }
+            if let Some(id) = texts.iter().find_map(|t| self.id(t)) {
+                *slot(&mut self.special) = Some(id);
+                self.set_control(id);
+            }
+        }
+        // Control tokens named "...unused..." are unused (affects nothing we tokenize, but kept).
+        for (t, a) in self.tokens.iter().zip(self.attrs.iter_mut()) {
+            if *a & attr::CONTROL != 0 && t.contains("unused") {
+                *a |= attr::UNUSED;
+            }
+        }
+    }
+
+    /// The end-of-generation set, with llama.cpp's fixes for gpt-oss and Gemma 4.
+    fn build_eog(&mut self) {
+        let s = &self.special;
+        let mut eog: BTreeSet<u32> = [s.fim_pad, s.fim_rep, s.fim_sep].into_iter().flatten().collect();
+        for text in EOG_TEXTS {
+            if let Some(id) = self.id(text) {
+                eog.insert(id);
+                self.set_control(id);
+            }
+        }
+        // gpt-oss: harmony markers are always rendered (user-defined, not control).
+        for text in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+            if let Some(id) = self.id(text) {
+                self.attrs[id as usize] = attr::USER_DEFINED;
+            }
+        }
+        let s = &self.special;
+        eog.extend([s.eos, s.eot, s.eom].into_iter().flatten());
+        let has = |t: &str| self.id(t).is_some_and(|id| eog.contains(&id));
+        // o200k_harmony / solar-open: "<|end|>" ends a message, not the generation.
+        let call = has("<|call|>") || has("<|calls|>");
+        let end_not_eog = (has("<|return|>") || has("<|flush|>")) && call && has("<|end|>");
+        // Gemma 4 and PLaMo: "</s>" is a normal token there.
+        let s_normal = (has("<|tool_response>") || has("<|plamo:eos|>")) && has("</s>");
+        if let Some(end) = self.id("<|end|>").filter(|_| end_not_eog) {
+            eog.remove(&end);
+            self.attrs[end as usize] = attr::USER_DEFINED;
+        }
+        if let Some(s_id) = self.id("</s>").filter(|_| s_normal) {
+            eog.remove(&s_id);
+            self.attrs[s_id as usize] = attr::NORMAL;
+        }
+        self.eog = eog;
+    }
+
+    /// Attributes llama.cpp sets by model name: lstrip on mask tokens of some encoders, rstrip
+    /// on Phi-3's special tokens (which eats the whitespace after them when tokenizing).
+    fn per_model_attrs(&mut self, model: &GgufModel, pre: &str) {
+        let name = model.get_str("general.name").unwrap_or("").to_lowercase();
+        let arch = model.get_str("general.architecture").unwrap_or("");
+        let any = |s: &str, subs: &[&str]| subs.iter().any(|x| s.contains(x));
+        let set = |v: &mut Self, text: &str, a: u32, on: bool| {
+            if let Some(id) = v.id(text) {
+                let cur = &mut v.attrs[id as usize];
+                *cur = if on { *cur | a } else { *cur & !a };
+            }
+        };
+        if any(pre, &["jina-v2-de", "jina-v2-es", "jina-v2-code", "mmbert"])
+            || any(arch, &["nomic-bert-moe", "jina-bert-v3"])
+        {
+            set(self, "<mask>", attr::LSTRIP, true);
+        } else if any(&name, &["phi-3", "phi3"]) {
+            for id in self.special_cache.clone() {
+                self.attrs[id as usize] |= attr::RSTRIP;
+            }
+            set(self, "</s>", attr::RSTRIP, true);
+            for t in ["<unk>", "<s>", "<|endoftext|>"] {
+                set(self, t, attr::RSTRIP, false);
+            }
+        } else if name.contains("modern-bert") {
+            set(self, "[MASK]", attr::LSTRIP, true);
+        }
+    }
+}
+
+/// The BOS and EOS texts and add-BOS/EOS flags of `model` as llama.cpp would use them for chat
+/// templates, without building a tokenizer.
+pub(crate) fn bos_eos(model: &GgufModel) -> Result<(String, String, bool, bool), TokenizerError> {
+    let v = load(model)?;
+    let text = |id: Option<u32>| id.map_or(String::new(), |id| v.tokens[id as usize].clone());
+    Ok((text(v.special.bos), text(v.special.eos), v.add_bos, v.add_eos))
+}
