@@ -67,14 +67,12 @@ pub fn check_parity(arch: &str, device: Device) {
 
     // Greedy continuation, one token at a time through both KV caches.
     let (mut a, mut b) = (argmax(ours.last().unwrap()), argmax(theirs.last().unwrap()));
-    let mut n_past = prompt.len();
     let (mut seq_ours, mut seq_theirs) = (vec![a], vec![b]);
-    for step in 0..31 {
+    for (step, n_past) in (prompt.len()..prompt.len() + 31).enumerate() {
         let lo = eng.forward(&[a]).unwrap();
         let lt = lctx.eval(&[b as i32], n_past).unwrap();
         let c = cosine(&lo[0], &lt[0]);
         assert!(c >= 0.999, "{arch}: cosine {c:.6} at decode step {step}");
-        n_past += 1;
         a = argmax(&lo[0]);
         b = argmax(&lt[0]);
         seq_ours.push(a);
