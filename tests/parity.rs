@@ -92,10 +92,27 @@ fn qwen3moe_cpu_parity() {
     check_parity("qwen3moe", Device::Cpu);
 }
 
+#[test]
+fn mixtral_cpu_parity() {
+    check_parity("llama", Device::Cpu);
+}
+
+#[test]
+fn qwen2moe_cpu_parity() {
+    check_parity("qwen2moe", Device::Cpu);
+}
+
+#[test]
+fn olmoe_cpu_parity() {
+    check_parity("olmoe", Device::Cpu);
+}
+
 #[cfg(feature = "cuda")]
 #[test]
-fn qwen3moe_cuda_parity() {
-    check_parity("qwen3moe", Device::Cuda(0));
+fn cuda_parity_every_built_arch() {
+    for arch in ["qwen3moe", "llama", "qwen2moe", "olmoe"] {
+        check_parity(arch, Device::Cuda(0));
+    }
 }
 
 #[test]

@@ -190,7 +190,7 @@ impl StreamDecoder {
                 }
                 Err(e) => {
                     let good = e.valid_up_to();
-                    // SAFETY-free: from_utf8 validated the prefix.
+                    // The prefix up to valid_up_to() is valid UTF-8.
                     out.push_str(std::str::from_utf8(&self.pending[..good]).unwrap_or_default());
                     match e.error_len() {
                         None => {
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(clean("a ' b"), "a'b");
         assert_eq!(clean("it 's I 'm we 're they 've don 't I 'd we 'll"), "it's I'm we're they've don 't I 'd we 'll");
         assert_eq!(clean(""), "");
-        assert_eq!(clean(" ."), " .");
+        assert_eq!(clean(" ."), ".");
     }
 
     #[test]

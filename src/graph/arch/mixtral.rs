@@ -1,0 +1,35 @@
+//! llama with experts — Mixtral-8x7B/8x22B: GQA, normal (GPT-J) RoPE, every block MoE (8
+//! experts, top-2) with softmax gating renormalised over the top-k; a block without a router
+//! would be a dense SwiGLU FFN. Mirrors llama.cpp `src/models/llama.cpp`.
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
+use crate::graph::blocks::{AttnOpts, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::hparams::Gating;
+
+pub fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::None,
+        rope_mode: ROPE_NORMAL,
+    };
+    let moe = MoeOpts {
+        gating: Gating::Softmax,
+        norm_w: true,
+        scale: g.hp.expert_weights_scale,
+    };
+    let mut x = g.embed(); // [n_embd, n_tokens]
+    for il in 0..g.hp.n_layer_decode() {
+        let i = il as i32;
+        let h = g.rms_norm(x, g.wl(il, "attn_norm.weight"), "attn_norm", i);
+        let h = g.attention(h, il, &attn);
+        let ffn_inp = g.add(h, x, "ffn_inp", i);
+        let h = g.rms_norm(ffn_inp, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
+        let h = if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
+            g.moe(h, il, &moe)
+        } else {
+            g.swiglu_ffn(h, il, "")
+        };
+        x = g.add(h, ffn_inp, "l_out", i);
+    }
+    g.output(x) // [n_vocab, n_tokens]
+}

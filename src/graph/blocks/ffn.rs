@@ -1,0 +1,34 @@
+//! Dense SwiGLU FFN (llama.cpp `build_ffn(..., LLM_FFN_SILU, LLM_FFN_PAR)`): `down(silu(gate·x) *
+//! up·x)`, used by dense blocks and shared experts.
+use crate::ggml::Tensor;
+use crate::graph::GraphBuilder;
+
+impl<'a> GraphBuilder<'a> {
+    /// SwiGLU FFN of block `il` with weights `ffn_{up,gate,down}{suffix}.weight`
+    /// (suffix "" for dense blocks, "_shexp" for shared experts); `x` [n_embd, n_tokens].
+    pub fn swiglu_ffn(&self, x: Tensor<'a>, il: usize, suffix: &str) -> Tensor<'a> {
+        let (ctx, i) = (self.ctx, il as i32);
+        let up = ctx.mul_mat(self.wl(il, &format!("ffn_up{suffix}.weight")), x); // [n_ff, nt]
+        let gate = ctx.mul_mat(self.wl(il, &format!("ffn_gate{suffix}.weight")), x); // [n_ff, nt]
+        let act = self.cb(ctx.swiglu_split(gate, up), "ffn_swiglu", i);
+        self.cb(
+            ctx.mul_mat(self.wl(il, &format!("ffn_down{suffix}.weight")), act),
+            "ffn_out",
+            i,
+        ) // [n_embd, nt]
+    }
+
+    /// Qwen2-MoE's shared expert: the SwiGLU FFN gated per token by `sigmoid(gate_inp_shexp·x)`.
+    pub fn shared_expert_sigmoid_gated(&self, x: Tensor<'a>, il: usize) -> Tensor<'a> {
+        let (ctx, i) = (self.ctx, il as i32);
+        let g = self.cb(
+            ctx.mul_mat(self.wl(il, "ffn_gate_inp_shexp.weight"), x),
+            "ffn_shexp_gate_inp",
+            i,
+        ); // [1, nt]
+           // llama.cpp computes the sigmoid as silu(g) / g.
+        let gate = self.cb(ctx.div(ctx.silu(g), g), "ffn_shexp_gate", i);
+        let ffn = self.swiglu_ffn(x, il, "_shexp");
+        self.cb(ctx.mul(ffn, gate), "ffn_shexp_out", i)
+    }
+}
