@@ -14,8 +14,8 @@ while read -r exe; do
 done < "$T/test-executables.txt"
 # The one ggml/llama build that llama-cpp-sys-2 made (shared: LLAMA_BUILD_SHARED_LIBS=1).
 libdir=$(dirname "$(ls -t "$T"/build/llama-cpp-sys-2-*/out/lib/libggml-base.so | head -1)")
-cp -L "$libdir"/lib*.so* "$stage/pmoe/lib/" 2>/dev/null || true
-# Only the sonames the binaries ask for, one file each (no symlink chains).
+# Only the sonames the binaries ask for (libggml.so.0, ...), one real file each.
+for f in "$libdir"/lib*.so.[0-9]; do cp -L "$f" "$stage/pmoe/lib/"; done
 strip --strip-unneeded "$stage"/pmoe/bin/* "$stage"/pmoe/tests/* "$stage"/pmoe/lib/* 2>/dev/null || true
 rm -rf dist && mkdir -p dist
 tar -C "$stage" -cf - pmoe | xz -T0 -6 > dist/device.tar.xz

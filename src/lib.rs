@@ -11,6 +11,7 @@ pub mod graph;
 pub mod model;
 pub mod selfcheck;
 pub mod synth;
+pub mod tokenizer;
 pub mod util;
 
 /// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).

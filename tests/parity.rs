@@ -65,20 +65,50 @@ pub fn check_parity(arch: &str, device: Device) {
         assert!(c >= 0.999, "{arch}: cosine {c:.6} at prompt position {pos}");
     }
 
-    // Greedy continuation, one token at a time through both KV caches.
-    let (mut a, mut b) = (argmax(ours.last().unwrap()), argmax(theirs.last().unwrap()));
-    let (mut seq_ours, mut seq_theirs) = (vec![a], vec![b]);
+    // Greedy continuation, one token at a time through both KV caches. Both engines are fed
+    // libllama's greedy token (teacher forcing), so one near-tie cannot cascade; at each step our
+    // argmax must equal libllama's unless libllama's own top-2 margin is within the measured
+    // numerical difference (a true tie, where either answer is right). At most 2 such ties.
+    let mut b = argmax(theirs.last().unwrap());
+    let mut seq = vec![b];
+    let mut ties = Vec::new();
+    assert_eq!(
+        argmax(ours.last().unwrap()),
+        b,
+        "{arch}: first generated token differs"
+    );
     for (step, n_past) in (prompt.len()..prompt.len() + 31).enumerate() {
-        let lo = eng.forward(&[a]).unwrap();
+        let lo = eng.forward(&[b]).unwrap();
         let lt = lctx.eval(&[b as i32], n_past).unwrap();
-        let c = cosine(&lo[0], &lt[0]);
+        let (o, t) = (&lo[0], &lt[0]);
+        let c = cosine(o, t);
         assert!(c >= 0.999, "{arch}: cosine {c:.6} at decode step {step}");
-        a = argmax(&lo[0]);
-        b = argmax(&lt[0]);
-        seq_ours.push(a);
-        seq_theirs.push(b);
+        let (a, b_next) = (argmax(o), argmax(t));
+        if a != b_next {
+            let max_diff = o
+                .iter()
+                .zip(t)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            let margin = t[b_next as usize] - t[a as usize];
+            assert!(
+                margin <= 2.0 * max_diff,
+                "{arch}: step {step}: we pick {a}, libllama {b_next} with margin {margin} > 2 x max |diff| {max_diff} (cosine {c:.6})"
+            );
+            ties.push((step, margin, max_diff));
+        }
+        b = b_next;
+        seq.push(b);
     }
-    assert_eq!(seq_ours, seq_theirs, "{arch}: greedy continuations differ");
+    assert!(
+        ties.len() <= 2,
+        "{arch}: {} near-ties in 32 steps: {ties:?}",
+        ties.len()
+    );
+    if !ties.is_empty() {
+        eprintln!("{arch}: near-ties (step, margin, max diff): {ties:?}");
+    }
+    let seq_ours = seq;
     // The continuation is not degenerate (peaked, varied logits make argmax meaningful).
     let distinct: std::collections::HashSet<_> = seq_ours.iter().collect();
     assert!(

@@ -31,6 +31,8 @@ enum Cmd {
     /// Show a GGUF's architecture, hyper-parameters, bytes by role and type, validation, kernel
     /// capabilities and the placement report for a VRAM budget.
     Inspect(pocketmoe::cli::inspect::InspectArgs),
+    /// Time prompt processing (pp) and generation (tg), ours and llama.cpp's on the same file.
+    Bench(pocketmoe::cli::bench::BenchArgs),
 }
 
 fn main() {
@@ -45,6 +47,7 @@ fn main() {
         Cmd::SelfCheck { list, threads } => self_check(list, threads),
         Cmd::Synth(args) => pocketmoe::cli::synth::run(args),
         Cmd::Inspect(args) => pocketmoe::cli::inspect::run(args),
+        Cmd::Bench(args) => pocketmoe::cli::bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

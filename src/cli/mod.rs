@@ -1,4 +1,5 @@
 //! Implementations of the `pocketmoe` subcommands (the binary only parses arguments).
+pub mod bench;
 pub mod inspect;
 pub mod synth;
 

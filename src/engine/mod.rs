@@ -137,6 +137,21 @@ impl Engine {
 
     /// Appends `tokens` to the sequence and returns the logits at each of their positions.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_with(tokens, false)
+    }
+
+    /// Appends `tokens` and returns the logits of the last position only (cheaper: the output
+    /// projection runs once per micro-batch).
+    pub fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let mut v = self.forward_with(tokens, true)?;
+        Ok(v.pop().unwrap_or_default())
+    }
+
+    fn forward_with(
+        &mut self,
+        tokens: &[u32],
+        last_only: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let need = self.n_past + tokens.len();
         if need > self.opts.n_ctx {
             return Err(EngineError::ContextFull {
@@ -152,12 +167,16 @@ impl Engine {
         }
         let mut out = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(self.opts.n_ubatch.max(1)) {
-            out.extend(self.forward_ubatch(chunk)?);
+            out.extend(self.forward_ubatch(chunk, last_only)?);
         }
         Ok(out)
     }
 
-    fn forward_ubatch(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+    fn forward_ubatch(
+        &mut self,
+        tokens: &[u32],
+        last_only: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
         let n_past = self.n_past;
         let ctx = Context::new(graph_size(&self.hp), graph_size(&self.hp))?;
@@ -180,6 +199,7 @@ impl Engine {
             mask: t_mask,
             n_tokens: n,
             n_past,
+            last_only,
         };
         let g = GraphBuilder {
             ctx: &ctx,

@@ -167,6 +167,29 @@ impl<'m> LlamaContext<'m> {
 
     /// Appends `tokens` at positions `n_past..` of sequence 0 and returns their logits.
     pub fn eval(&mut self, tokens: &[i32], n_past: usize) -> Result<Vec<Vec<f32>>> {
+        self.eval_with(tokens, n_past, false)
+    }
+
+    /// Appends `tokens` and returns the last position's logits only.
+    pub fn eval_last(&mut self, tokens: &[i32], n_past: usize) -> Result<Vec<f32>> {
+        Ok(self
+            .eval_with(tokens, n_past, true)?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Forgets the sequence.
+    pub fn clear(&mut self) {
+        // SAFETY: live context.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) };
+    }
+
+    fn eval_with(
+        &mut self,
+        tokens: &[i32],
+        n_past: usize,
+        last_only: bool,
+    ) -> Result<Vec<Vec<f32>>> {
         let n = tokens.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -181,14 +204,15 @@ impl<'m> LlamaContext<'m> {
                 *b.pos.add(i) = (n_past + i) as i32;
                 *b.n_seq_id.add(i) = 1;
                 *(*b.seq_id.add(i)) = 0;
-                *b.logits.add(i) = 1;
+                *b.logits.add(i) = i8::from(!last_only || i + 1 == n);
             }
             b.n_tokens = n as i32;
             let rc = sys::llama_decode(self.ptr.as_ptr(), b);
             let result = if rc != 0 {
                 Err(err(format!("llama_decode returned {rc}")))
             } else {
-                (0..n)
+                let first = if last_only { n - 1 } else { 0 };
+                (first..n)
                     .map(|i| {
                         let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
                         if p.is_null() {
@@ -210,4 +234,179 @@ impl Drop for LlamaContext<'_> {
         // SAFETY: we own the context.
         unsafe { sys::llama_free(self.ptr.as_ptr()) };
     }
+}
+
+/// Tokenizer and chat-template entry points (the oracle for `crate::tokenizer`'s tests).
+impl LlamaModel {
+    /// Bytes of `token` as `llama_token_to_piece(.., lstrip, special)`.
+    pub fn token_to_piece(&self, token: i32, lstrip: i32, special: bool) -> Result<Vec<u8>> {
+        let run = |buf: &mut Vec<u8>| {
+            // SAFETY: buf is valid for buf.len() bytes; libllama writes at most that many.
+            unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab(),
+                    token,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    lstrip,
+                    special,
+                )
+            }
+        };
+        let mut buf = vec![0u8; 64];
+        let mut n = run(&mut buf);
+        if n < 0 {
+            buf.resize(n.unsigned_abs() as usize, 0);
+            n = run(&mut buf);
+        }
+        if n < 0 {
+            return Err(err(format!("llama_token_to_piece({token}) failed ({n})")));
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// Bytes of `tokens` as `llama_detokenize(.., remove_special, unparse_special)`.
+    pub fn detokenize(
+        &self,
+        tokens: &[i32],
+        remove_special: bool,
+        unparse_special: bool,
+    ) -> Result<Vec<u8>> {
+        let n_tokens = i32::try_from(tokens.len()).map_err(|_| err("too many tokens"))?;
+        let run = |buf: &mut Vec<u8>| {
+            // SAFETY: tokens is valid for n_tokens ids; buf for buf.len() bytes.
+            unsafe {
+                sys::llama_detokenize(
+                    self.vocab(),
+                    tokens.as_ptr(),
+                    n_tokens,
+                    buf.as_mut_ptr().cast(),
+                    buf.len() as i32,
+                    remove_special,
+                    unparse_special,
+                )
+            }
+        };
+        let mut buf = vec![0u8; tokens.len() * 8 + 16];
+        let mut n = run(&mut buf);
+        if n < 0 {
+            buf.resize(n.unsigned_abs() as usize, 0);
+            n = run(&mut buf);
+        }
+        if n < 0 {
+            return Err(err(format!("llama_detokenize failed ({n})")));
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    fn token_or_none(t: i32) -> Option<i32> {
+        (t >= 0).then_some(t)
+    }
+
+    /// BOS id (`llama_vocab_bos`); None for `LLAMA_TOKEN_NULL`.
+    pub fn token_bos(&self) -> Option<i32> {
+        // SAFETY: live model's vocab.
+        Self::token_or_none(unsafe { sys::llama_vocab_bos(self.vocab()) })
+    }
+
+    pub fn token_eos(&self) -> Option<i32> {
+        // SAFETY: live model's vocab.
+        Self::token_or_none(unsafe { sys::llama_vocab_eos(self.vocab()) })
+    }
+
+    pub fn token_eot(&self) -> Option<i32> {
+        // SAFETY: live model's vocab.
+        Self::token_or_none(unsafe { sys::llama_vocab_eot(self.vocab()) })
+    }
+
+    /// Whether `token` ends generation (`llama_vocab_is_eog`).
+    pub fn is_eog(&self, token: i32) -> bool {
+        // SAFETY: live model's vocab; libllama checks the id.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), token) }
+    }
+
+    /// `llama_token_attr` bits of `token` (must be < n_vocab).
+    pub fn token_attr(&self, token: i32) -> u32 {
+        assert!(
+            token >= 0 && (token as usize) < self.n_vocab(),
+            "token {token} out of range"
+        );
+        // SAFETY: live model's vocab; the id is in range (checked above; libllama uses .at()).
+        unsafe { sys::llama_vocab_get_attr(self.vocab(), token) }
+    }
+
+    /// `llama_vocab_get_add_bos` / `llama_vocab_get_add_eos`.
+    pub fn add_bos(&self) -> bool {
+        // SAFETY: live model's vocab.
+        unsafe { sys::llama_vocab_get_add_bos(self.vocab()) }
+    }
+
+    pub fn add_eos(&self) -> bool {
+        // SAFETY: live model's vocab.
+        unsafe { sys::llama_vocab_get_add_eos(self.vocab()) }
+    }
+
+    /// The model's chat template (`name` = None: the default), as `llama_model_chat_template`.
+    pub fn chat_template(&self, name: Option<&str>) -> Option<String> {
+        let name = name.map(CString::new).transpose().ok()?;
+        // SAFETY: live model; name is NULL or a C string; the result is NULL or a C string
+        // owned by the model, copied before returning.
+        unsafe {
+            let p = sys::llama_model_chat_template(
+                self.ptr.as_ptr(),
+                name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
+            );
+            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        }
+    }
+}
+
+/// `llama_chat_apply_template(tmpl, messages, add_ass)`: libllama's built-in (non-Jinja)
+/// rendering of the templates it recognises by content or by name ("chatml", "llama3", ...).
+/// Err when it does not recognise `tmpl`.
+pub fn chat_apply_template(tmpl: &str, messages: &[(&str, &str)], add_ass: bool) -> Result<String> {
+    init();
+    let c = |s: &str| CString::new(s).map_err(|_| err("NUL in chat template input"));
+    let tmpl_c = c(tmpl)?;
+    let owned: Vec<(CString, CString)> = messages
+        .iter()
+        .map(|(r, m)| Ok((c(r)?, c(m)?)))
+        .collect::<Result<_>>()?;
+    let chat: Vec<sys::llama_chat_message> = owned
+        .iter()
+        .map(|(r, m)| sys::llama_chat_message {
+            role: r.as_ptr(),
+            content: m.as_ptr(),
+        })
+        .collect();
+    let run = |buf: &mut Vec<u8>| {
+        // SAFETY: tmpl_c and the strings behind chat live until after the call; buf is valid
+        // for buf.len() bytes.
+        unsafe {
+            sys::llama_chat_apply_template(
+                tmpl_c.as_ptr(),
+                chat.as_ptr(),
+                chat.len(),
+                add_ass,
+                buf.as_mut_ptr().cast(),
+                buf.len() as i32,
+            )
+        }
+    };
+    let total: usize = messages.iter().map(|(r, m)| r.len() + m.len()).sum();
+    let mut buf = vec![0u8; 2 * total + 256];
+    let mut n = run(&mut buf);
+    if n > buf.len() as i32 {
+        buf.resize(n as usize, 0);
+        n = run(&mut buf);
+    }
+    if n < 0 {
+        return Err(err(
+            "llama_chat_apply_template does not support this template",
+        ));
+    }
+    buf.truncate(n as usize);
+    String::from_utf8(buf).map_err(|_| err("llama_chat_apply_template returned invalid UTF-8"))
 }

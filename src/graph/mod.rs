@@ -23,6 +23,8 @@ pub struct BatchInputs<'a> {
     pub n_tokens: usize,
     /// Positions already in the cache before this batch.
     pub n_past: usize,
+    /// Compute logits for the last position only (prompt processing).
+    pub last_only: bool,
 }
 
 impl BatchInputs<'_> {

@@ -47,6 +47,8 @@ pub(crate) struct Bpe {
     /// Spaces become U+2581 before splitting (Gemma 4).
     escape_whitespaces: bool,
     byte_chars: [char; 256],
+    /// Gemma 4: a word of newlines that is a token is that token (llama.cpp PR 21343).
+    newline_runs: bool,
     dropped_merges: usize,
 }
 
@@ -58,7 +60,9 @@ impl Bpe {
             key: key.to_string(),
             msg,
         };
-        let spec = v.pre.ok_or_else(|| err("BPE vocabulary without a pre-tokenizer".into()))?;
+        let spec = v
+            .pre
+            .ok_or_else(|| err("BPE vocabulary without a pre-tokenizer".into()))?;
         let entries = model.require_str_array(key)?;
         let mut seen = HashSet::with_capacity(entries.len());
         let mut merges = Vec::with_capacity(entries.len());
@@ -103,6 +107,7 @@ impl Bpe {
             byte_encode: !spm_style,
             escape_whitespaces: spec.escape_whitespaces,
             byte_chars: byte_chars(),
+            newline_runs: spec.kind == "gemma4",
             dropped_merges,
         })
     }
@@ -125,8 +130,7 @@ impl Bpe {
             } else {
                 Cow::Borrowed(word)
             };
-            // Gemma 4: a run of newlines that is a token is that token (llama.cpp PR 21343).
-            if !self.byte_encode && word.bytes().all(|b| b == b'\n') {
+            if self.newline_runs && word.bytes().all(|b| b == b'\n') {
                 if let Some(id) = v.id(&word) {
                     out.push(id);
                     continue;
@@ -153,7 +157,11 @@ mod tests {
         assert_eq!(t[b'\n' as usize], 'Ċ');
         assert_eq!(t[0xAD], 'Ń');
         for b in 0..=255u8 {
-            assert_eq!(t[b as usize], crate::synth::vocab::byte_to_char(b), "byte {b}");
+            assert_eq!(
+                t[b as usize],
+                crate::synth::vocab::byte_to_char(b),
+                "byte {b}"
+            );
         }
         let distinct: HashSet<char> = t.iter().copied().collect();
         assert_eq!(distinct.len(), 256);

@@ -229,7 +229,10 @@ mod tests {
     fn clean_spaces_follows_llama_cpp() {
         assert_eq!(clean("Hello , world !"), "Hello, world!");
         assert_eq!(clean("a ' b"), "a'b");
-        assert_eq!(clean("it 's I 'm we 're they 've don 't I 'd we 'll"), "it's I'm we're they've don 't I 'd we 'll");
+        assert_eq!(
+            clean("it 's I 'm we 're they 've don 't I 'd we 'll"),
+            "it's I'm we're they've don 't I 'd we 'll"
+        );
         assert_eq!(clean(""), "");
         assert_eq!(clean(" ."), ".");
     }

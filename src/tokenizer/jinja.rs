@@ -33,6 +33,42 @@ pub(crate) fn environment() -> Environment<'static> {
     env
 }
 
+/// Rewrites HF's `{% generation %}`...`{% endgeneration %}` (the AssistantTracker extension,
+/// which renders its body unchanged) to `{% if true %}`...`{% endif %}`, keeping the `-`/`+`
+/// whitespace markers so the output is the same.
+pub(crate) fn rewrite_hf_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..close];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.trim_end().strip_suffix(['-', '+']) {
+            Some(b) => (b, &body.trim_end()[b.len()..]),
+            None => (body, ""),
+        };
+        let replacement = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => out.push_str(&format!("{{%{lead} {r} {trail}%}}")),
+            None => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// serde_json -> template value (maps keep serde_json's key order).
 pub(crate) fn from_json(v: &serde_json::Value) -> Value {
     use serde_json::Value as J;
@@ -51,15 +87,14 @@ pub(crate) fn from_json(v: &serde_json::Value) -> Value {
 }
 
 /// `tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
+/// `separators` and `sort_keys` are keyword-only here (positional use of them is unheard of).
 fn tojson(
     value: &Value,
     a0: Option<Value>,
     a1: Option<Value>,
-    a2: Option<Value>,
-    a3: Option<Value>,
     kwargs: Kwargs,
 ) -> Result<Value, Error> {
-    let args = [a0, a1, a2, a3];
+    let args = [a0, a1, None, None];
     let arg = |i: usize, name: &str| -> Result<Option<Value>, Error> {
         let kw: Option<Value> = kwargs.get(name)?;
         let v = kw.or_else(|| args[i].clone());
@@ -80,7 +115,10 @@ fn tojson(
     };
     if let Some(seps) = arg(2, "separators")? {
         let parts: Vec<Value> = seps.try_iter()?.collect();
-        match (parts.first().and_then(|v| v.as_str()), parts.get(1).and_then(|v| v.as_str())) {
+        match (
+            parts.first().and_then(|v| v.as_str()),
+            parts.get(1).and_then(|v| v.as_str()),
+        ) {
             (Some(a), Some(b)) => (item_sep, key_sep) = (a.to_string(), b.to_string()),
             _ => return Err(bad("tojson: separators must be two strings")),
         }
@@ -125,7 +163,9 @@ impl JsonWriter {
     fn value(&mut self, v: &Value, depth: usize) -> Result<(), Error> {
         match v.kind() {
             ValueKind::Undefined | ValueKind::None => self.out.push_str("null"),
-            ValueKind::Bool => self.out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Bool => self
+                .out
+                .push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number => {
                 if v.is_integer() {
                     self.out.push_str(&v.to_string());
@@ -149,7 +189,9 @@ impl JsonWriter {
             }
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.items('[', ']', items.len(), depth, |w, i, depth| w.value(&items[i], depth))?;
+                self.items('[', ']', items.len(), depth, |w, i, depth| {
+                    w.value(&items[i], depth)
+                })?;
             }
             _ => self.string(&v.to_string()),
         }
@@ -216,7 +258,9 @@ pub(crate) fn python_float(f: f64) -> String {
     let sci = format!("{f:e}"); // e.g. "-1.2345e-7", shortest round-trip digits
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let (sign, mantissa) = mantissa
+        .strip_prefix('-')
+        .map_or(("", mantissa), |m| ("-", m));
     let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
     if (-4..16).contains(&exp) {
         let point = exp + 1; // digits before the decimal point
@@ -225,12 +269,20 @@ pub(crate) fn python_float(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{s}")
     } else {
         let (head, tail) = digits.split_at(1);
-        let frac = if tail.is_empty() { String::new() } else { format!(".{tail}") };
+        let frac = if tail.is_empty() {
+            String::new()
+        } else {
+            format!(".{tail}")
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{head}{frac}e{esign}{:02}", exp.abs())
     }
@@ -245,11 +297,27 @@ fn unix_now() -> i64 {
 /// A C `strftime` subset over UTC: %Y %y %m %d %e %j %H %I %M %S %p %A %a %B %b %h %F %T %D %%.
 pub(crate) fn strftime(fmt: &str, unix: i64) -> Result<String, Error> {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
     ];
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
@@ -311,6 +379,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn generation_tags_become_plain_blocks() {
+        let src = "a{%- generation -%} b {%+ endgeneration %}c{% if x %}{{ '%}' }}{% endif %}";
+        assert_eq!(
+            rewrite_hf_tags(src),
+            "a{%- if true -%} b {%+ endif %}c{% if x %}{{ '%}' }}{% endif %}"
+        );
+        assert_eq!(rewrite_hf_tags("{% generation"), "{% generation");
+    }
+
+    #[test]
     fn floats_print_like_python() {
         for (f, s) in [
             (1.0, "1.0"),
@@ -332,7 +410,10 @@ mod tests {
         // 2024-07-26 15:05:09 UTC was a Friday, day 208 of a leap year.
         let t = 1_722_006_000 + 309;
         assert_eq!(strftime("%d %b %Y", t).unwrap(), "26 Jul 2024");
-        assert_eq!(strftime("%A %B %j %T %y %F", t).unwrap(), "Friday July 208 15:05:09 24 2024-07-26");
+        assert_eq!(
+            strftime("%A %B %j %T %y %F", t).unwrap(),
+            "Friday July 208 15:05:09 24 2024-07-26"
+        );
         assert_eq!(strftime("%F", 0).unwrap(), "1970-01-01");
         assert_eq!(strftime("%F %a", 951_782_400).unwrap(), "2000-02-29 Tue");
         assert!(strftime("%Q", 0).is_err());
@@ -345,13 +426,22 @@ mod tests {
             "x": {"b": [1, 2.5, "é<\"\n"], "a": null, "t": true}
         }));
         let r = |src: &str| env.render_str(src, ctx.clone()).unwrap();
-        assert_eq!(r("{{ x|tojson }}"), r#"{"a": null, "b": [1, 2.5, "é<\"\n"], "t": true}"#);
+        assert_eq!(
+            r("{{ x|tojson }}"),
+            r#"{"a": null, "b": [1, 2.5, "é<\"\n"], "t": true}"#
+        );
         assert_eq!(
             r("{{ x.b|tojson(indent=2) }}"),
             "[\n  1,\n  2.5,\n  \"é<\\\"\\n\"\n]"
         );
-        assert_eq!(r("{{ x.b|tojson(ensure_ascii=true) }}"), r#"[1, 2.5, "\u00e9<\"\n"]"#);
-        assert_eq!(r("{{ x.b|tojson(separators=(',', ':')) }}"), r#"[1,2.5,"é<\"\n"]"#);
+        assert_eq!(
+            r("{{ x.b|tojson(ensure_ascii=true) }}"),
+            r#"[1, 2.5, "\u00e9<\"\n"]"#
+        );
+        assert_eq!(
+            r("{{ x.b|tojson(separators=(',', ':')) }}"),
+            r#"[1,2.5,"é<\"\n"]"#
+        );
         assert_eq!(r("{{ {}|tojson }}{{ []|tojson(indent=4) }}"), "{}[]");
     }
 }

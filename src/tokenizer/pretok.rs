@@ -90,25 +90,19 @@ const RE_STARCODER: &[&str] = &[
     "\\p{N}",
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
 ];
-const RE_GPT2: &[&str] = &[
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
-];
+const RE_GPT2: &[&str] =
+    &["'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"];
 const RE_STABLELM2: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
 const RE_QWEN35: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
-const RE_PORO: &[&str] = &[
-    " ?[^(\\s|.,!?…。，、।۔،)]+",
-];
+const RE_PORO: &[&str] = &[" ?[^(\\s|.,!?…。，、।۔،)]+"];
 const RE_CHATGLM4: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
-const RE_VIKING: &[&str] = &[
-    " ?[^(\\s|.,!?…。，、।۔،)]+",
-    "\\p{N}",
-];
+const RE_VIKING: &[&str] = &[" ?[^(\\s|.,!?…。，、।۔،)]+", "\\p{N}"];
 const RE_TEKKEN: &[&str] = &[
     "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
@@ -130,10 +124,7 @@ const RE_TINY_AYA: &[&str] = &[
     AFMOE_DIGITS,
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
-const RE_SUPERBPE: &[&str] = &[
-    "\\p{N}+",
-    "(?=(\\d{3})+(?!\\d))",
-];
+const RE_SUPERBPE: &[&str] = &["\\p{N}+", "(?=(\\d{3})+(?!\\d))"];
 const RE_BAILINGMOE: &[&str] = &[
     "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
 ];
@@ -158,9 +149,7 @@ const RE_LAGUNA: &[&str] = &[
 const RE_EXAONE_MOE: &[&str] = &[
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",
 ];
-const RE_GEMMA4: &[&str] = &[
-    "[^\\n]+|[\\n]+",
-];
+const RE_GEMMA4: &[&str] = &["[^\\n]+|[\\n]+"];
 const RE_MINICPM5: &[&str] = &[
     "\\p{N}{1,3}",
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
@@ -462,11 +451,40 @@ mod tests {
     #[test]
     fn every_known_spec_compiles() {
         for name in [
-            "default", "llama-bpe", "minicpm5", "deepseek-llm", "deepseek-coder", "deepseek-v3",
-            "spark2_5", "youtu", "falcon", "mpt", "starcoder", "gpt-2", "jais-2", "gemma4",
-            "qwen2", "qwen35", "poro-chat", "glm4", "viking", "tekken", "chameleon", "gpt-4o",
-            "granite-embed-multi-97m", "tiny_aya", "superbpe", "bailingmoe", "seed-coder",
-            "ufakzeka", "grok-2", "afmoe", "laguna", "exaone-moe", "command-r", "olmo",
+            "default",
+            "llama-bpe",
+            "minicpm5",
+            "deepseek-llm",
+            "deepseek-coder",
+            "deepseek-v3",
+            "spark2_5",
+            "youtu",
+            "falcon",
+            "mpt",
+            "starcoder",
+            "gpt-2",
+            "jais-2",
+            "gemma4",
+            "qwen2",
+            "qwen35",
+            "poro-chat",
+            "glm4",
+            "viking",
+            "tekken",
+            "chameleon",
+            "gpt-4o",
+            "granite-embed-multi-97m",
+            "tiny_aya",
+            "superbpe",
+            "bailingmoe",
+            "seed-coder",
+            "ufakzeka",
+            "grok-2",
+            "afmoe",
+            "laguna",
+            "exaone-moe",
+            "command-r",
+            "olmo",
         ] {
             let spec = lookup(name).unwrap_or_else(|| panic!("{name} unknown"));
             PreTokenizer::new(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));

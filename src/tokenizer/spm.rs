@@ -43,8 +43,11 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Max-heap order: higher score first, then the leftmost pair (llama.cpp's comparator).
     fn cmp(&self, other: &Self) -> Ordering {
-        (self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal))
-            .then_with(|| other.left.cmp(&self.left))
+        (self
+            .score
+            .partial_cmp(&other.score)
+            .unwrap_or(Ordering::Equal))
+        .then_with(|| other.left.cmp(&self.left))
     }
 }
 

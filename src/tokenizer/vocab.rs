@@ -82,30 +82,80 @@ pub(crate) struct Vocab {
 }
 
 const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<｜end▁of▁sentence｜>",
+    "<end_of_utterance>",
 ];
 const FIM_PRE_TEXTS: &[&str] = &[
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-    "<|code_prefix|>", "<|prefix|>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 ];
 const FIM_SUF_TEXTS: &[&str] = &[
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-    "<|code_suffix|>", "<|suffix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 ];
 const FIM_MID_TEXTS: &[&str] = &[
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-    "<|code_middle|>", "<|middle|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] =
-    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 ];
 
 /// Reads the tokenizer part of `model`'s metadata.
@@ -120,7 +170,10 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
     let pre_raw = match model.get("tokenizer.ggml.pre") {
         None => None,
         Some(v) => Some(v.as_str().ok_or_else(|| {
-            key_err("tokenizer.ggml.pre", format!("is {}, expected a string", v.type_name()))
+            key_err(
+                "tokenizer.ggml.pre",
+                format!("is {}, expected a string", v.type_name()),
+            )
         })?),
     };
     let mut special = SpecialTokens::default();
@@ -194,11 +247,17 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
             Some(GgufArray::I32(s)) if s.len() >= n => s[..n].iter().map(|&x| x as f32).collect(),
             Some(GgufArray::F32(_) | GgufArray::I32(_)) => {
                 let len = v.as_array().map_or(0, |a| a.len());
-                return Err(key_err("tokenizer.ggml.scores", format!("{len} scores < {n} tokens")));
+                return Err(key_err(
+                    "tokenizer.ggml.scores",
+                    format!("{len} scores < {n} tokens"),
+                ));
             }
             _ => {
                 let t = v.type_name();
-                return Err(key_err("tokenizer.ggml.scores", format!("is {t}, expected f32/i32[]")));
+                return Err(key_err(
+                    "tokenizer.ggml.scores",
+                    format!("is {t}, expected f32/i32[]"),
+                ));
             }
         },
     };
@@ -208,12 +267,18 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
             Some(GgufArray::I32(t)) => t,
             _ => {
                 let t = v.type_name();
-                return Err(key_err("tokenizer.ggml.token_type", format!("is {t}, expected i32[]")));
+                return Err(key_err(
+                    "tokenizer.ggml.token_type",
+                    format!("is {t}, expected i32[]"),
+                ));
             }
         };
         if types.len() < n {
             let len = types.len();
-            return Err(key_err("tokenizer.ggml.token_type", format!("{len} types < {n} tokens")));
+            return Err(key_err(
+                "tokenizer.ggml.token_type",
+                format!("{len} types < {n} tokens"),
+            ));
         }
         for (a, &t) in attrs.iter_mut().zip(types) {
             *a = match t {
@@ -245,38 +310,45 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
 
     // Special ids: defaults out of range are dropped; the GGUF's ids override when in range.
     let n32 = n as u32;
-    let slots: [(&str, &mut Option<u32>); 17] = [
-        ("bos_token_id", &mut special.bos),
-        ("eos_token_id", &mut special.eos),
-        ("eot_token_id", &mut special.eot),
-        ("eom_token_id", &mut special.eom),
-        ("unknown_token_id", &mut special.unk),
-        ("seperator_token_id", &mut special.sep),
-        ("padding_token_id", &mut special.pad),
-        ("mask_token_id", &mut special.mask),
-        ("fim_pre_token_id", &mut special.fim_pre),
-        ("fim_suf_token_id", &mut special.fim_suf),
-        ("fim_mid_token_id", &mut special.fim_mid),
-        ("fim_pad_token_id", &mut special.fim_pad),
-        ("fim_rep_token_id", &mut special.fim_rep),
-        ("fim_sep_token_id", &mut special.fim_sep),
-        ("prefix_token_id", &mut special.fim_pre),
-        ("suffix_token_id", &mut special.fim_suf),
-        ("middle_token_id", &mut special.fim_mid),
+    const SLOTS: [&str; 17] = [
+        "bos_token_id",
+        "eos_token_id",
+        "eot_token_id",
+        "eom_token_id",
+        "unknown_token_id",
+        "seperator_token_id",
+        "padding_token_id",
+        "mask_token_id",
+        "fim_pre_token_id",
+        "fim_suf_token_id",
+        "fim_mid_token_id",
+        "fim_pad_token_id",
+        "fim_rep_token_id",
+        "fim_sep_token_id",
+        "prefix_token_id",
+        "suffix_token_id",
+        "middle_token_id",
     ];
-    for (name, slot) in slots {
+    for name in SLOTS {
+        let slot = special.slot(name);
         let key = format!("tokenizer.ggml.{name}");
         if slot.is_some_and(|id| id >= n32) {
             *slot = None;
         }
         let Some(v) = model.get(&key) else { continue };
         let id = v.as_u32().ok_or_else(|| {
-            key_err(&key, format!("is {} {v}, expected a token id", v.type_name()))
+            key_err(
+                &key,
+                format!("is {} {v}, expected a token id", v.type_name()),
+            )
         })?;
         if id < n32 {
             *slot = Some(id);
         } else {
-            tracing::warn!("{}: {key} = {id} is outside the vocabulary of {n}", path.display());
+            tracing::warn!(
+                "{}: {key} = {id} is outside the vocabulary of {n}",
+                path.display()
+            );
         }
     }
     let mut add_eos = false;
@@ -329,6 +401,29 @@ fn bool_of(
         .ok_or_else(|| key_err(key, format!("is {} {v}, expected a bool", v.type_name())))
 }
 
+impl SpecialTokens {
+    /// The field a `tokenizer.ggml.<name>` key sets (llama.cpp's deprecated prefix/suffix/middle
+    /// keys alias the FIM ones).
+    fn slot(&mut self, name: &str) -> &mut Option<u32> {
+        match name {
+            "bos_token_id" => &mut self.bos,
+            "eos_token_id" => &mut self.eos,
+            "eot_token_id" => &mut self.eot,
+            "eom_token_id" => &mut self.eom,
+            "unknown_token_id" => &mut self.unk,
+            "seperator_token_id" => &mut self.sep,
+            "padding_token_id" => &mut self.pad,
+            "mask_token_id" => &mut self.mask,
+            "fim_pre_token_id" | "prefix_token_id" => &mut self.fim_pre,
+            "fim_suf_token_id" | "suffix_token_id" => &mut self.fim_suf,
+            "fim_mid_token_id" | "middle_token_id" => &mut self.fim_mid,
+            "fim_pad_token_id" => &mut self.fim_pad,
+            "fim_rep_token_id" => &mut self.fim_rep,
+            _ => &mut self.fim_sep,
+        }
+    }
+}
+
 impl Vocab {
     pub fn id(&self, text: &str) -> Option<u32> {
         self.ids.get(text).copied()
@@ -342,22 +437,22 @@ impl Vocab {
     /// becomes a control token. llama.cpp walks a hash map here, so when several candidates of
     /// one kind exist its pick is hash-order dependent; we take the first in its list.
     fn detect_special_by_text(&mut self) {
-        let lists: [(fn(&mut SpecialTokens) -> &mut Option<u32>, &[&str]); 8] = [
-            (|s| &mut s.eot, EOT_TEXTS),
-            (|s| &mut s.eom, &["<|eom_id|>"]),
-            (|s| &mut s.fim_pre, FIM_PRE_TEXTS),
-            (|s| &mut s.fim_suf, FIM_SUF_TEXTS),
-            (|s| &mut s.fim_mid, FIM_MID_TEXTS),
-            (|s| &mut s.fim_pad, FIM_PAD_TEXTS),
-            (|s| &mut s.fim_rep, FIM_REP_TEXTS),
-            (|s| &mut s.fim_sep, FIM_SEP_TEXTS),
+        let lists: [(&str, &[&str]); 8] = [
+            ("eot_token_id", EOT_TEXTS),
+            ("eom_token_id", &["<|eom_id|>"]),
+            ("fim_pre_token_id", FIM_PRE_TEXTS),
+            ("fim_suf_token_id", FIM_SUF_TEXTS),
+            ("fim_mid_token_id", FIM_MID_TEXTS),
+            ("fim_pad_token_id", FIM_PAD_TEXTS),
+            ("fim_rep_token_id", FIM_REP_TEXTS),
+            ("fim_sep_token_id", FIM_SEP_TEXTS),
         ];
         for (slot, texts) in lists {
-            if slot(&mut self.special).is_some() {
+            if self.special.slot(slot).is_some() {
                 continue;
             }
             if let Some(id) = texts.iter().find_map(|t| self.id(t)) {
-                *slot(&mut self.special) = Some(id);
+                *self.special.slot(slot) = Some(id);
                 self.set_control(id);
             }
         }
@@ -372,7 +467,10 @@ impl Vocab {
     /// The end-of-generation set, with llama.cpp's fixes for gpt-oss and Gemma 4.
     fn build_eog(&mut self) {
         let s = &self.special;
-        let mut eog: BTreeSet<u32> = [s.fim_pad, s.fim_rep, s.fim_sep].into_iter().flatten().collect();
+        let mut eog: BTreeSet<u32> = [s.fim_pad, s.fim_rep, s.fim_sep]
+            .into_iter()
+            .flatten()
+            .collect();
         for text in EOG_TEXTS {
             if let Some(id) = self.id(text) {
                 eog.insert(id);
@@ -434,10 +532,44 @@ impl Vocab {
     }
 }
 
+/// What a chat template needs from the vocabulary.
+pub(crate) struct TemplateTokens {
+    pub bos: String,
+    pub eos: String,
+    pub add_bos: bool,
+    pub add_eos: bool,
+}
+
 /// The BOS and EOS texts and add-BOS/EOS flags of `model` as llama.cpp would use them for chat
-/// templates, without building a tokenizer.
-pub(crate) fn bos_eos(model: &GgufModel) -> Result<(String, String, bool, bool), TokenizerError> {
-    let v = load(model)?;
-    let text = |id: Option<u32>| id.map_or(String::new(), |id| v.tokens[id as usize].clone());
-    Ok((text(v.special.bos), text(v.special.eos), v.add_bos, v.add_eos))
+/// templates. For tokenizer models we do not implement, the GGUF's own ids (no defaults).
+pub(crate) fn template_tokens(model: &GgufModel) -> Result<TemplateTokens, TokenizerError> {
+    match load(model) {
+        Ok(v) => {
+            let text =
+                |id: Option<u32>| id.map_or(String::new(), |id| v.tokens[id as usize].clone());
+            Ok(TemplateTokens {
+                bos: text(v.special.bos),
+                eos: text(v.special.eos),
+                add_bos: v.add_bos,
+                add_eos: v.add_eos,
+            })
+        }
+        Err(TokenizerError::Unsupported { .. }) => {
+            let tokens = model.get_str_array("tokenizer.ggml.tokens").unwrap_or(&[]);
+            let text = |key: &str| {
+                let id = model.get_u32(key);
+                id.and_then(|id| tokens.get(id as usize))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let flag = |key: &str| model.get_bool(key).unwrap_or(false);
+            Ok(TemplateTokens {
+                bos: text("tokenizer.ggml.bos_token_id"),
+                eos: text("tokenizer.ggml.eos_token_id"),
+                add_bos: flag("tokenizer.ggml.add_bos_token"),
+                add_eos: flag("tokenizer.ggml.add_eos_token"),
+            })
+        }
+        Err(e) => Err(e),
+    }
 }

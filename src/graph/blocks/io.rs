@@ -14,6 +14,15 @@ impl<'a> GraphBuilder<'a> {
     /// Final norm and output projection (tied to `token_embd` when `output` is absent)
     /// -> [n_vocab, n_tokens].
     pub fn output(&self, x: Tensor<'a>) -> Tensor<'a> {
+        // Only the last position's logits are wanted: drop the other columns first.
+        let x = if self.batch.last_only && self.batch.n_tokens > 1 {
+            let ne0 = x.ne()[0];
+            let row = ne0 as usize * 4;
+            self.ctx
+                .view(x, &[ne0, 1], &[row], (self.batch.n_tokens - 1) * row) // [n_embd, 1]
+        } else {
+            x
+        };
         let x = self.rms_norm(x, self.wg("output_norm.weight"), "result_norm", -1);
         let head = self
             .w

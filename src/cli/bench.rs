@@ -1,0 +1,179 @@
+//! `pocketmoe bench` (first cut): prompt processing (`pp N`) and generation (`tg N`) in
+//! llama-bench's sense, for PocketMoE and for stock llama.cpp (libllama from the same build) on the
+//! same GGUF in the same process, with the ratio. Both run fully resident on one device here; the
+//! VRAM-budget matrix and llama.cpp's offload settings come with the offload work.
+use crate::engine::{Device, Engine, EngineOptions};
+use crate::ggml::llama::{LlamaContext, LlamaModel};
+use crate::util::Rng;
+use anyhow::{Context as _, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// The GGUF model.
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Run on this GPU (default: the CPU).
+    #[arg(long)]
+    pub gpu: Option<usize>,
+    /// Prompt length for pp.
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt: usize,
+    /// Generated tokens for tg.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen: usize,
+    /// Repetitions (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Skip the llama.cpp baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+/// tok/s samples of one test.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub engine: &'static str,
+    pub test: String,
+    pub tok_s: Vec<f64>,
+}
+
+impl Row {
+    pub fn mean(&self) -> f64 {
+        self.tok_s.iter().sum::<f64>() / self.tok_s.len().max(1) as f64
+    }
+    pub fn std(&self) -> f64 {
+        let m = self.mean();
+        (self.tok_s.iter().map(|x| (x - m).powi(2)).sum::<f64>() / self.tok_s.len().max(1) as f64)
+            .sqrt()
+    }
+}
+
+/// A model to time: load once, then `pp` (fresh sequence) and `tg` (single tokens after it).
+trait Timed {
+    fn pp(&mut self, tokens: &[u32]) -> Result<()>;
+    fn tg(&mut self, token: u32) -> Result<()>;
+}
+
+struct Ours(Engine);
+impl Timed for Ours {
+    fn pp(&mut self, tokens: &[u32]) -> Result<()> {
+        self.0.reset();
+        self.0.forward_last(tokens)?;
+        Ok(())
+    }
+    fn tg(&mut self, token: u32) -> Result<()> {
+        self.0.forward_last(&[token])?;
+        Ok(())
+    }
+}
+
+struct Theirs<'m>(LlamaContext<'m>, usize);
+impl Timed for Theirs<'_> {
+    fn pp(&mut self, tokens: &[u32]) -> Result<()> {
+        self.0.clear();
+        let t: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        self.0.eval_last(&t, 0)?;
+        self.1 = tokens.len();
+        Ok(())
+    }
+    fn tg(&mut self, token: u32) -> Result<()> {
+        self.0.eval_last(&[token as i32], self.1)?;
+        self.1 += 1;
+        Ok(())
+    }
+}
+
+fn run_tests(
+    engine: &'static str,
+    m: &mut dyn Timed,
+    args: &BenchArgs,
+    n_vocab: u64,
+) -> Result<Vec<Row>> {
+    let mut rng = Rng::new(42);
+    let tokens: Vec<u32> = (0..args.prompt)
+        .map(|_| (rng.next_u64() % n_vocab) as u32)
+        .collect();
+    // Warm-up: a short prompt and a few tokens.
+    m.pp(&tokens[..tokens.len().min(16)])?;
+    for &t in tokens.iter().take(4) {
+        m.tg(t)?;
+    }
+    let mut pp = Row {
+        engine,
+        test: format!("pp{}", args.prompt),
+        tok_s: Vec::new(),
+    };
+    let mut tg = Row {
+        engine,
+        test: format!("tg{}", args.gen),
+        tok_s: Vec::new(),
+    };
+    for _ in 0..args.reps {
+        let t0 = Instant::now();
+        m.pp(&tokens)?;
+        pp.tok_s
+            .push(args.prompt as f64 / t0.elapsed().as_secs_f64());
+        let t0 = Instant::now();
+        for i in 0..args.gen {
+            m.tg(tokens[i % tokens.len()])?;
+        }
+        tg.tok_s.push(args.gen as f64 / t0.elapsed().as_secs_f64());
+    }
+    Ok(vec![pp, tg])
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let device = args.gpu.map_or(Device::Cpu, Device::Cuda);
+    let n_ctx = args.prompt + args.gen + 32;
+    let mut rows = Vec::new();
+    {
+        let opts = EngineOptions {
+            device,
+            n_ctx,
+            n_threads: args.threads,
+            ..Default::default()
+        };
+        let eng = Engine::load(&args.model, opts, &|_, _| {})
+            .with_context(|| format!("loading {}", args.model.display()))?;
+        let n_vocab = eng.hp.n_vocab;
+        rows.extend(run_tests("pocketmoe", &mut Ours(eng), &args, n_vocab)?);
+    }
+    if !args.no_baseline {
+        let lm = LlamaModel::load(&args.model, if args.gpu.is_some() { -1 } else { 0 })?;
+        let threads = if args.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            args.threads
+        };
+        let ctx = LlamaContext::new(&lm, n_ctx as u32, threads as i32)?;
+        let n_vocab = lm.n_vocab() as u64;
+        rows.extend(run_tests("llama.cpp", &mut Theirs(ctx, 0), &args, n_vocab)?);
+    }
+    println!("| model | device | engine | test | t/s | vs llama.cpp |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    let name = args
+        .model
+        .file_name()
+        .map_or(String::new(), |f| f.to_string_lossy().into_owned());
+    for r in &rows {
+        let base = rows
+            .iter()
+            .find(|b| b.engine == "llama.cpp" && b.test == r.test);
+        let ratio = base.map_or(String::from("-"), |b| {
+            format!("{:.2}x", r.mean() / b.mean())
+        });
+        println!(
+            "| {name} | {device:?} | {} | {} | {:.1} ± {:.1} | {ratio} |",
+            r.engine,
+            r.test,
+            r.mean(),
+            r.std()
+        );
+    }
+    Ok(())
+}
