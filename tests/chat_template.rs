@@ -319,6 +319,8 @@ fn gguf_templates_match_libllama() {
                     let comparable = match stem {
                         "qwen2" | "qwen35" => ci == 0,
                         "phi-3" => ci == 1 && agp, // its template always prompts
+                        // tool_use/rag add long preambles libllama knows nothing of.
+                        "command-r" => name == "default",
                         _ => true,
                     };
                     if let Some(theirs) = libllama(t.source(), conv, agp).filter(|_| comparable) {
@@ -331,7 +333,7 @@ fn gguf_templates_match_libllama() {
         }
     }
     assert!(
-        checked >= 7 && compared >= 12,
+        checked >= 7 && compared >= 9,
         "{checked} templates, {compared} comparisons"
     );
     let e = ChatTemplate::from_gguf(&GgufModel::open(&dir.join("ggml-vocab-gpt-2.gguf")).unwrap())

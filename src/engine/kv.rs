@@ -34,6 +34,7 @@ impl KvCache {
             }
         }
         ctx.alloc_tensors(backend)?;
+        ctx.clear_buffers(0);
         let index = ctx.index();
         Ok(Self {
             ctx,

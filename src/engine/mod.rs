@@ -186,19 +186,24 @@ impl Engine {
         let t_pos = ctx
             .new_tensor(GgmlType::I32, &[n as i64])?
             .set_name("inp_pos"); // [n]
-        let n_kv = n_past + n;
+        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.opts.n_ctx);
         let t_mask = ctx
             .new_tensor(GgmlType::F16, &[n_kv as i64, n as i64])?
             .set_name("attn_inp_kq_mask"); // [n_kv, n]
-        for t in [t_tok, t_pos, t_mask] {
+        let t_idx = ctx
+            .new_tensor(GgmlType::I64, &[n as i64])?
+            .set_name("inp_kv_idxs"); // [n]
+        for t in [t_tok, t_pos, t_mask, t_idx] {
             ctx.set_input(t);
         }
         let batch = BatchInputs {
             tokens: t_tok,
             pos: t_pos,
             mask: t_mask,
+            kv_idx: t_idx,
             n_tokens: n,
             n_past,
+            n_kv,
             last_only,
         };
         let g = GraphBuilder {
@@ -217,11 +222,12 @@ impl Engine {
         self.sched.alloc(&g.graph)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         t_tok.write_i32(&ids)?;
-        t_pos.write_i32(&(n_past as i32..n_kv as i32).collect::<Vec<_>>())?;
-        t_mask.write_bytes(&causal_mask_f16(n_past, n))?;
+        t_pos.write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
+        t_mask.write_bytes(&causal_mask_f16(n_past, n, n_kv))?;
+        t_idx.write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
         self.sched.compute(&g.graph)?;
         let flat = logits.read_f32()?;
-        self.n_past = n_kv;
+        self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
@@ -232,9 +238,9 @@ fn graph_size(hp: &Hparams) -> usize {
     (hp.n_layer * 96 + 256).max(2048)
 }
 
-/// f16 causal mask [n_kv = n_past + n, n]: token t sees cache positions 0..=n_past + t.
-fn causal_mask_f16(n_past: usize, n: usize) -> Vec<u8> {
-    let n_kv = n_past + n;
+/// f16 causal mask [n_kv, n]: token t sees cache positions 0..=n_past + t; the padding beyond
+/// is masked too.
+fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize) -> Vec<u8> {
     let (zero, neg_inf) = (
         half::f16::ZERO.to_le_bytes(),
         half::f16::NEG_INFINITY.to_le_bytes(),

@@ -151,6 +151,15 @@ impl Context {
         })
     }
 
+    /// Sets every byte of this context's buffers to `value` (e.g. zeroing a KV cache, so padded
+    /// attention never reads NaN garbage from unwritten positions).
+    pub fn clear_buffers(&self, value: u8) {
+        for &buf in self.buffers.borrow().iter() {
+            // SAFETY: a live buffer owned by this context.
+            unsafe { sys::ggml_backend_buffer_clear(buf, value) };
+        }
+    }
+
     // ---- ops (shapes in ggml order, ne0 first) ----
 
     /// `a` [k, n, ...] × `b` [k, m, ...] -> [n, m, ...] (a may be quantised).
@@ -281,6 +290,16 @@ impl Context {
         self.wrap(
             unsafe { sys::ggml_permute(self.raw(), a.raw(), axes[0], axes[1], axes[2], axes[3]) },
             "permute",
+        )
+    }
+
+    /// Writes the rows of `b` [n, n_rows] into rows `c` (i64 [n_rows]) of `a` [n, rows]
+    /// (with type conversion); returns a view of `a` for the graph.
+    pub fn set_rows<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, c: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above; row indices are an input the caller fills within bounds.
+        self.wrap(
+            unsafe { sys::ggml_set_rows(self.raw(), a.raw(), b.raw(), c.raw()) },
+            "set_rows",
         )
     }
 
@@ -553,6 +572,11 @@ impl<'ctx> Tensor<'ctx> {
 
     pub fn write_f32(self, data: &[f32]) -> Result<()> {
         self.expect_type(GgmlType::F32)?;
+        self.write_bytes(bytemuck::cast_slice(data))
+    }
+
+    pub fn write_i64(self, data: &[i64]) -> Result<()> {
+        self.expect_type(GgmlType::I64)?;
         self.write_bytes(bytemuck::cast_slice(data))
     }
 

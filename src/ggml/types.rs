@@ -13,6 +13,7 @@ impl GgmlType {
     pub const F16: Self = Self(sys::GGML_TYPE_F16);
     pub const BF16: Self = Self(sys::GGML_TYPE_BF16);
     pub const I32: Self = Self(sys::GGML_TYPE_I32);
+    pub const I64: Self = Self(sys::GGML_TYPE_I64);
     pub const Q4_0: Self = Self(sys::GGML_TYPE_Q4_0);
     pub const Q5_0: Self = Self(sys::GGML_TYPE_Q5_0);
     pub const Q8_0: Self = Self(sys::GGML_TYPE_Q8_0);

@@ -20,17 +20,36 @@ pub struct BatchInputs<'a> {
     pub pos: Tensor<'a>,
     /// f16 [n_kv, n_tokens]: 0 where a token may attend, -inf elsewhere.
     pub mask: Tensor<'a>,
+    /// i64 [n_tokens]: the cache row each token's K/V goes to (`n_past + i`); an input rather
+    /// than a view offset, so the graph is the same at every decode step.
+    pub kv_idx: Tensor<'a>,
     pub n_tokens: usize,
     /// Positions already in the cache before this batch.
     pub n_past: usize,
+    /// Cache positions attention reads: `n_past + n_tokens` rounded up to a multiple of
+    /// [`KV_PAD`] (capped at the context), the rest masked. A stable shape across decode steps
+    /// lets ggml-cuda replay its CUDA graph instead of rebuilding it every token.
+    pub n_kv: usize,
     /// Compute logits for the last position only (prompt processing).
     pub last_only: bool,
 }
 
+/// Granularity of the attended cache length (llama.cpp pads the same way).
+pub const KV_PAD: usize = 256;
+
 impl BatchInputs<'_> {
-    /// Cache positions attention reads (`n_past + n_tokens`).
+    /// Cache positions attention reads (see the field).
     pub fn n_kv(&self) -> usize {
-        self.n_past + self.n_tokens
+        self.n_kv
+    }
+
+    /// `n_past + n_tokens` padded to [`KV_PAD`], at most `n_ctx`.
+    pub fn padded_n_kv(n_past: usize, n_tokens: usize, n_ctx: usize) -> usize {
+        (n_past + n_tokens)
+            .div_ceil(KV_PAD)
+            .saturating_mul(KV_PAD)
+            .min(n_ctx)
+            .max(n_past + n_tokens)
     }
 }
 

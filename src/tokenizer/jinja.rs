@@ -379,6 +379,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn blocks_trim_like_hf() {
+        // HF compiles templates with trim_blocks and lstrip_blocks: block lines vanish.
+        let env = environment();
+        let src = "<a>\n  {% for x in [1, 2] %}\n    {% if x > 1 %}\n{{ x }}\n    {% endif %}\n  {% endfor %}\n</a>\n";
+        assert_eq!(env.render_str(src, ()).unwrap(), "<a>\n2\n</a>");
+        let src =
+            "{% for x in [1, 2, 3] %}{% if x == 2 %}{% continue %}{% endif %}{{ x }}{% endfor %}";
+        assert_eq!(env.render_str(src, ()).unwrap(), "13");
+    }
+
+    #[test]
     fn generation_tags_become_plain_blocks() {
         let src = "a{%- generation -%} b {%+ endgeneration %}c{% if x %}{{ '%}' }}{% endif %}";
         assert_eq!(

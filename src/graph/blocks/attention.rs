@@ -87,12 +87,10 @@ impl<'a> GraphBuilder<'a> {
         let kt = self.kv.ty;
         let k_rb = kt.row_size(k_row as u64).expect("cache row") as usize;
         let v_rb = kt.row_size(v_row as u64).expect("cache row") as usize;
-        let k_dst = ctx.view(kc, &[k_row as i64, nt], &[k_rb], b.n_past * k_rb); // [k_row, nt]
-        let v_dst = ctx.view(vc, &[v_row as i64, nt], &[v_rb], b.n_past * v_rb); // [v_row, nt]
-        let k_flat = ctx.reshape(k, &[k_row as i64, nt]).expect("k flat");
-        let v_flat = ctx.cont(v);
-        self.graph.build_forward(ctx.cpy(k_flat, k_dst));
-        self.graph.build_forward(ctx.cpy(v_flat, v_dst));
+        let k_flat = ctx.reshape(k, &[k_row as i64, nt]).expect("k flat"); // [k_row, nt]
+        let v_flat = ctx.cont(v); // [v_row, nt]
+        self.graph.build_forward(ctx.set_rows(kc, k_flat, b.kv_idx));
+        self.graph.build_forward(ctx.set_rows(vc, v_flat, b.kv_idx));
 
         // Attend over cache positions 0..n_kv.
         let n_kv = b.n_kv() as i64;
