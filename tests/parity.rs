@@ -43,6 +43,10 @@ fn tiny(arch: &str) -> PathBuf {
 }
 
 pub fn check_parity(arch: &str, device: Device) {
+    if device != Device::Cpu {
+        // Before libllama's first CUDA graph compute: the switch is process-wide.
+        pocketmoe::ggml::disable_cuda_graph_replay();
+    }
     let path = tiny(arch);
     let lm = LlamaModel::load(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
     let mut lctx = LlamaContext::new(&lm, 256, 2).unwrap();

@@ -8,6 +8,8 @@
 //! `*.gguf.out` must also match) plus our corpus and seeded random strings, and
 //! `detokenize` == `llama_detokenize` on the results and on random id sequences. Files whose
 //! tokenizer model we do not implement must be refused with `Unsupported`, and only those.
+//! Every pre-tokenizer family is also run by both on one vocabulary with `tokenizer.ggml.pre`
+//! swapped, and broken metadata must produce errors naming the file and the key.
 use pocketmoe::ggml::llama::LlamaModel;
 use pocketmoe::gguf::{GgufModel, GgufValue, GgufWriter};
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
@@ -81,6 +83,7 @@ fn corpus() -> Vec<String> {
         "you're, we've, they'll, she'd",
         "it's 'quoted' text",
         "O'Neil's",
+        "camelCase helloWorld getHTTPResponseCode iPhone McDonald's XMLHttpRequest ÉcoleNormale",
         "I 'm 's",
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
         "<s>hello</s>",
@@ -106,76 +109,13 @@ fn corpus() -> Vec<String> {
     ];
     let mut v: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
     // Seeded random mixtures of the above's ingredients.
+    #[rustfmt::skip]
     let pool: Vec<&str> = vec![
-        "a",
-        "Z",
-        "é",
-        "ß",
-        "日",
-        "本",
-        "한",
-        "ا",
-        "ש",
-        "ไ",
-        "🦙",
-        "👍🏽",
-        "\u{301}",
-        "0",
-        "7",
-        "٣",
-        " ",
-        "  ",
-        "\t",
-        "\n",
-        "\r\n",
-        "\u{a0}",
-        "\u{3000}",
-        ".",
-        ",",
-        "!",
-        "?",
-        "'",
-        "\"",
-        "'s",
-        "'LL",
-        "-",
-        "_",
-        "(",
-        ")",
-        "{",
-        "}",
-        "<",
-        ">",
-        "/",
-        "\\",
-        "$",
-        "+",
-        "=",
-        "^",
-        "~",
-        "|",
-        "`",
-        "@",
-        "#",
-        "%",
-        "&",
-        "*",
-        ":",
-        ";",
-        "…",
-        "。",
-        "，",
-        "word",
-        "The",
-        " the",
-        "ing",
-        "<s>",
-        "</s>",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<|endoftext|>",
-        "<|eot_id|>",
-        "<unk>",
+        "a", "Z", "é", "ß", "日", "本", "한", "ا", "ש", "ไ", "🦙", "👍🏽", "\u{301}", "0", "7", "٣", " ",
+        "  ", "\t", "\n", "\r\n", "\u{a0}", "\u{3000}", ".", ",", "!", "?", "'", "\"", "'s", "'LL",
+        "-", "_", "(", ")", "{", "}", "<", ">", "/", "\\", "$", "+", "=", "^", "~", "|", "`", "@",
+        "#", "%", "&", "*", ":", ";", "…", "。", "，", "word", "The", " the", "ing", "<s>", "</s>",
+        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<unk>",
     ];
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
@@ -260,6 +200,34 @@ fn check(name: &str, tok: &Tokenizer, lm: &LlamaModel, texts: &[String]) -> usiz
             );
         }
     }
+    let compared = check_texts(name, tok, lm, texts);
+    // Random id sequences, special tokens included.
+    let mut seed = n as u64 * 2_654_435_761 + 1;
+    for _ in 0..200 {
+        let len = 1 + (seed % 12) as usize;
+        let ids: Vec<u32> = (0..len)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((seed >> 33) % n as u64) as u32
+            })
+            .collect();
+        for (rm, unparse) in [(false, false), (true, true)] {
+            let theirs = lm.detokenize(&as_i32(&ids), rm, unparse).unwrap();
+            assert_eq!(
+                tok.detokenize(&ids, rm, unparse),
+                theirs,
+                "{name}: detokenize({ids:?})"
+            );
+        }
+    }
+    compared
+}
+
+/// `encode` == `llama_tokenize` (all four flag combinations) and `detokenize` ==
+/// `llama_detokenize` on `texts`; returns the number of encodes compared.
+fn check_texts(name: &str, tok: &Tokenizer, lm: &LlamaModel, texts: &[String]) -> usize {
     let mut compared = 0;
     for text in texts {
         for (add, parse) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -283,27 +251,6 @@ fn check(name: &str, tok: &Tokenizer, lm: &LlamaModel, texts: &[String]) -> usiz
                     assert_eq!(tok.decode(&ours), *text, "{name}: round trip of {text:?}");
                 }
             }
-        }
-    }
-    // Random id sequences, special tokens included.
-    let mut seed = n as u64 * 2_654_435_761 + 1;
-    for _ in 0..200 {
-        let len = 1 + (seed % 12) as usize;
-        let ids: Vec<u32> = (0..len)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((seed >> 33) % n as u64) as u32
-            })
-            .collect();
-        for (rm, unparse) in [(false, false), (true, true)] {
-            let theirs = lm.detokenize(&as_i32(&ids), rm, unparse).unwrap();
-            assert_eq!(
-                tok.detokenize(&ids, rm, unparse),
-                theirs,
-                "{name}: detokenize({ids:?})"
-            );
         }
     }
     compared
@@ -433,17 +380,26 @@ fn synthetic_vocabularies_match_libllama() {
     assert!(pres.len() >= 5, "pre-tokenizers covered: {pres:?}");
 }
 
-/// A copy of the gpt-2 vocabulary with `key` replaced by `value`.
-fn edited_gpt2(dir: &Path, tag: &str, key: &str, value: GgufValue) -> PathBuf {
-    let model = GgufModel::open(&vocab_dir().join("ggml-vocab-gpt-2.gguf")).unwrap();
+/// A copy of the fixture `ggml-vocab-{stem}.gguf` with the given keys replaced.
+fn edited(stem: &str, dir: &Path, tag: &str, edits: &[(&str, GgufValue)]) -> PathBuf {
+    let src = vocab_dir().join(format!("ggml-vocab-{stem}.gguf"));
+    let model = GgufModel::open(&src).unwrap();
     assert_eq!(model.n_tensors(), 0, "vocab-only fixture");
     let mut w = GgufWriter::new();
     for (k, v) in model.metadata() {
-        w.add_kv(k, if k == key { value.clone() } else { v.clone() });
+        let new = edits
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone());
+        w.add_kv(k, new.unwrap_or_else(|| v.clone()));
     }
     let path = dir.join(format!("{tag}.gguf"));
     w.write(&path, |_, _| Ok(())).unwrap();
     path
+}
+
+fn edited_gpt2(dir: &Path, tag: &str, key: &str, value: GgufValue) -> PathBuf {
+    edited("gpt-2", dir, tag, &[(key, value)])
 }
 
 #[test]
@@ -502,5 +458,92 @@ fn broken_tokenizer_metadata_is_reported_with_file_and_key() {
     assert_eq!(tok.pre(), Some("default"));
     let lm = LlamaModel::load_vocab(&path).unwrap();
     check("gpt-2 without pre", &tok, &lm, &corpus());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every pre-tokenizer family llama.cpp knows and we implement, run by both on gpt-2's
+/// vocabulary and merges (Gemma 4's for sarvam-moe) with only `tokenizer.ggml.pre` changed: the
+/// splitting and the flags that come with the name (add_bos, ignore_merges, clean_spaces) must
+/// agree.
+#[test]
+fn every_pre_tokenizer_family_matches_libllama() {
+    const PRES: &[&str] = &[
+        "default",
+        "llama3",
+        "dbrx",
+        "jais-2",
+        "deepseek-llm",
+        "deepseek-coder",
+        "deepseek-v3",
+        "hunyuan-dense",
+        "spark2_5",
+        "youtu",
+        "falcon",
+        "mpt",
+        "starcoder",
+        "command-r",
+        "smollm",
+        "gpt-2",
+        "olmo",
+        "qwen2",
+        "stablelm2",
+        "qwen35",
+        "poro-chat",
+        "bloom",
+        "glm4",
+        "chatglm-bpe",
+        "viking",
+        "tekken",
+        "chameleon",
+        "gpt-4o",
+        "minimax-m2",
+        "granite-embed-multi-97m",
+        "tiny_aya",
+        "superbpe",
+        "bailingmoe",
+        "seed-coder",
+        "ufakzeka",
+        "grok-2",
+        "afmoe",
+        "laguna",
+        "exaone-moe",
+        "minicpm5",
+        "sarvam-moe",
+        "trillion",
+        "solar-open",
+        "exaone4",
+        "megrez",
+        "llama4",
+    ];
+    let dir = std::env::temp_dir().join(format!("pocketmoe-tok-pre-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let texts = corpus();
+    for pre in PRES {
+        let path = if *pre == "sarvam-moe" {
+            // SPM-style BPE (U+2581 spaces, <0xXX> bytes) needs such a vocabulary: Gemma 4's,
+            // declared as a plain gpt2-model file.
+            let model = ("tokenizer.ggml.model", GgufValue::from("gpt2"));
+            edited(
+                "gemma-4",
+                &dir,
+                pre,
+                &[model, ("tokenizer.ggml.pre", GgufValue::from(*pre))],
+            )
+        } else {
+            edited_gpt2(&dir, pre, "tokenizer.ggml.pre", GgufValue::from(*pre))
+        };
+        let tok = Tokenizer::from_gguf(&GgufModel::open(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let lm = LlamaModel::load_vocab(&path).unwrap_or_else(|e| panic!("{pre}: {e}"));
+        let opt = |t: Option<u32>| t.map(|t| t as i32);
+        assert_eq!(opt(tok.bos()), lm.token_bos(), "{pre}: bos");
+        assert_eq!(
+            (tok.add_bos(), tok.add_eos()),
+            (lm.add_bos(), lm.add_eos()),
+            "{pre}"
+        );
+        check_texts(&format!("gpt-2 vocab, pre {pre}"), &tok, &lm, &texts);
+        let _ = std::fs::remove_file(&path);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -32,12 +32,16 @@ pub struct BenchArgs {
     /// Skip the llama.cpp baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Internal: run only the llama.cpp baseline and print its rows as JSON (the parent runs it
+    /// in a child process, see `Backend::cuda` on CUDA graphs).
+    #[arg(long, hide = true)]
+    pub baseline_child: bool,
 }
 
 /// tok/s samples of one test.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Row {
-    pub engine: &'static str,
+    pub engine: String,
     pub test: String,
     pub tok_s: Vec<f64>,
 }
@@ -104,12 +108,12 @@ fn run_tests(
         m.tg(t)?;
     }
     let mut pp = Row {
-        engine,
+        engine: engine.into(),
         test: format!("pp{}", args.prompt),
         tok_s: Vec::new(),
     };
     let mut tg = Row {
-        engine,
+        engine: engine.into(),
         test: format!("tg{}", args.gen),
         tok_s: Vec::new(),
     };
@@ -127,9 +131,68 @@ fn run_tests(
     Ok(vec![pp, tg])
 }
 
+fn baseline(args: &BenchArgs, n_ctx: usize) -> Result<Vec<Row>> {
+    let lm = LlamaModel::load(&args.model, if args.gpu.is_some() { -1 } else { 0 })?;
+    let threads = if args.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        args.threads
+    };
+    let ctx = LlamaContext::new(&lm, n_ctx as u32, threads as i32)?;
+    let n_vocab = lm.n_vocab() as u64;
+    let mut theirs = Theirs(ctx, 0);
+    let rows = run_tests("llama.cpp", &mut theirs, args, n_vocab);
+    drop(theirs);
+    rows
+}
+
+/// Runs the baseline in a child process with the environment the user gave us (CUDA graph
+/// replay on), and reads its rows back.
+fn baseline_in_child(args: &BenchArgs) -> Result<Vec<Row>> {
+    let exe = std::env::current_exe().context("locating the pocketmoe binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench")
+        .arg("--model")
+        .arg(&args.model)
+        .arg("--baseline-child");
+    cmd.args([
+        "-p",
+        &args.prompt.to_string(),
+        "-n",
+        &args.gen.to_string(),
+        "--reps",
+        &args.reps.to_string(),
+        "--threads",
+        &args.threads.to_string(),
+    ]);
+    if let Some(g) = args.gpu {
+        cmd.args(["--gpu", &g.to_string()]);
+    }
+    if INHERITED_DISABLE_GRAPHS.get().is_none_or(Option::is_none) {
+        cmd.env_remove("GGML_CUDA_DISABLE_GRAPHS");
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the llama.cpp baseline")?;
+    if !out.status.success() {
+        anyhow::bail!("the llama.cpp baseline failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("reading the baseline's rows")
+}
+
+/// `GGML_CUDA_DISABLE_GRAPHS` as the user set it, before our CUDA backend sets it.
+static INHERITED_DISABLE_GRAPHS: std::sync::OnceLock<Option<std::ffi::OsString>> =
+    std::sync::OnceLock::new();
+
 pub fn run(args: BenchArgs) -> Result<()> {
-    let device = args.gpu.map_or(Device::Cpu, Device::Cuda);
+    INHERITED_DISABLE_GRAPHS.get_or_init(|| std::env::var_os("GGML_CUDA_DISABLE_GRAPHS"));
     let n_ctx = args.prompt + args.gen + 32;
+    if args.baseline_child {
+        println!("{}", serde_json::to_string(&baseline(&args, n_ctx)?)?);
+        return Ok(());
+    }
+    let device = args.gpu.map_or(Device::Cpu, Device::Cuda);
     let mut rows = Vec::new();
     {
         let opts = EngineOptions {
@@ -144,15 +207,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         rows.extend(run_tests("pocketmoe", &mut Ours(eng), &args, n_vocab)?);
     }
     if !args.no_baseline {
-        let lm = LlamaModel::load(&args.model, if args.gpu.is_some() { -1 } else { 0 })?;
-        let threads = if args.threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            args.threads
-        };
-        let ctx = LlamaContext::new(&lm, n_ctx as u32, threads as i32)?;
-        let n_vocab = lm.n_vocab() as u64;
-        rows.extend(run_tests("llama.cpp", &mut Theirs(ctx, 0), &args, n_vocab)?);
+        rows.extend(baseline_in_child(&args)?);
     }
     println!("| model | device | engine | test | t/s | vs llama.cpp |");
     println!("| --- | --- | --- | --- | --- | --- |");

@@ -68,6 +68,16 @@ impl Device {
     }
 }
 
+/// Sets `GGML_CUDA_DISABLE_GRAPHS` unless the user chose otherwise (see [`Backend::cuda`]). Must
+/// run before the first CUDA graph compute of the process.
+pub fn disable_cuda_graph_replay() {
+    if std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_none()
+        && std::env::var_os("POCKETMOE_CUDA_GRAPHS").is_none()
+    {
+        std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
+    }
+}
+
 /// An initialised ggml backend (a stream of work on one device).
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
@@ -92,8 +102,15 @@ impl Backend {
     }
 
     /// The CUDA backend on GPU `device`.
+    ///
+    /// ggml-cuda's CUDA-graph replay is switched off for the whole process (it is a process-wide
+    /// switch, read once): replaying graphs that PocketMoE rebuilds every step gave wrong decode
+    /// logits from the third step on (parity test on the H200; correct with replay off). Until
+    /// the cause is found, `pocketmoe bench` runs the llama.cpp baseline in a child process that
+    /// keeps replay on, so the baseline is not slowed by our workaround.
     #[cfg(feature = "cuda")]
     pub fn cuda(device: usize) -> Result<Self> {
+        disable_cuda_graph_replay();
         // SAFETY: plain query.
         let n = unsafe { sys::ggml_backend_cuda_get_device_count() } as usize;
         if device >= n {

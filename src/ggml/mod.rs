@@ -18,7 +18,7 @@ pub mod quant;
 pub mod refquant;
 mod types;
 
-pub use backend::{Backend, Device, DeviceKind, Sched};
+pub use backend::{disable_cuda_graph_replay, Backend, Device, DeviceKind, Sched};
 pub use context::{Context, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;
 pub use types::{GgmlType, Kernels};

@@ -15,7 +15,7 @@
 //! keeps its first (lowest) rank, as in llama.cpp's map. Invariant: every merge entry is split at
 //! its first space after the first byte (llama.cpp's `find(' ', 1)`); one without is an error.
 use super::pretok::PreTokenizer;
-use super::vocab::{TokenizerKind, Vocab};
+use super::vocab::Vocab;
 use super::TokenizerError;
 use crate::gguf::GgufModel;
 use std::borrow::Cow;
@@ -89,11 +89,12 @@ impl Bpe {
             );
         }
         let vocab: BpeVocab = v.ids.iter().map(|(t, &id)| (t.clone(), id)).collect();
-        let spm_style = v.kind == TokenizerKind::BpeSpmStyle;
+        // Gemma 4 / Sarvam: raw UTF-8 words with U+2581 for spaces and <0xXX> byte fallback.
+        let raw_utf8 = spec.escape_whitespaces;
         let model = BPE::builder()
             .vocab_and_merges(vocab, merges)
             .ignore_merges(spec.ignore_merges)
-            .byte_fallback(spm_style)
+            .byte_fallback(raw_utf8)
             .build()
             .map_err(|e| err(format!("building the BPE model: {e}")))?;
         let pre = PreTokenizer::new(&spec).map_err(|e| TokenizerError::Key {
@@ -104,7 +105,7 @@ impl Bpe {
         Ok(Self {
             model,
             pre,
-            byte_encode: !spm_style,
+            byte_encode: !raw_utf8,
             escape_whitespaces: spec.escape_whitespaces,
             byte_chars: byte_chars(),
             newline_runs: spec.kind == "gemma4",

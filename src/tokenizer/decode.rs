@@ -11,7 +11,7 @@
 //! text); `special = false` hides control and unknown tokens only. Ids outside the vocabulary
 //! decode to nothing (llama.cpp throws).
 use super::bpe::byte_chars;
-use super::vocab::{attr, TokenizerKind, Vocab};
+use super::vocab::{attr, Vocab};
 use std::collections::HashMap;
 
 /// The piece of every token with `special = true`, as llama.cpp caches them.
@@ -28,11 +28,10 @@ pub(crate) fn pieces(v: &Vocab) -> Vec<Vec<u8>> {
             if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
                 text.as_bytes().to_vec()
             } else if a & attr::NORMAL != 0 {
-                match v.kind {
-                    TokenizerKind::Spm | TokenizerKind::BpeSpmStyle => {
-                        text.replace('\u{2581}', " ").into_bytes()
-                    }
-                    TokenizerKind::Bpe => byte_level_decode(text, &to_byte),
+                if v.escape_whitespaces {
+                    text.replace('\u{2581}', " ").into_bytes()
+                } else {
+                    byte_level_decode(text, &to_byte)
                 }
             } else if a & attr::BYTE != 0 {
                 let hex = text.get(3..5).unwrap_or("");

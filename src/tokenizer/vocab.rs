@@ -75,6 +75,8 @@ pub(crate) struct Vocab {
     pub add_bos: bool,
     pub add_eos: bool,
     pub add_space_prefix: bool,
+    /// Spaces are U+2581 in token texts (SPM, Gemma 4); else GPT-2 byte symbols.
+    pub escape_whitespaces: bool,
     pub clean_spaces: bool,
     pub eog: BTreeSet<u32>,
     /// Control, user-defined and unknown tokens, longest text first (`cache_special_tokens`).
@@ -375,6 +377,7 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
         add_bos,
         add_eos,
         add_space_prefix,
+        escape_whitespaces: pre.is_none_or(|p| p.escape_whitespaces),
         clean_spaces,
         eog: BTreeSet::new(),
         special_cache: Vec::new(),
