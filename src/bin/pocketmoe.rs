@@ -1,4 +1,4 @@
-//! `pocketmoe`: the command-line tool (self-check, synth; inspect, run and bench follow).
+//! `pocketmoe`: the command-line tool (self-check, synth, inspect, run, bench).
 use anyhow::{bail, Context as _, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use pocketmoe::ggml::{Backend, Device, DeviceKind};
@@ -31,6 +31,8 @@ enum Cmd {
     /// Show a GGUF's architecture, hyper-parameters, bytes by role and type, validation, kernel
     /// capabilities and the placement report for a VRAM budget.
     Inspect(pocketmoe::cli::inspect::InspectArgs),
+    /// Generate text from a prompt, streaming it to the terminal.
+    Run(pocketmoe::cli::run::RunArgs),
     /// Time prompt processing (pp) and generation (tg), ours and llama.cpp's on the same file.
     Bench(pocketmoe::cli::bench::BenchArgs),
 }
@@ -48,6 +50,7 @@ fn main() {
         Cmd::Synth(args) => pocketmoe::cli::synth::run(args),
         Cmd::Inspect(args) => pocketmoe::cli::inspect::run(args),
         Cmd::Bench(args) => pocketmoe::cli::bench::run(args),
+        Cmd::Run(args) => pocketmoe::cli::run::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

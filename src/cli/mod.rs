@@ -1,6 +1,7 @@
 //! Implementations of the `pocketmoe` subcommands (the binary only parses arguments).
 pub mod bench;
 pub mod inspect;
+pub mod run;
 pub mod synth;
 
 /// A progress bar over bytes, on stderr (hidden when stderr is not a terminal).

@@ -4,6 +4,7 @@
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
 pub mod kv;
+pub mod sampling;
 pub mod weights;
 
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Sched};

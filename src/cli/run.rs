@@ -1,0 +1,144 @@
+//! `pocketmoe run`: load a GGUF (progress bar), tokenize a prompt (optionally through the model's
+//! chat template), stream generated text to the terminal, and end with prompt and generation
+//! tok/s.
+use crate::engine::sampling::{Sampler, SamplerParams};
+use crate::engine::{Device, Engine, EngineOptions};
+use crate::gguf::GgufModel;
+use crate::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use anyhow::{bail, Context as _, Result};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The GGUF model (any shard of a split bundle).
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// The prompt.
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Tokens to generate at most (stops earlier at an end-of-generation token).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n_predict: usize,
+    /// Wrap the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Run on GPU N (needs a CUDA build).
+    #[arg(long, conflicts_with = "cpu")]
+    pub gpu: Option<usize>,
+    /// Run on the CPU (the default).
+    #[arg(long)]
+    pub cpu: bool,
+    /// Context length.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0xC0FFEE)]
+    pub seed: u64,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let params = SamplerParams {
+        temperature: args.temp,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        presence_penalty: args.presence_penalty,
+        frequency_penalty: args.frequency_penalty,
+        seed: args.seed,
+        ..Default::default()
+    };
+    params.validate().map_err(anyhow::Error::msg)?;
+    let file = GgufModel::open(&args.model)
+        .with_context(|| format!("reading {}", args.model.display()))?;
+    let tok = Tokenizer::from_gguf(&file)?;
+    let text = if args.chat {
+        let tmpl = ChatTemplate::from_gguf(&file)?;
+        tmpl.apply(
+            &[ChatMessage::user(&args.prompt)],
+            true,
+            serde_json::Value::Null,
+        )?
+    } else {
+        args.prompt.clone()
+    };
+    drop(file);
+    let prompt = tok.encode(&text, true, args.chat);
+    if prompt.is_empty() {
+        bail!("the prompt tokenized to nothing");
+    }
+    let device = args.gpu.map_or(Device::Cpu, Device::Cuda);
+    let opts = EngineOptions {
+        device,
+        n_ctx: args.ctx,
+        n_threads: args.threads,
+        ..Default::default()
+    };
+    let size = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
+    let pb = super::byte_progress(size, "loading");
+    let t_load = Instant::now();
+    let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
+    pb.finish_and_clear();
+    eprintln!(
+        "loaded {} ({:?}) in {:.1} s",
+        args.model.display(),
+        device,
+        t_load.elapsed().as_secs_f64()
+    );
+
+    let mut sampler = Sampler::new(params);
+    for &t in &prompt {
+        sampler.accept(t);
+    }
+    let mut out = std::io::stdout().lock();
+    let mut dec = StreamDecoder::new();
+    write!(out, "{text}")?;
+    let t0 = Instant::now();
+    let mut logits = eng.forward_last(&prompt)?;
+    let t_prompt = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut n_gen = 0;
+    while n_gen < args.n_predict {
+        let next = sampler.sample(&logits);
+        if tok.is_eog(next) {
+            break;
+        }
+        sampler.accept(next);
+        write!(out, "{}", dec.push(&tok.token_to_piece(next)))?;
+        out.flush()?;
+        n_gen += 1;
+        if n_gen == args.n_predict {
+            break;
+        }
+        logits = eng.forward_last(&[next])?;
+    }
+    writeln!(out, "{}", dec.finish())?;
+    let t_gen = t1.elapsed().as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s",
+        prompt.len(),
+        prompt.len() as f64 / t_prompt,
+        n_gen,
+        n_gen as f64 / t_gen.max(1e-9)
+    );
+    Ok(())
+}
