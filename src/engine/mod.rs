@@ -87,7 +87,7 @@ impl Engine {
         let spec = arch_by_name(&arch_name)
             .ok_or_else(|| model_err(format!("architecture {arch_name:?} is not supported")))?;
         let hp = Hparams::from_meta(&arch_name, spec.required_keys, &file).map_err(model_err)?;
-        if !arch::BUILT.contains(&arch_name.as_str()) {
+        if !arch::is_built(&arch_name) {
             return Err(model_err(format!(
                 "no graph for architecture {arch_name:?} yet (built: {})",
                 arch::BUILT.join(", ")
@@ -197,10 +197,21 @@ impl Engine {
         for t in [t_tok, t_pos, t_mask, t_idx] {
             ctx.set_input(t);
         }
+        let window = self.hp.sliding_window as usize;
+        let t_mask_swa = if window > 0 {
+            let m = ctx
+                .new_tensor(GgmlType::F16, &[n_kv as i64, n as i64])?
+                .set_name("attn_inp_kq_mask_swa"); // [n_kv, n]
+            ctx.set_input(m);
+            Some(m)
+        } else {
+            None
+        };
         let batch = BatchInputs {
             tokens: t_tok,
             pos: t_pos,
             mask: t_mask,
+            mask_swa: t_mask_swa,
             kv_idx: t_idx,
             n_tokens: n,
             n_past,
@@ -224,7 +235,10 @@ impl Engine {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         t_tok.write_i32(&ids)?;
         t_pos.write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
-        t_mask.write_bytes(&causal_mask_f16(n_past, n, n_kv))?;
+        t_mask.write_bytes(&causal_mask_f16(n_past, n, n_kv, usize::MAX))?;
+        if let Some(m) = t_mask_swa {
+            m.write_bytes(&causal_mask_f16(n_past, n, n_kv, window))?;
+        }
         t_idx.write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
         self.sched.compute(&g.graph)?;
         let flat = logits.read_f32()?;
@@ -239,9 +253,9 @@ fn graph_size(hp: &Hparams) -> usize {
     (hp.n_layer * 96 + 256).max(2048)
 }
 
-/// f16 causal mask [n_kv, n]: token t sees cache positions 0..=n_past + t; the padding beyond
-/// is masked too.
-fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize) -> Vec<u8> {
+/// f16 causal mask [n_kv, n]: token t (position p = n_past + t) sees cache positions j <= p with
+/// p - j < window (llama.cpp's standard sliding window); the padding beyond is masked too.
+fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize, window: usize) -> Vec<u8> {
     let (zero, neg_inf) = (
         half::f16::ZERO.to_le_bytes(),
         half::f16::NEG_INFINITY.to_le_bytes(),
@@ -249,7 +263,12 @@ fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize) -> Vec<u8> {
     let mut m = Vec::with_capacity(n_kv * n * 2);
     for t in 0..n {
         for j in 0..n_kv {
-            m.extend_from_slice(if j <= n_past + t { &zero } else { &neg_inf });
+            let p = n_past + t;
+            m.extend_from_slice(if j <= p && p - j < window {
+                &zero
+            } else {
+                &neg_inf
+            });
         }
     }
     m

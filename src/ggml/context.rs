@@ -411,6 +411,36 @@ impl Context {
         self.wrap(t, "flash_attn")
     }
 
+    /// Adds per-head attention sinks (`sinks` f32 [n_head]) to a `flash_attn` result (gpt-oss).
+    pub fn flash_attn_add_sinks(&self, fa: Tensor<'_>, sinks: Tensor<'_>) {
+        // SAFETY: both live; ggml records sinks as an extra source of the FA node.
+        unsafe { sys::ggml_flash_attn_ext_add_sinks(fa.raw(), sinks.raw()) };
+    }
+
+    /// `a + b[:, ids]`: per-selected-expert bias; `a` [n, k, nt], `b` [n, n_expert], `ids` i32 [k, nt].
+    pub fn add_id<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, ids: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_add_id(self.raw(), a.raw(), b.raw(), ids.raw()) },
+            "add_id",
+        )
+    }
+
+    /// gpt-oss's clamped SwiGLU: `a` = gate, `b` = up.
+    pub fn swiglu_oai<'a>(
+        &'a self,
+        a: Tensor<'a>,
+        b: Tensor<'a>,
+        alpha: f32,
+        limit: f32,
+    ) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_swiglu_oai(self.raw(), a.raw(), b.raw(), alpha, limit) },
+            "swiglu_oai",
+        )
+    }
+
     /// Marks `t` as a graph input (allocated so it can be written before compute).
     pub fn set_input(&self, t: Tensor<'_>) {
         // SAFETY: live tensor.

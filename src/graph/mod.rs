@@ -20,6 +20,8 @@ pub struct BatchInputs<'a> {
     pub pos: Tensor<'a>,
     /// f16 [n_kv, n_tokens]: 0 where a token may attend, -inf elsewhere.
     pub mask: Tensor<'a>,
+    /// The same for sliding-window blocks (present when the model has a window).
+    pub mask_swa: Option<Tensor<'a>>,
     /// i64 [n_tokens]: the cache row each token's K/V goes to (`n_past + i`); an input rather
     /// than a view offset, so the graph is the same at every decode step.
     pub kv_idx: Tensor<'a>,

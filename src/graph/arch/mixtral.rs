@@ -3,7 +3,7 @@
 //! would be a dense SwiGLU FFN. Mirrors llama.cpp `src/models/llama.cpp`.
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
-use crate::graph::blocks::{AttnOpts, MoeOpts};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
 
@@ -13,6 +13,7 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         rope_mode: ROPE_NORMAL,
     };
     let moe = MoeOpts {
+        act: ExpertAct::Swiglu,
         gating: Gating::Softmax,
         norm_w: true,
         scale: g.hp.expert_weights_scale,

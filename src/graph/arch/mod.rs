@@ -2,13 +2,22 @@
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 
+mod gpt_oss;
 mod mixtral;
 mod olmoe;
 mod qwen2moe;
 mod qwen3moe;
 
 /// Architectures whose graph we can build.
+/// (`gpt_oss.rs` is written but not listed: its logits do not match libllama yet, cosine 0.915 at
+/// the first prompt position of the tiny preset; see the README status.)
 pub const BUILT: &[&str] = &["qwen3moe", "qwen2moe", "llama", "olmoe"];
+
+/// Whether [`build`] handles `arch` (gpt-oss only with `POCKETMOE_EXPERIMENTAL_GPT_OSS` set).
+pub fn is_built(arch: &str) -> bool {
+    BUILT.contains(&arch)
+        || (arch == "gpt-oss" && std::env::var_os("POCKETMOE_EXPERIMENTAL_GPT_OSS").is_some())
+}
 
 /// Builds the forward graph for `g.hp.arch`; returns the logits [n_vocab, n_tokens].
 pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
@@ -17,6 +26,7 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
         "qwen2moe" => Ok(qwen2moe::build(g)),
         "llama" => Ok(mixtral::build(g)),
         "olmoe" => Ok(olmoe::build(g)),
+        "gpt-oss" if is_built("gpt-oss") => Ok(gpt_oss::build(g)),
         other => Err(format!(
             "no graph for architecture {other:?} yet (built: {})",
             BUILT.join(", ")

@@ -2,7 +2,7 @@
 //! gating renormalised over the top-k, no shared expert. Mirrors llama.cpp `src/models/qwen3moe.cpp`.
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
-use crate::graph::blocks::{AttnOpts, MoeOpts};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
 
@@ -12,6 +12,7 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         rope_mode: ROPE_NEOX,
     };
     let moe = MoeOpts {
+        act: ExpertAct::Swiglu,
         gating: Gating::Softmax,
         norm_w: true,
         scale: 1.0,

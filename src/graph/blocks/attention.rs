@@ -99,7 +99,14 @@ impl<'a> GraphBuilder<'a> {
         let v_all = ctx.view(vc, &[dv, n_kv, n_head_kv], &[v_rb, elt(kt, dv)], 0); // [dv, n_kv, n_head_kv]
         let qp = ctx.permute(q, [0, 2, 1, 3]); // [dk, nt, n_head]
         let scale = 1.0 / (dk as f32).sqrt();
-        let o = ctx.flash_attn(qp, k_all, v_all, b.mask, scale); // [dv, n_head, nt]
+        let mask = match b.mask_swa {
+            Some(m) if hp.is_swa(il) => m,
+            _ => b.mask,
+        };
+        let o = ctx.flash_attn(qp, k_all, v_all, mask, scale); // [dv, n_head, nt]
+        if let Some(sinks) = self.wl_opt(il, "attn_sinks.weight") {
+            ctx.flash_attn_add_sinks(o, sinks);
+        }
         let o = ctx
             .reshape(o, &[dv * n_head, nt])
             .expect("attn out reshape"); // [dv*n_head, nt]

@@ -6,4 +6,4 @@ pub mod moe;
 pub mod norm;
 
 pub use attention::AttnOpts;
-pub use moe::MoeOpts;
+pub use moe::{ExpertAct, MoeOpts};

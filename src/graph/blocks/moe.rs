@@ -9,9 +9,19 @@ use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
 
+/// The experts' activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertAct {
+    /// `silu(gate) * up`.
+    Swiglu,
+    /// gpt-oss: clamped SwiGLU with alpha 1.702, limit 7.
+    SwigluOai,
+}
+
 /// Per-architecture MoE settings (from the hyper-parameters, with arch overrides).
 #[derive(Debug, Clone, Copy)]
 pub struct MoeOpts {
+    pub act: ExpertAct,
     pub gating: Gating,
     /// Renormalise the selected weights to sum to 1.
     pub norm_w: bool,
