@@ -12,22 +12,10 @@ use pocketmoe::ggml::llama::{chat_apply_template, LlamaModel};
 use pocketmoe::gguf::GgufModel;
 use pocketmoe::tokenizer::{ChatMessage, ChatTemplate};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-fn fixtures() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/fetch-fixtures.sh"))
-        .arg(root.join("target/fixtures"))
-        .output()
-        .expect("running scripts/fetch-fixtures.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join("target/fixtures")
-}
+mod common;
+use common::fixtures;
 
 fn template(name: &str) -> ChatTemplate {
     let path = fixtures().join("templates").join(format!("{name}.jinja"));

@@ -9,6 +9,8 @@ use pocketmoe::model::placement::kv_bytes;
 use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
 use std::path::{Path, PathBuf};
 
+mod common;
+
 fn args(model: &Path, gpu_mem: u64) -> InspectArgs {
     InspectArgs {
         model: model.to_path_buf(),
@@ -130,18 +132,7 @@ fn unsupported_and_broken_files_are_reported_not_panicked() {
 
 /// The vocab-only GGUFs from the llama-cpp-python sdist (fetched once by the script).
 fn real_vocab_files() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/fetch-fixtures.sh"))
-        .arg(root.join("target/fixtures"))
-        .output()
-        .expect("running scripts/fetch-fixtures.sh");
-    assert!(
-        out.status.success(),
-        "fetch-fixtures failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = root.join("target/fixtures/vocab");
+    let dir = common::fixtures().join("vocab");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

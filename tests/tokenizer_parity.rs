@@ -19,19 +19,10 @@ use std::time::Instant;
 
 const MARKER: &str = "\n__ggml_vocab_test__\n";
 
+mod common;
+
 fn vocab_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("bash")
-        .arg(root.join("scripts/fetch-fixtures.sh"))
-        .arg(root.join("target/fixtures"))
-        .output()
-        .expect("running scripts/fetch-fixtures.sh");
-    assert!(
-        out.status.success(),
-        "fetch-fixtures failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join("target/fixtures/vocab")
+    common::fixtures().join("vocab")
 }
 
 /// Our own strings: scripts, whitespace runs, digits, code, contractions, special-token texts.

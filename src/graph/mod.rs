@@ -103,3 +103,28 @@ impl<'a> GraphBuilder<'a> {
         self.graph.build_forward(t);
     }
 }
+
+impl<'a> GraphBuilder<'a> {
+    /// The pre-norm decoder stack most MoE architectures share, for every decode block `il`:
+    /// `x += attention(rms_norm(x, attn_norm))`, then `x += ffn(rms_norm(x, <ffn_norm>), il)`,
+    /// and the output head. Architecture files pick the attention options, the pre-FFN norm's
+    /// name and the FFN (routed experts, plus shared experts where the model has them).
+    pub fn pre_norm_decoder(
+        &self,
+        attn: &blocks::AttnOpts,
+        ffn_norm: &str,
+        ffn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
+    ) -> Tensor<'a> {
+        let mut x = self.embed(); // [n_embd, n_tokens]
+        for il in 0..self.hp.n_layer_decode() {
+            let i = il as i32;
+            let h = self.rms_norm(x, self.wl(il, "attn_norm.weight"), "attn_norm", i);
+            let h = self.attention(h, il, attn);
+            let ffn_inp = self.add(h, x, "ffn_inp", i);
+            let h = self.rms_norm(ffn_inp, self.wl(il, ffn_norm), "ffn_norm", i);
+            let h = ffn(self, h, il);
+            x = self.add(h, ffn_inp, "l_out", i);
+        }
+        self.output(x) // [n_vocab, n_tokens]
+    }
+}

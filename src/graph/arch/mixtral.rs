@@ -18,19 +18,11 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         norm_w: true,
         scale: g.hp.expert_weights_scale,
     };
-    let mut x = g.embed(); // [n_embd, n_tokens]
-    for il in 0..g.hp.n_layer_decode() {
-        let i = il as i32;
-        let h = g.rms_norm(x, g.wl(il, "attn_norm.weight"), "attn_norm", i);
-        let h = g.attention(h, il, &attn);
-        let ffn_inp = g.add(h, x, "ffn_inp", i);
-        let h = g.rms_norm(ffn_inp, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
-        let h = if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
+        if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
             g.moe(h, il, &moe)
         } else {
             g.swiglu_ffn(h, il, "")
-        };
-        x = g.add(h, ffn_inp, "l_out", i);
-    }
-    g.output(x) // [n_vocab, n_tokens]
+        }
+    })
 }

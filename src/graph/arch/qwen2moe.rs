@@ -18,17 +18,9 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         norm_w: false,
         scale: g.hp.expert_weights_scale,
     };
-    let mut x = g.embed(); // [n_embd, n_tokens]
-    for il in 0..g.hp.n_layer_decode() {
-        let i = il as i32;
-        let h = g.rms_norm(x, g.wl(il, "attn_norm.weight"), "attn_norm", i);
-        let h = g.attention(h, il, &attn);
-        let ffn_inp = g.add(h, x, "ffn_inp", i);
-        let h = g.rms_norm(ffn_inp, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
         let routed = g.moe(h, il, &moe);
         let shared = g.shared_expert_sigmoid_gated(h, il);
-        let h = g.add(routed, shared, "ffn_out", i);
-        x = g.add(h, ffn_inp, "l_out", i);
-    }
-    g.output(x) // [n_vocab, n_tokens]
+        g.add(routed, shared, "ffn_out", il as i32)
+    })
 }
