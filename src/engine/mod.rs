@@ -7,7 +7,7 @@ pub mod kv;
 pub mod sampling;
 pub mod weights;
 
-use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Sched};
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::{arch, BatchInputs, GraphBuilder};
 use crate::model::{arch_by_name, validate::validate, Hparams};
@@ -59,7 +59,9 @@ impl Default for EngineOptions {
 pub struct Engine {
     pub hp: Hparams,
     opts: EngineOptions,
-    // Field order = drop order: graphs' users first, the file map last.
+    // Field order = drop order: the cached graph first, the file map last.
+    /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape.
+    graph: Option<((usize, usize, bool), OwnedGraph)>,
     sched: Sched,
     kv: kv::KvCache,
     weights: weights::Weights,
@@ -117,6 +119,7 @@ impl Engine {
         Ok(Self {
             hp,
             opts,
+            graph: None,
             sched,
             kv,
             weights,
@@ -173,6 +176,73 @@ impl Engine {
         Ok(out)
     }
 
+    /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
+    fn build_graph(
+        &self,
+        n: usize,
+        n_past: usize,
+        n_kv: usize,
+        last_only: bool,
+    ) -> Result<OwnedGraph, EngineError> {
+        let size = graph_size(&self.hp);
+        let window = self.hp.sliding_window as usize;
+        OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
+            let input = |ty, ne: &[i64], name: &'static str| -> Result<_, EngineError> {
+                let t = ctx.new_tensor(ty, ne)?.set_name(name);
+                ctx.set_input(t);
+                Ok(t)
+            };
+            let t_tok = input(GgmlType::I32, &[n as i64], "inp_tokens")?; // [n]
+            let t_pos = input(GgmlType::I32, &[n as i64], "inp_pos")?; // [n]
+            let t_mask = input(GgmlType::F16, &[n_kv as i64, n as i64], "attn_inp_kq_mask")?; // [n_kv, n]
+            let t_idx = input(GgmlType::I64, &[n as i64], "inp_kv_idxs")?; // [n]
+            let t_mask_swa = if window > 0 {
+                Some(input(
+                    GgmlType::F16,
+                    &[n_kv as i64, n as i64],
+                    "attn_inp_kq_mask_swa",
+                )?) // [n_kv, n]
+            } else {
+                None
+            };
+            let batch = BatchInputs {
+                tokens: t_tok,
+                pos: t_pos,
+                mask: t_mask,
+                mask_swa: t_mask_swa,
+                kv_idx: t_idx,
+                n_tokens: n,
+                n_past,
+                n_kv,
+                last_only,
+            };
+            let g = GraphBuilder {
+                ctx,
+                w: &self.weights,
+                kv: &self.kv,
+                hp: &self.hp,
+                batch,
+                graph,
+            };
+            let logits = arch::build(&g).map_err(|msg| EngineError::Model {
+                path: String::new(),
+                msg,
+            })?;
+            g.finish(logits.set_name("logits"));
+            let mut keep = vec![
+                "inp_tokens",
+                "inp_pos",
+                "attn_inp_kq_mask",
+                "inp_kv_idxs",
+                "logits",
+            ];
+            if t_mask_swa.is_some() {
+                keep.push("attn_inp_kq_mask_swa");
+            }
+            Ok(keep)
+        })
+    }
+
     fn forward_ubatch(
         &mut self,
         tokens: &[u32],
@@ -180,68 +250,32 @@ impl Engine {
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
         let n_past = self.n_past;
-        let ctx = Context::new(graph_size(&self.hp), graph_size(&self.hp))?;
-        let t_tok = ctx
-            .new_tensor(GgmlType::I32, &[n as i64])?
-            .set_name("inp_tokens"); // [n]
-        let t_pos = ctx
-            .new_tensor(GgmlType::I32, &[n as i64])?
-            .set_name("inp_pos"); // [n]
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.opts.n_ctx);
-        let t_mask = ctx
-            .new_tensor(GgmlType::F16, &[n_kv as i64, n as i64])?
-            .set_name("attn_inp_kq_mask"); // [n_kv, n]
-        let t_idx = ctx
-            .new_tensor(GgmlType::I64, &[n as i64])?
-            .set_name("inp_kv_idxs"); // [n]
-        for t in [t_tok, t_pos, t_mask, t_idx] {
-            ctx.set_input(t);
+        // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
+        // only in their inputs. Otherwise build, and let the scheduler allocate it.
+        let key = (n, n_kv, last_only);
+        if self.graph.as_ref().is_none_or(|(k, _)| *k != key) {
+            self.graph = None;
+            let g = self.build_graph(n, n_past, n_kv, last_only)?;
+            self.sched.alloc(&g.graph())?;
+            self.graph = Some((key, g));
         }
-        let window = self.hp.sliding_window as usize;
-        let t_mask_swa = if window > 0 {
-            let m = ctx
-                .new_tensor(GgmlType::F16, &[n_kv as i64, n as i64])?
-                .set_name("attn_inp_kq_mask_swa"); // [n_kv, n]
-            ctx.set_input(m);
-            Some(m)
-        } else {
-            None
-        };
-        let batch = BatchInputs {
-            tokens: t_tok,
-            pos: t_pos,
-            mask: t_mask,
-            mask_swa: t_mask_swa,
-            kv_idx: t_idx,
-            n_tokens: n,
-            n_past,
-            n_kv,
-            last_only,
-        };
-        let g = GraphBuilder {
-            ctx: &ctx,
-            w: &self.weights,
-            kv: &self.kv,
-            hp: &self.hp,
-            batch,
-            graph: Graph::new(&ctx, graph_size(&self.hp)),
-        };
-        let logits = arch::build(&g).map_err(|msg| EngineError::Model {
-            path: String::new(),
-            msg,
-        })?;
-        g.finish(logits);
-        self.sched.alloc(&g.graph)?;
+        let (_, g) = self.graph.as_ref().expect("built above");
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        t_tok.write_i32(&ids)?;
-        t_pos.write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
-        t_mask.write_bytes(&causal_mask_f16(n_past, n, n_kv, usize::MAX))?;
-        if let Some(m) = t_mask_swa {
-            m.write_bytes(&causal_mask_f16(n_past, n, n_kv, window))?;
+        g.tensor("inp_tokens").write_i32(&ids)?;
+        g.tensor("inp_pos")
+            .write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
+        g.tensor("attn_inp_kq_mask")
+            .write_bytes(&causal_mask_f16(n_past, n, n_kv, usize::MAX))?;
+        if g.has("attn_inp_kq_mask_swa") {
+            let window = self.hp.sliding_window as usize;
+            g.tensor("attn_inp_kq_mask_swa")
+                .write_bytes(&causal_mask_f16(n_past, n, n_kv, window))?;
         }
-        t_idx.write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
-        self.sched.compute(&g.graph)?;
-        let flat = logits.read_f32()?;
+        g.tensor("inp_kv_idxs")
+            .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
+        self.sched.compute(&g.graph())?;
+        let flat = g.tensor("logits").read_f32()?;
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())

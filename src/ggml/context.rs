@@ -4,7 +4,7 @@
 //!
 //! Invariant: buffers allocated for a context's tensors are owned by that context, so a
 //! `Tensor<'ctx>` never points at freed memory.
-use super::{backend::Backend, cstr, GgmlError, GgmlType, Result};
+use super::{backend::Backend, cstr, GgmlError, GgmlType, Graph, Result};
 use ggml_sys as sys;
 use std::cell::RefCell;
 use std::ffi::CString;
@@ -481,6 +481,68 @@ impl Drop for Context {
         }
         // SAFETY: we own the context.
         unsafe { sys::ggml_free(self.ptr.as_ptr()) };
+    }
+}
+
+/// A graph and the context holding its nodes, kept across steps (graph reuse, as llama.cpp does
+/// for decode): the engine rewrites the named inputs and computes again, without rebuilding or
+/// re-allocating. The context lives on the heap, so tensor pointers stay valid as this moves.
+pub struct OwnedGraph {
+    // Field order = drop order: the pointers below die with the context.
+    graph: NonNull<sys::ggml_cgraph>,
+    named: std::collections::HashMap<&'static str, NonNull<sys::ggml_tensor>>,
+    ctx: Box<Context>,
+}
+
+impl OwnedGraph {
+    /// Builds a graph of at most `size` nodes in `ctx`; `f` adds the nodes and returns the names
+    /// of the tensors to keep (inputs and outputs; names must be unique in the graph).
+    pub fn build<E>(
+        ctx: Context,
+        size: usize,
+        f: impl FnOnce(&Context, Graph<'_>) -> std::result::Result<Vec<&'static str>, E>,
+    ) -> std::result::Result<Self, E> {
+        let ctx = Box::new(ctx);
+        let graph = Graph::new(&ctx, size);
+        let keep = f(&ctx, graph)?;
+        let index = ctx.index();
+        let named = keep
+            .into_iter()
+            .map(|n| {
+                (
+                    n,
+                    ctx.get(&index, n)
+                        .unwrap_or_else(|| panic!("graph has no tensor {n:?}"))
+                        .ptr,
+                )
+            })
+            .collect();
+        Ok(Self {
+            graph: graph.ptr(),
+            named,
+            ctx,
+        })
+    }
+
+    /// The graph, borrowed from `self`.
+    pub fn graph(&self) -> Graph<'_> {
+        Graph::from_ptr(self.graph, &self.ctx)
+    }
+
+    /// A kept tensor; panics on a name that was not kept (a programming error).
+    pub fn tensor(&self, name: &str) -> Tensor<'_> {
+        let ptr = *self
+            .named
+            .get(name)
+            .unwrap_or_else(|| panic!("graph kept no tensor {name:?}"));
+        Tensor {
+            ptr,
+            _ctx: PhantomData,
+        }
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.named.contains_key(name)
     }
 }
 

@@ -4,6 +4,8 @@ use ggml_sys as sys;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
+/// Copyable handle (a pointer into its context).
+#[derive(Clone, Copy)]
 pub struct Graph<'ctx> {
     ptr: NonNull<sys::ggml_cgraph>,
     _ctx: PhantomData<&'ctx Context>,
@@ -17,6 +19,18 @@ impl<'ctx> Graph<'ctx> {
         let g = unsafe { sys::ggml_new_graph_custom(ctx.raw(), size, false) };
         Self {
             ptr: NonNull::new(g).expect("ggml_new_graph_custom returned null"),
+            _ctx: PhantomData,
+        }
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<sys::ggml_cgraph> {
+        self.ptr
+    }
+
+    /// Re-borrows a graph that lives in `ctx` (see `OwnedGraph`).
+    pub(crate) fn from_ptr(ptr: NonNull<sys::ggml_cgraph>, _ctx: &'ctx Context) -> Self {
+        Self {
+            ptr,
             _ctx: PhantomData,
         }
     }

@@ -19,7 +19,7 @@ pub mod refquant;
 mod types;
 
 pub use backend::{disable_cuda_graph_replay, Backend, Device, DeviceKind, Sched};
-pub use context::{Context, RopeParams, Tensor, TensorIndex};
+pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;
 pub use types::{GgmlType, Kernels};
 
