@@ -2,6 +2,7 @@
 //! llama-bench's sense, for PocketMoE and for stock llama.cpp (libllama from the same build) on the
 //! same GGUF in the same process, with the ratio. Both run fully resident on one device here; the
 //! VRAM-budget matrix and llama.cpp's offload settings come with the offload work.
+use super::{Decoder, LlamaDecoder};
 use crate::engine::{Device, Engine, EngineOptions};
 use crate::ggml::llama::{LlamaContext, LlamaModel};
 use crate::util::Rng;
@@ -57,44 +58,9 @@ impl Row {
     }
 }
 
-/// A model to time: load once, then `pp` (fresh sequence) and `tg` (single tokens after it).
-trait Timed {
-    fn pp(&mut self, tokens: &[u32]) -> Result<()>;
-    fn tg(&mut self, token: u32) -> Result<()>;
-}
-
-struct Ours(Engine);
-impl Timed for Ours {
-    fn pp(&mut self, tokens: &[u32]) -> Result<()> {
-        self.0.reset();
-        self.0.forward_last(tokens)?;
-        Ok(())
-    }
-    fn tg(&mut self, token: u32) -> Result<()> {
-        self.0.forward_last(&[token])?;
-        Ok(())
-    }
-}
-
-struct Theirs<'m>(LlamaContext<'m>, usize);
-impl Timed for Theirs<'_> {
-    fn pp(&mut self, tokens: &[u32]) -> Result<()> {
-        self.0.clear();
-        let t: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
-        self.0.eval_last(&t, 0)?;
-        self.1 = tokens.len();
-        Ok(())
-    }
-    fn tg(&mut self, token: u32) -> Result<()> {
-        self.0.eval_last(&[token as i32], self.1)?;
-        self.1 += 1;
-        Ok(())
-    }
-}
-
 fn run_tests(
     engine: &'static str,
-    m: &mut dyn Timed,
+    m: &mut dyn Decoder,
     args: &BenchArgs,
     n_vocab: u64,
 ) -> Result<Vec<Row>> {
@@ -103,9 +69,9 @@ fn run_tests(
         .map(|_| (rng.next_u64() % n_vocab) as u32)
         .collect();
     // Warm-up: a short prompt and a few tokens.
-    m.pp(&tokens[..tokens.len().min(16)])?;
+    m.prefill(&tokens[..tokens.len().min(16)])?;
     for &t in tokens.iter().take(4) {
-        m.tg(t)?;
+        m.step(t)?;
     }
     let mut pp = Row {
         engine: engine.into(),
@@ -119,12 +85,12 @@ fn run_tests(
     };
     for _ in 0..args.reps {
         let t0 = Instant::now();
-        m.pp(&tokens)?;
+        m.prefill(&tokens)?;
         pp.tok_s
             .push(args.prompt as f64 / t0.elapsed().as_secs_f64());
         let t0 = Instant::now();
         for i in 0..args.gen {
-            m.tg(tokens[i % tokens.len()])?;
+            m.step(tokens[i % tokens.len()])?;
         }
         tg.tok_s.push(args.gen as f64 / t0.elapsed().as_secs_f64());
     }
@@ -140,7 +106,7 @@ fn baseline(args: &BenchArgs, n_ctx: usize) -> Result<Vec<Row>> {
     };
     let ctx = LlamaContext::new(&lm, n_ctx as u32, threads as i32)?;
     let n_vocab = lm.n_vocab() as u64;
-    let mut theirs = Theirs(ctx, 0);
+    let mut theirs = LlamaDecoder { ctx, n_past: 0 };
     let rows = run_tests("llama.cpp", &mut theirs, args, n_vocab);
     drop(theirs);
     rows
@@ -204,7 +170,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let eng = Engine::load(&args.model, opts, &|_, _| {})
             .with_context(|| format!("loading {}", args.model.display()))?;
         let n_vocab = eng.hp.n_vocab;
-        rows.extend(run_tests("pocketmoe", &mut Ours(eng), &args, n_vocab)?);
+        let mut eng = eng;
+        rows.extend(run_tests("pocketmoe", &mut eng, &args, n_vocab)?);
     }
     if !args.no_baseline {
         rows.extend(baseline_in_child(&args)?);

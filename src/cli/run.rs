@@ -1,8 +1,10 @@
 //! `pocketmoe run`: load a GGUF (progress bar), tokenize a prompt (optionally through the model's
 //! chat template), stream generated text to the terminal, and end with prompt and generation
 //! tok/s.
+use super::{Decoder, LlamaDecoder};
 use crate::engine::sampling::{Sampler, SamplerParams};
 use crate::engine::{Device, Engine, EngineOptions};
+use crate::ggml::llama::{LlamaContext, LlamaModel};
 use crate::gguf::GgufModel;
 use crate::tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use anyhow::{bail, Context as _, Result};
@@ -53,6 +55,9 @@ pub struct RunArgs {
     pub frequency_penalty: f32,
     #[arg(long, default_value_t = 0xC0FFEE)]
     pub seed: u64,
+    /// Generate with libllama (stock llama.cpp, same build) instead of PocketMoE, for comparison.
+    #[arg(long)]
+    pub reference: bool,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -93,52 +98,96 @@ pub fn run(args: RunArgs) -> Result<()> {
         n_threads: args.threads,
         ..Default::default()
     };
-    let size = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
-    let pb = super::byte_progress(size, "loading");
     let t_load = Instant::now();
-    let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
-    pb.finish_and_clear();
-    eprintln!(
-        "loaded {} ({:?}) in {:.1} s",
-        args.model.display(),
-        device,
-        t_load.elapsed().as_secs_f64()
-    );
+    let what = if args.reference {
+        "libllama"
+    } else {
+        "pocketmoe"
+    };
+    let loaded = |t: Instant| {
+        eprintln!(
+            "loaded {} ({device:?}, {what}) in {:.1} s",
+            args.model.display(),
+            t.elapsed().as_secs_f64()
+        )
+    };
+    let gen = Generation {
+        tok: &tok,
+        text: &text,
+        prompt: &prompt,
+        params,
+        n_predict: args.n_predict,
+    };
+    if args.reference {
+        let lm = LlamaModel::load(&args.model, if args.gpu.is_some() { -1 } else { 0 })?;
+        let threads = if args.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            args.threads
+        };
+        let ctx = LlamaContext::new(&lm, args.ctx as u32, threads as i32)?;
+        loaded(t_load);
+        let mut dec = LlamaDecoder { ctx, n_past: 0 };
+        let r = gen.run(&mut dec);
+        drop(dec);
+        r
+    } else {
+        let size = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
+        let pb = super::byte_progress(size, "loading");
+        let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
+        pb.finish_and_clear();
+        loaded(t_load);
+        gen.run(&mut eng)
+    }
+}
 
-    let mut sampler = Sampler::new(params);
-    for &t in &prompt {
-        sampler.accept(t);
-    }
-    let mut out = std::io::stdout().lock();
-    let mut dec = StreamDecoder::new();
-    write!(out, "{text}")?;
-    let t0 = Instant::now();
-    let mut logits = eng.forward_last(&prompt)?;
-    let t_prompt = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut n_gen = 0;
-    while n_gen < args.n_predict {
-        let next = sampler.sample(&logits);
-        if tok.is_eog(next) {
-            break;
+/// One generation: prompt, sampling, streaming output.
+struct Generation<'a> {
+    tok: &'a Tokenizer,
+    text: &'a str,
+    prompt: &'a [u32],
+    params: SamplerParams,
+    n_predict: usize,
+}
+
+impl Generation<'_> {
+    fn run(self, decoder: &mut dyn Decoder) -> Result<()> {
+        let (tok, text, prompt) = (self.tok, self.text, self.prompt);
+        let mut sampler = Sampler::new(self.params.clone());
+        for &t in prompt {
+            sampler.accept(t);
         }
-        sampler.accept(next);
-        write!(out, "{}", dec.push(&tok.token_to_piece(next)))?;
-        out.flush()?;
-        n_gen += 1;
-        if n_gen == args.n_predict {
-            break;
+        let mut out = std::io::stdout().lock();
+        let mut dec = StreamDecoder::new();
+        write!(out, "{text}")?;
+        let t0 = Instant::now();
+        let mut logits = decoder.prefill(&prompt)?;
+        let t_prompt = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut n_gen = 0;
+        while n_gen < self.n_predict {
+            let next = sampler.sample(&logits);
+            if tok.is_eog(next) {
+                break;
+            }
+            sampler.accept(next);
+            write!(out, "{}", dec.push(&tok.token_to_piece(next)))?;
+            out.flush()?;
+            n_gen += 1;
+            if n_gen == self.n_predict {
+                break;
+            }
+            logits = decoder.step(next)?;
         }
-        logits = eng.forward_last(&[next])?;
+        writeln!(out, "{}", dec.finish())?;
+        let t_gen = t1.elapsed().as_secs_f64();
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s",
+            prompt.len(),
+            prompt.len() as f64 / t_prompt,
+            n_gen,
+            n_gen as f64 / t_gen.max(1e-9)
+        );
+        Ok(())
     }
-    writeln!(out, "{}", dec.finish())?;
-    let t_gen = t1.elapsed().as_secs_f64();
-    eprintln!(
-        "prompt: {} tokens, {:.1} tok/s | generation: {} tokens, {:.1} tok/s",
-        prompt.len(),
-        prompt.len() as f64 / t_prompt,
-        n_gen,
-        n_gen as f64 / t_gen.max(1e-9)
-    );
-    Ok(())
 }
