@@ -161,7 +161,7 @@ impl Generation<'_> {
         let mut dec = StreamDecoder::new();
         write!(out, "{text}")?;
         let t0 = Instant::now();
-        let mut logits = decoder.prefill(&prompt)?;
+        let mut logits = decoder.prefill(prompt)?;
         let t_prompt = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut n_gen = 0;
