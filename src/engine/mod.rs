@@ -105,8 +105,7 @@ impl Engine {
             Device::Cpu => cpu.clone(),
             Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
         };
-        let input = (!Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
-        let weights = weights::Weights::load(&file, &main, input, progress)?;
+        let weights = weights::Weights::load(&file, &main, progress)?;
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
             .map(|_| (hp.k_dim() as usize, hp.v_dim() as usize))
             .collect();
