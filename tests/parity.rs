@@ -137,6 +137,16 @@ fn qwen2moe_cpu_parity() {
 }
 
 #[test]
+fn glm4moe_cpu_parity() {
+    check_parity("glm4moe", Device::Cpu);
+}
+
+#[test]
+fn minimax_m2_cpu_parity() {
+    check_parity("minimax-m2", Device::Cpu);
+}
+
+#[test]
 fn olmoe_cpu_parity() {
     check_parity("olmoe", Device::Cpu);
 }
@@ -144,7 +154,14 @@ fn olmoe_cpu_parity() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_parity_every_built_arch() {
-    for arch in ["qwen3moe", "llama", "qwen2moe", "olmoe"] {
+    for arch in [
+        "qwen3moe",
+        "llama",
+        "qwen2moe",
+        "olmoe",
+        "glm4moe",
+        "minimax-m2",
+    ] {
         check_parity(arch, Device::Cuda(0));
     }
 }

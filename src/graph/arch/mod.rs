@@ -2,7 +2,9 @@
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 
+mod glm4moe;
 mod gpt_oss;
+mod minimax_m2;
 mod mixtral;
 mod olmoe;
 mod qwen2moe;
@@ -11,7 +13,14 @@ mod qwen3moe;
 /// Architectures whose graph we can build.
 /// (`gpt_oss.rs` is written but not listed: its logits do not match libllama yet, cosine 0.915 at
 /// the first prompt position of the tiny preset; see the README status.)
-pub const BUILT: &[&str] = &["qwen3moe", "qwen2moe", "llama", "olmoe"];
+pub const BUILT: &[&str] = &[
+    "qwen3moe",
+    "qwen2moe",
+    "llama",
+    "olmoe",
+    "glm4moe",
+    "minimax-m2",
+];
 
 /// Whether [`build`] handles `arch` (gpt-oss only with `POCKETMOE_EXPERIMENTAL_GPT_OSS` set).
 pub fn is_built(arch: &str) -> bool {
@@ -26,6 +35,8 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
         "qwen2moe" => Ok(qwen2moe::build(g)),
         "llama" => Ok(mixtral::build(g)),
         "olmoe" => Ok(olmoe::build(g)),
+        "glm4moe" => Ok(glm4moe::build(g)),
+        "minimax-m2" => Ok(minimax_m2::build(g)),
         "gpt-oss" if is_built("gpt-oss") => Ok(gpt_oss::build(g)),
         other => Err(format!(
             "no graph for architecture {other:?} yet (built: {})",

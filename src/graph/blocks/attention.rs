@@ -8,7 +8,7 @@ use crate::graph::GraphBuilder;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QkNorm {
     None,
-    /// Per head, weight [head_dim] (Qwen3, OLMoE-style per-head).
+    /// Per head, weight [head_dim] (Qwen3; GLM-4.5 where the file has the weights).
     PerHead,
     /// Over the whole projection, weight [n_head * head_dim] (MiniMax-M2, OLMoE).
     Full,
@@ -63,19 +63,27 @@ impl<'a> GraphBuilder<'a> {
         let mut q = self.cb(self.proj(x, il, "attn_q"), "Qcur", ili); // [dk*n_head, nt]
         let mut k = self.cb(self.proj(x, il, "attn_k"), "Kcur", ili); // [dk*n_head_kv, nt]
         let v = self.cb(self.proj(x, il, "attn_v"), "Vcur", ili); // [dv*n_head_kv, nt]
+                                                                  // q/k norms apply where the file has them (required ones were checked at load).
+        let (qn, kn) = (
+            self.wl_opt(il, "attn_q_norm.weight"),
+            self.wl_opt(il, "attn_k_norm.weight"),
+        );
         if opts.qk_norm == QkNorm::Full {
-            q = self.rms_norm(q, self.wl(il, "attn_q_norm.weight"), "Qcur_normed", ili);
-            k = self.rms_norm(k, self.wl(il, "attn_k_norm.weight"), "Kcur_normed", ili);
+            if let Some(w) = qn {
+                q = self.rms_norm(q, w, "Qcur_normed", ili);
+            }
+            if let Some(w) = kn {
+                k = self.rms_norm(k, w, "Kcur_normed", ili);
+            }
         }
         let q = ctx.reshape(q, &[dk, n_head, nt]).expect("q reshape"); // [dk, n_head, nt]
         let k = ctx.reshape(k, &[dk, n_head_kv, nt]).expect("k reshape"); // [dk, n_head_kv, nt]
-        let (q, k) = if opts.qk_norm == QkNorm::PerHead {
-            (
-                self.rms_norm(q, self.wl(il, "attn_q_norm.weight"), "Qcur_normed", ili),
-                self.rms_norm(k, self.wl(il, "attn_k_norm.weight"), "Kcur_normed", ili),
-            )
-        } else {
-            (q, k)
+        let (q, k) = match (opts.qk_norm, qn, kn) {
+            (QkNorm::PerHead, Some(qw), Some(kw)) => (
+                self.rms_norm(q, qw, "Qcur_normed", ili),
+                self.rms_norm(k, kw, "Kcur_normed", ili),
+            ),
+            _ => (q, k),
         };
         let rp = self.rope_params(opts.rope_mode);
         let q = self.cb(ctx.rope(q, b.pos, &rp), "Qcur", ili);
