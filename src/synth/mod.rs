@@ -88,6 +88,9 @@ fn init_stats(spec: &TensorSpec, name: &str, shape: &[u64]) -> (f32, f32) {
         Role::Embedding => (0.0, 1.0),
         // Peaked output logits: std of a logit ~ 4 for unit-RMS hidden states.
         Role::Output => (0.0, 4.0 / fan_in.sqrt()),
+        // Decisive routers (logit std ~4): top-k choices are far from ties, so two correct
+        // implementations pick the same experts (the skew's ranking statistics do not change).
+        Role::Router => (0.0, 4.0 / fan_in.sqrt()),
         _ => (0.0, 1.0 / fan_in.sqrt()),
     }
 }
