@@ -48,7 +48,7 @@ pub fn check_parity(arch: &str, device: Device) {
         pocketmoe::ggml::disable_cuda_graph_replay();
     }
     let path = tiny(arch);
-    let lm = LlamaModel::load(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
+    let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
     let mut lctx = LlamaContext::new(&lm, 256, 2).unwrap();
     let prompt = lm.tokenize(PROMPT, false, false).unwrap();
     let opts = EngineOptions {

@@ -48,15 +48,27 @@ pub struct LlamaModel {
 impl LlamaModel {
     /// Loads `path` with `n_gpu_layers` layers offloaded (0 = CPU only, -1 = all).
     pub fn load(path: &Path, n_gpu_layers: i32) -> Result<Self> {
-        Self::load_with(path, n_gpu_layers, false)
+        Self::load_with(path, n_gpu_layers, false, true)
+    }
+
+    /// As [`LlamaModel::load`], with CPU weights kept in plain buffers (no repacking into
+    /// llama.cpp's "extra" CPU layouts), so CPU results come from the same kernels PocketMoE uses:
+    /// the configuration for logit-parity tests.
+    pub fn load_plain(path: &Path, n_gpu_layers: i32) -> Result<Self> {
+        Self::load_with(path, n_gpu_layers, false, false)
     }
 
     /// Loads only the vocabulary of `path` (works on vocab-only GGUFs of any architecture).
     pub fn load_vocab(path: &Path) -> Result<Self> {
-        Self::load_with(path, 0, true)
+        Self::load_with(path, 0, true, true)
     }
 
-    fn load_with(path: &Path, n_gpu_layers: i32, vocab_only: bool) -> Result<Self> {
+    fn load_with(
+        path: &Path,
+        n_gpu_layers: i32,
+        vocab_only: bool,
+        extra_bufts: bool,
+    ) -> Result<Self> {
         init();
         let c = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| err(format!("{}: NUL in path", path.display())))?;
@@ -65,6 +77,7 @@ impl LlamaModel {
             let mut p = sys::llama_model_default_params();
             p.n_gpu_layers = n_gpu_layers;
             p.vocab_only = vocab_only;
+            p.use_extra_bufts = extra_bufts;
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };
         NonNull::new(ptr).map(|ptr| Self { ptr }).ok_or_else(|| {
