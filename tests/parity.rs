@@ -137,6 +137,11 @@ fn qwen2moe_cpu_parity() {
 }
 
 #[test]
+fn gpt_oss_cpu_parity() {
+    check_parity("gpt-oss", Device::Cpu);
+}
+
+#[test]
 fn glm4moe_cpu_parity() {
     check_parity("glm4moe", Device::Cpu);
 }

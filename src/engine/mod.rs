@@ -129,6 +129,12 @@ impl Engine {
         })
     }
 
+    /// Captures named intermediate tensors of later forward passes into `cap` (see
+    /// `ggml::capture`); `None` stops. `cap` must outlive its use.
+    pub fn set_capture(&mut self, cap: Option<&mut crate::ggml::capture::Capture>) {
+        self.sched.set_capture(cap);
+    }
+
     /// Positions in the cache.
     pub fn n_past(&self) -> usize {
         self.n_past

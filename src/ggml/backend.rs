@@ -242,6 +242,20 @@ impl Sched {
         check_status(status, "scheduler".into())
     }
 
+    /// Calls [`super::capture::capture_cb`] for every node of later computes, filling `cap`
+    /// (which must outlive the scheduler's use of it; pass `None` to stop).
+    pub fn set_capture(&mut self, cap: Option<&mut super::capture::Capture>) {
+        let (cb, user) = match cap {
+            Some(c) => (
+                Some(super::capture::capture_cb as _),
+                c as *mut _ as *mut std::ffi::c_void,
+            ),
+            None => (None, std::ptr::null_mut()),
+        };
+        // SAFETY: live scheduler; the callback is a plain function and `user` stays valid while set.
+        unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), cb, user) };
+    }
+
     /// Number of backend splits of the last graph.
     pub fn n_splits(&self) -> usize {
         // SAFETY: pure query.

@@ -156,6 +156,17 @@ pub struct LlamaContext<'m> {
 
 impl<'m> LlamaContext<'m> {
     pub fn new(model: &'m LlamaModel, n_ctx: u32, n_threads: i32) -> Result<Self> {
+        Self::new_with_capture(model, n_ctx, n_threads, None)
+    }
+
+    /// As [`LlamaContext::new`], capturing named tensors into `cap` at every decode (for
+    /// locating a divergence from PocketMoE by tensor name). `cap` must outlive the context.
+    pub fn new_with_capture(
+        model: &'m LlamaModel,
+        n_ctx: u32,
+        n_threads: i32,
+        cap: Option<&mut super::capture::Capture>,
+    ) -> Result<Self> {
         // SAFETY: default params are plain data; model is live; null = failure.
         let ptr = unsafe {
             let mut p = sys::llama_context_default_params();
@@ -164,6 +175,15 @@ impl<'m> LlamaContext<'m> {
             p.n_ubatch = n_ctx.min(512);
             p.n_threads = n_threads;
             p.n_threads_batch = n_threads;
+            if let Some(c) = cap {
+                // SAFETY: same C callback type (bound twice by two bindgen runs); `c` outlives
+                // the context by this function's contract.
+                p.cb_eval = Some(std::mem::transmute::<
+                    unsafe extern "C" fn(*mut ggml_sys::ggml_tensor, bool, *mut c_void) -> bool,
+                    unsafe extern "C" fn(*mut sys::ggml_tensor, bool, *mut c_void) -> bool,
+                >(super::capture::capture_cb));
+                p.cb_eval_user_data = c as *mut _ as *mut c_void;
+            }
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
         NonNull::new(ptr)

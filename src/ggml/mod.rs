@@ -10,6 +10,7 @@
 //! that context and freed with it, so tensor data stays valid for the tensor's whole lifetime.
 
 mod backend;
+pub mod capture;
 mod context;
 pub mod gguf_ref;
 mod graph;

@@ -87,19 +87,33 @@ impl<'a> GraphBuilder<'a> {
         self.graph.build_forward(weights);
 
         let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
-        let up = self.cb(
-            ctx.mul_mat_id(self.wl(il, "ffn_up_exps.weight"), x3, selected),
-            "ffn_moe_up",
-            ili,
-        ); // [n_ff, k, nt]
+                                                                       // Optional per-expert biases (gpt-oss), added for the selected experts.
+        let biased = |t: Tensor<'a>, name: &str| match self.wl_opt(il, name) {
+            Some(b) => ctx.add_id(t, b, selected),
+            None => t,
+        };
+        let up = ctx.mul_mat_id(self.wl(il, "ffn_up_exps.weight"), x3, selected); // [n_ff, k, nt]
+        let up = self.cb(biased(up, "ffn_up_exps.bias"), "ffn_moe_up", ili);
         let act = match self.wl_opt(il, "ffn_gate_exps.weight") {
             Some(gate) => {
-                let g = self.cb(ctx.mul_mat_id(gate, x3, selected), "ffn_moe_gate", ili);
-                self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili)
+                let g = biased(ctx.mul_mat_id(gate, x3, selected), "ffn_gate_exps.bias");
+                let g = self.cb(g, "ffn_moe_gate", ili);
+                match opts.act {
+                    ExpertAct::Swiglu => self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili),
+                    ExpertAct::SwigluOai => {
+                        self.cb(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai", ili)
+                    }
+                }
             }
             None => self.cb(ctx.silu(up), "ffn_moe_silu", ili),
         };
         let experts = ctx.mul_mat_id(self.wl(il, "ffn_down_exps.weight"), act, selected); // [n_embd, k, nt]
+        let experts = self.cb(experts, "ffn_moe_down", ili);
+        let experts = self.cb(
+            biased(experts, "ffn_down_exps.bias"),
+            "ffn_moe_down_biased",
+            ili,
+        );
         let experts = self.cb(ctx.mul(experts, weights), "ffn_moe_weighted", ili);
 
         // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.

@@ -1,0 +1,48 @@
+//! Capturing named intermediate tensors during graph compute (ggml's scheduler eval callback),
+//! for ours and for libllama alike: tensors are named the llama.cpp way (`ffn_moe_out-3`), so a
+//! divergence can be located by diffing the two captures by name (DESIGN.md §3, principle 3).
+use super::cstr;
+use ggml_sys as sys;
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+
+/// Which tensors to keep, and what was kept (f32 tensors only, as flat vectors).
+#[derive(Debug, Default)]
+pub struct Capture {
+    pub wanted: HashSet<String>,
+    pub got: HashMap<String, Vec<f32>>,
+}
+
+impl Capture {
+    pub fn new<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Box<Self> {
+        Box::new(Self {
+            wanted: names.into_iter().map(Into::into).collect(),
+            got: HashMap::new(),
+        })
+    }
+}
+
+/// The callback: with `ask`, says whether `t` is wanted; otherwise copies it out.
+///
+/// # Safety
+/// `user` must point to a live `Capture`, and `t` to a computed tensor (ggml's contract).
+pub unsafe extern "C" fn capture_cb(
+    t: *mut sys::ggml_tensor,
+    ask: bool,
+    user: *mut c_void,
+) -> bool {
+    // SAFETY: per the contract above.
+    let (cap, t) = unsafe { (&mut *(user as *mut Capture), &*t) };
+    let name = cstr(t.name.as_ptr());
+    if ask {
+        return cap.wanted.contains(&name);
+    }
+    if t.type_ == sys::GGML_TYPE_F32 && !t.buffer.is_null() {
+        // SAFETY: the tensor is computed and has a buffer; we copy exactly its bytes.
+        let n = unsafe { sys::ggml_nbytes(t) };
+        let mut v = vec![0f32; n / 4];
+        unsafe { sys::ggml_backend_tensor_get(t, v.as_mut_ptr().cast(), 0, n) };
+        cap.got.insert(name, v);
+    }
+    true
+}
