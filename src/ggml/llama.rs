@@ -159,6 +159,16 @@ impl<'m> LlamaContext<'m> {
         Self::new_with_capture(model, n_ctx, n_threads, None)
     }
 
+    /// As [`LlamaContext::new`] with a KV cache of type `kv` (f16 default, q8_0, ...).
+    pub fn new_with_kv(
+        model: &'m LlamaModel,
+        n_ctx: u32,
+        n_threads: i32,
+        kv: super::GgmlType,
+    ) -> Result<Self> {
+        Self::build(model, n_ctx, n_threads, None, Some(kv))
+    }
+
     /// As [`LlamaContext::new`], capturing named tensors into `cap` at every decode (for
     /// locating a divergence from PocketMoE by tensor name). `cap` must outlive the context.
     pub fn new_with_capture(
@@ -166,6 +176,16 @@ impl<'m> LlamaContext<'m> {
         n_ctx: u32,
         n_threads: i32,
         cap: Option<&mut super::capture::Capture>,
+    ) -> Result<Self> {
+        Self::build(model, n_ctx, n_threads, cap, None)
+    }
+
+    fn build(
+        model: &'m LlamaModel,
+        n_ctx: u32,
+        n_threads: i32,
+        cap: Option<&mut super::capture::Capture>,
+        kv: Option<super::GgmlType>,
     ) -> Result<Self> {
         // SAFETY: default params are plain data; model is live; null = failure.
         let ptr = unsafe {
@@ -175,6 +195,10 @@ impl<'m> LlamaContext<'m> {
             p.n_ubatch = n_ctx.min(512);
             p.n_threads = n_threads;
             p.n_threads_batch = n_threads;
+            if let Some(t) = kv {
+                p.type_k = t.raw();
+                p.type_v = t.raw();
+            }
             if let Some(c) = cap {
                 // SAFETY: same C callback type (bound twice by two bindgen runs); `c` outlives
                 // the context by this function's contract.
