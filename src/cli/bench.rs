@@ -113,8 +113,8 @@ fn baseline(args: &BenchArgs, n_ctx: usize) -> Result<Vec<Row>> {
 }
 
 /// Runs the baseline in a child process with the environment the user gave us (CUDA graph
-/// replay on), and reads its rows back.
-fn baseline_in_child(args: &BenchArgs) -> Result<Vec<Row>> {
+/// replay on unless `user_disabled_graphs`), and reads its rows back.
+fn baseline_in_child(args: &BenchArgs, user_disabled_graphs: bool) -> Result<Vec<Row>> {
     let exe = std::env::current_exe().context("locating the pocketmoe binary")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("bench")
@@ -134,7 +134,7 @@ fn baseline_in_child(args: &BenchArgs) -> Result<Vec<Row>> {
     if let Some(g) = args.gpu {
         cmd.args(["--gpu", &g.to_string()]);
     }
-    if INHERITED_DISABLE_GRAPHS.get().is_none_or(Option::is_none) {
+    if !user_disabled_graphs {
         cmd.env_remove("GGML_CUDA_DISABLE_GRAPHS");
     }
     let out = cmd
@@ -147,12 +147,9 @@ fn baseline_in_child(args: &BenchArgs) -> Result<Vec<Row>> {
     serde_json::from_slice(&out.stdout).context("reading the baseline's rows")
 }
 
-/// `GGML_CUDA_DISABLE_GRAPHS` as the user set it, before our CUDA backend sets it.
-static INHERITED_DISABLE_GRAPHS: std::sync::OnceLock<Option<std::ffi::OsString>> =
-    std::sync::OnceLock::new();
-
 pub fn run(args: BenchArgs) -> Result<()> {
-    INHERITED_DISABLE_GRAPHS.get_or_init(|| std::env::var_os("GGML_CUDA_DISABLE_GRAPHS"));
+    // As the user set it, before our CUDA backend sets it for this process.
+    let user_disabled_graphs = std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_some();
     let n_ctx = args.prompt + args.gen + 32;
     if args.baseline_child {
         println!("{}", serde_json::to_string(&baseline(&args, n_ctx)?)?);
@@ -174,7 +171,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         rows.extend(run_tests("pocketmoe", &mut eng, &args, n_vocab)?);
     }
     if !args.no_baseline {
-        rows.extend(baseline_in_child(&args)?);
+        rows.extend(baseline_in_child(&args, user_disabled_graphs)?);
     }
     println!("| model | device | engine | test | t/s | vs llama.cpp |");
     println!("| --- | --- | --- | --- | --- | --- |");

@@ -234,7 +234,8 @@ impl Sched {
         Ok(())
     }
 
-    /// Runs a graph allocated by [`Sched::alloc`]. Outputs are read while `self` lives.
+    /// Runs a graph allocated by [`Sched::alloc`]. Outputs are read (`Tensor::read_f32`) while
+    /// `self` lives: its buffers hold them.
     pub fn compute(&mut self, graph: &Graph<'_>) -> Result<()> {
         // SAFETY: live scheduler and a graph allocated by alloc().
         let status =
@@ -260,11 +261,6 @@ impl Sched {
     pub fn n_splits(&self) -> usize {
         // SAFETY: pure query.
         unsafe { sys::ggml_backend_sched_get_n_splits(self.ptr.as_ptr()) as usize }
-    }
-
-    /// Reads a graph output; the scheduler's buffers are alive while `self` is borrowed.
-    pub fn read_f32(&self, t: Tensor<'_>) -> Result<Vec<f32>> {
-        t.read_f32()
     }
 
     pub fn backends(&self) -> &[Rc<Backend>] {
