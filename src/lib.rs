@@ -5,6 +5,7 @@
 //! layout and DESIGN.md (shared) for the physics and the offload design.
 pub mod cli;
 pub mod engine;
+pub mod experts;
 pub mod ggml;
 pub mod gguf;
 pub mod graph;

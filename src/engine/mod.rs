@@ -42,6 +42,9 @@ pub struct EngineOptions {
     pub n_threads: usize,
     pub n_ubatch: usize,
     pub kv_type: GgmlType,
+    /// Memory budget on the main device (bytes). `None`: all of the model on the device. With a
+    /// budget the model does not fit in, routed experts are offloaded (DESIGN.md §4).
+    pub gpu_mem: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -52,6 +55,7 @@ impl Default for EngineOptions {
             n_threads: 0,
             n_ubatch: 512,
             kv_type: GgmlType::F16,
+            gpu_mem: None,
         }
     }
 }

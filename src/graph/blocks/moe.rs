@@ -29,12 +29,28 @@ pub struct MoeOpts {
     pub scale: f32,
 }
 
+/// The router's decision for a micro-batch.
+#[derive(Clone, Copy)]
+pub struct Routing<'a> {
+    /// i32 [k, n_tokens]: expert ids, best first.
+    pub selected: Tensor<'a>,
+    /// f32 [1, k, n_tokens]: their weights (after renormalisation and scaling).
+    pub weights: Tensor<'a>,
+}
+
 impl<'a> GraphBuilder<'a> {
-    /// Routed experts of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens].
+    /// Routed experts of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens]: the router
+    /// ([`Self::route`]), then the experts ([`Self::routed_experts`], the offload seam).
     pub fn moe(&self, x: Tensor<'a>, il: usize, opts: &MoeOpts) -> Tensor<'a> {
+        let r = self.route(x, il, opts);
+        self.routed_experts(x, il, &r, opts)
+    }
+
+    /// The router of block `il`: which experts each token uses, and with what weight.
+    pub fn route(&self, x: Tensor<'a>, il: usize, opts: &MoeOpts) -> Routing<'a> {
         let (ctx, hp) = (self.ctx, self.hp);
         let ili = il as i32;
-        let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
+        let nt = self.batch.n_tokens as i64;
         let (n_expert, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
 
         let mut logits = ctx.mul_mat(self.wl(il, "ffn_gate_inp.weight"), x); // [n_expert, nt]
@@ -84,8 +100,25 @@ impl<'a> GraphBuilder<'a> {
                 ili,
             );
         }
+        // In the graph before any expert matmul: the offload path reads the routing here.
         self.graph.build_forward(weights);
+        Routing { selected, weights }
+    }
 
+    /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
+    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache.
+    pub fn routed_experts(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        r: &Routing<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let ili = il as i32;
+        let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
+        let k = hp.n_expert_used as i64;
+        let (selected, weights) = (r.selected, r.weights);
         let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
                                                                        // Optional per-expert biases (gpt-oss), added for the selected experts.
         let biased = |t: Tensor<'a>, name: &str| match self.wl_opt(il, name) {

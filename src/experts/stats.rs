@@ -1,0 +1,121 @@
+//! Offload statistics (DESIGN.md §4, "everything that decides is measured"): cache hits and
+//! misses per layer, where misses were served (copied over PCIe, or computed on the CPU), bytes
+//! moved, prefetch precision/recall, and the time the host spent waiting.
+//!
+//! Invariant: counters only grow; [`Stats::since`] gives the difference of two snapshots, so a
+//! benchmark can report one test's figures.
+use serde::Serialize;
+
+/// Counters for one MoE layer.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct LayerStats {
+    /// Expert uses served from a GPU slot that already held the expert.
+    pub hits: u64,
+    /// Expert uses that were not resident: copied into a slot, or computed on the CPU.
+    pub misses: u64,
+    /// Misses computed on the CPU.
+    pub cpu: u64,
+    /// Experts whose bytes crossed PCIe (miss copies, prefetches and prefill staging).
+    pub copies: u64,
+    /// Prefetched experts, and how many of them the layer then used.
+    pub prefetched: u64,
+    pub prefetch_used: u64,
+    /// Experts the layer used that the prediction had named (for recall).
+    pub predicted_used: u64,
+    /// Distinct experts used (the recall denominator for prefetch).
+    pub used: u64,
+}
+
+/// Counters for the whole model.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Stats {
+    pub layers: Vec<LayerStats>,
+    /// Bytes copied host -> GPU.
+    pub h2d_bytes: u64,
+    /// Bytes of expert weights the CPU read.
+    pub cpu_bytes: u64,
+    /// Seconds the host waited for copies and for the CPU experts.
+    pub wait_copy_s: f64,
+    pub wait_cpu_s: f64,
+    /// Tokens and forward passes (micro-batches) seen.
+    pub tokens: u64,
+    pub steps: u64,
+}
+
+impl Stats {
+    pub fn new(n_layer: usize) -> Self {
+        Self {
+            layers: vec![LayerStats::default(); n_layer],
+            ..Default::default()
+        }
+    }
+
+    fn total(&self) -> LayerStats {
+        let mut t = LayerStats::default();
+        for l in &self.layers {
+            t.hits += l.hits;
+            t.misses += l.misses;
+            t.cpu += l.cpu;
+            t.copies += l.copies;
+            t.prefetched += l.prefetched;
+            t.prefetch_used += l.prefetch_used;
+            t.predicted_used += l.predicted_used;
+            t.used += l.used;
+        }
+        t
+    }
+
+    /// Hits / (hits + misses) over all layers (0 when nothing ran).
+    pub fn hit_rate(&self) -> f64 {
+        let t = self.total();
+        ratio(t.hits, t.hits + t.misses)
+    }
+
+    /// Share of misses computed on the CPU.
+    pub fn cpu_share(&self) -> f64 {
+        let t = self.total();
+        ratio(t.cpu, t.misses)
+    }
+
+    /// Prefetch precision: prefetched experts that were used / prefetched.
+    pub fn prefetch_precision(&self) -> f64 {
+        let t = self.total();
+        ratio(t.prefetch_used, t.prefetched)
+    }
+
+    /// Prefetch recall: used experts that had been predicted / used.
+    pub fn prefetch_recall(&self) -> f64 {
+        let t = self.total();
+        ratio(t.predicted_used, t.used)
+    }
+
+    /// `self - earlier`, counter by counter.
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        let mut d = self.clone();
+        for (l, e) in d.layers.iter_mut().zip(&earlier.layers) {
+            l.hits -= e.hits;
+            l.misses -= e.misses;
+            l.cpu -= e.cpu;
+            l.copies -= e.copies;
+            l.prefetched -= e.prefetched;
+            l.prefetch_used -= e.prefetch_used;
+            l.predicted_used -= e.predicted_used;
+            l.used -= e.used;
+        }
+        d.h2d_bytes -= earlier.h2d_bytes;
+        d.cpu_bytes -= earlier.cpu_bytes;
+        d.wait_copy_s -= earlier.wait_copy_s;
+        d.wait_cpu_s -= earlier.wait_cpu_s;
+        d.tokens -= earlier.tokens;
+        d.steps -= earlier.steps;
+        d
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
