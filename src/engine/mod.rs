@@ -239,15 +239,17 @@ impl Engine {
                 msg,
             })?;
             g.finish(logits.set_name("logits"));
-            let mut keep = vec![
+            let mut keep: Vec<String> = [
                 "inp_tokens",
                 "inp_pos",
                 "attn_inp_kq_mask",
                 "inp_kv_idxs",
                 "logits",
-            ];
+            ]
+            .map(String::from)
+            .to_vec();
             if t_mask_swa.is_some() {
-                keep.push("attn_inp_kq_mask_swa");
+                keep.push("attn_inp_kq_mask_swa".into());
             }
             Ok(keep)
         })

@@ -3,3 +3,5 @@
 pub mod stats;
 
 pub use stats::Stats;
+pub mod cache;
+pub mod policy;
