@@ -4,7 +4,7 @@
 //! positions and 16 greedy decode steps — and the engine stays within its budget. On a CPU-only
 //! machine the CPU backend plays the GPU: slots, staging and copies are the same code with
 //! host memory, so the cache logic itself is what is tested.
-use pocketmoe::engine::{Device, Engine, EngineOptions};
+use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use std::path::PathBuf;
@@ -86,10 +86,23 @@ fn check_arch(arch: &str) {
     resident.reset();
     let want = run(&mut resident, &prompt, None);
 
-    // Probe: a 1-byte budget leaves no slots (staging only); it tells the fixed cost.
-    let probe = engine(&path, Some(1), PolicyKind::default());
+    // A 1-byte budget is refused with what the resident parts need; exactly that leaves no
+    // slots (staging only).
+    let opts = EngineOptions {
+        device: device(),
+        n_ctx: 128,
+        n_threads: 2,
+        n_ubatch: 32,
+        gpu_mem: Some(1),
+        ..Default::default()
+    };
+    let fixed = match Engine::load(&path, opts, &|_, _| {}) {
+        Err(EngineError::BudgetTooSmall { budget: 1, need }) => need,
+        Err(e) => panic!("{arch}: wrong error for a tiny budget: {e}"),
+        Ok(_) => panic!("{arch}: a 1-byte budget was accepted"),
+    };
+    let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
-    let fixed = probe.device_bytes();
     let slot = probe.expert_slot_bytes().unwrap();
     let n_expert = probe.hp.n_expert as u64;
     let k = probe.hp.n_expert_used as u64;

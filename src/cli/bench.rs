@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Device memory budget for PocketMoE (e.g. 8GiB): routed experts are offloaded when the
+    /// model does not fit (the baseline here still runs fully resident).
+    #[arg(long, value_parser = super::inspect::parse_bytes)]
+    pub gpu_mem: Option<u64>,
     /// Skip the llama.cpp baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -162,6 +166,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             device,
             n_ctx,
             n_threads: args.threads,
+            gpu_mem: args.gpu_mem,
             ..Default::default()
         };
         let eng = Engine::load(&args.model, opts, &|_, _| {})
@@ -169,6 +174,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let n_vocab = eng.hp.n_vocab;
         let mut eng = eng;
         rows.extend(run_tests("pocketmoe", &mut eng, &args, n_vocab)?);
+        if let Some(st) = eng.offload_stats() {
+            eprintln!(
+                "{} slots/layer, {:.2} GiB on the device\n{}",
+                eng.expert_slots().unwrap_or(0),
+                eng.device_bytes() as f64 / (1u64 << 30) as f64,
+                st.summary()
+            );
+        }
     }
     if !args.no_baseline {
         rows.extend(baseline_in_child(&args, user_disabled_graphs)?);

@@ -26,6 +26,8 @@ pub enum EngineError {
     Model { path: String, msg: String },
     #[error("context full: {need} positions needed, the context holds {n_ctx} (raise --ctx)")]
     ContextFull { n_ctx: usize, need: usize },
+    #[error("--gpu-mem {budget} B is below what the resident parts need ({need} B: weights other than routed experts, KV cache, staging and compute buffers); raise it or lower --ctx")]
+    BudgetTooSmall { budget: u64, need: u64 },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
     BadToken { id: u32, n_vocab: u64 },
 }
@@ -178,7 +180,13 @@ impl Engine {
         let fixed =
             self.weights.bytes + self.kv.bytes() as u64 + off.dev_bytes as u64 + compute + margin;
         let per_slot = off.slot_bytes_all_layers().max(1) as u64;
-        let n_slots = budget.saturating_sub(fixed) / per_slot;
+        if fixed > budget {
+            return Err(EngineError::BudgetTooSmall {
+                budget,
+                need: fixed,
+            });
+        }
+        let n_slots = (budget - fixed) / per_slot;
         tracing::info!(
             "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, compute {compute} B -> {n_slots} expert slots per layer of {}",
             self.weights.bytes,
