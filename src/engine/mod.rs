@@ -49,6 +49,8 @@ pub struct EngineOptions {
     /// Memory budget on the main device (bytes). `None`: all of the model on the device. With a
     /// budget the model does not fit in, routed experts are offloaded (DESIGN.md §4).
     pub gpu_mem: Option<u64>,
+    /// Prefetch experts of the next layer while the current one runs (when offloading).
+    pub prefetch: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
 }
@@ -63,6 +65,7 @@ impl Default for EngineOptions {
             kv_type: GgmlType::F16,
             gpu_mem: None,
             policy: Default::default(),
+            prefetch: true,
         }
     }
 }
@@ -137,6 +140,7 @@ impl Engine {
                 policy: opts.policy.clone(),
                 max_slot_tokens: MAX_SLOT_TOKENS,
                 n_ubatch: opts.n_ubatch.min(opts.n_ctx),
+                prefetch: opts.prefetch,
             };
             Some(Offload::load(&file, &hp, &main, o, progress)?)
         } else {
@@ -350,6 +354,7 @@ impl Engine {
             for n in &nodes {
                 keep.push(n.anchor.clone());
                 keep.push(n.selected.clone());
+                keep.push(n.input.clone());
             }
             Ok::<_, EngineError>(keep)
         })?;

@@ -39,6 +39,8 @@ pub struct OffloadOptions {
     pub max_slot_tokens: usize,
     /// Largest micro-batch (sizes the host scratch).
     pub n_ubatch: usize,
+    /// FATE-style prefetch: predict layer L+1's experts from layer L's FFN input.
+    pub prefetch: bool,
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).
@@ -64,6 +66,11 @@ pub(super) struct Layer {
     /// `None` where the model has no such matrix (e.g. no gate).
     pub mats: [Option<Mat>; 3],
     pub cache: LayerCache,
+    /// The router [n_embd, n_expert] as f32 on the host, for prefetch prediction.
+    pub router: Vec<f32>,
+    /// Experts prefetched for this layer's next step, and all experts predicted for it.
+    pub prefetched: Vec<u32>,
+    pub predicted: Vec<u32>,
 }
 
 pub struct Offload {
@@ -127,9 +134,20 @@ impl Offload {
                 pairs.push((st, t));
             }
             layers.push(if mats.iter().any(Option::is_some) {
+                let router = match file.tensor(&format!("blk.{il}.ffn_gate_inp.weight")) {
+                    Some(t) if opts.prefetch => crate::ggml::quant::dequantize(
+                        t.ty,
+                        file.tensor_data(t),
+                        (t.ne[0] * t.ne[1]) as usize,
+                    )?,
+                    _ => Vec::new(),
+                };
                 Some(Layer {
                     mats,
                     cache: LayerCache::new(il, n_expert, 0, &opts.policy),
+                    router,
+                    prefetched: Vec::new(),
+                    predicted: Vec::new(),
                 })
             } else {
                 None
@@ -153,7 +171,9 @@ impl Offload {
         // Scratch: selected ids + weights (k per token, whole micro-batch) and control (ids +
         // mask, k per token of a slot micro-batch).
         let t_max = opts.max_slot_tokens;
-        let scratch_len = 4 * k * (2 * opts.n_ubatch.max(t_max) + 2 * t_max) + 256;
+        let scratch_len = 4 * k * (2 * opts.n_ubatch.max(t_max) + 2 * t_max)
+            + 4 * hp.n_embd as usize * t_max
+            + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
         let scratch = scratch_buf.base_addr();
 

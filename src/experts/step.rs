@@ -19,6 +19,8 @@ pub struct MoeNode {
     pub anchor: String,
     /// Name of the selected ids, i32 [k, n_tokens].
     pub selected: String,
+    /// Name of the FFN input, f32 [n_embd, n_tokens] (prefetch predicts from it).
+    pub input: String,
 }
 
 /// [`MoeNode`]s of an allocated graph, keyed by the anchor node's id.
@@ -30,6 +32,7 @@ struct Resolved {
     il: usize,
     mode: Mode,
     sel_addr: usize,
+    x_addr: usize,
 }
 
 impl GraphNodes {
@@ -44,6 +47,7 @@ impl GraphNodes {
                         il: n.il,
                         mode: n.mode,
                         sel_addr: g.tensor(&n.selected).data_addr(),
+                        x_addr: g.tensor(&n.input).data_addr(),
                     },
                 )
             })
@@ -66,7 +70,12 @@ impl EvalHook for StepHook<'_> {
 
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
         let n = &self.nodes.by_anchor[&id];
-        self.off.on_routing(n.il, n.mode, n.sel_addr, self.n_tokens)
+        self.off
+            .on_routing(n.il, n.mode, n.sel_addr, self.n_tokens)?;
+        if n.mode == Mode::Slots && self.off.opts.prefetch {
+            self.off.prefetch_after(n.il, n.x_addr, self.n_tokens)?;
+        }
+        Ok(())
     }
 }
 
@@ -138,6 +147,12 @@ impl Offload {
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
         st.used += used.len() as u64;
+        if mode == Mode::Slots {
+            st.prefetch_used += layer.prefetched.iter().filter(|e| used.contains(e)).count() as u64;
+            st.predicted_used += layer.predicted.iter().filter(|e| used.contains(e)).count() as u64;
+        }
+        layer.prefetched.clear();
+        layer.predicted.clear();
         let mut h2d = 0u64;
         match mode {
             Mode::Staging => {
@@ -222,6 +237,77 @@ impl Offload {
                 self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
             }
         }
+        Ok(())
+    }
+}
+
+impl Offload {
+    /// After layer `il`'s experts are in place: predicts the next offloaded layer's experts by
+    /// running its router on this layer's FFN input (at `x_addr`, [n_embd, n_tokens]) and queues
+    /// copies of the predicted experts that are not resident. Not waited for: the copies overlap
+    /// this layer's expert matmuls and the next layer's attention; the next layer's first copy
+    /// engine wait covers them.
+    fn prefetch_after(
+        &mut self,
+        il: usize,
+        x_addr: usize,
+        n_tokens: usize,
+    ) -> Result<(), GgmlError> {
+        let Some(next) = (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some()) else {
+            return Ok(());
+        };
+        let n_expert = self.n_expert;
+        let n_embd = match &self.layers[next] {
+            Some(l) if !l.router.is_empty() => l.router.len() / n_expert,
+            _ => return Ok(()),
+        };
+        let n = n_embd * n_tokens;
+        let xs = self.scratch + self.scratch_len - 4 * n - 256;
+        self.xfer.copy(xs, x_addr, 4 * n)?;
+        self.xfer.wait()?;
+        // SAFETY: [xs, xs + 4n) lies in the live host scratch (sized for n_embd * t_max floats
+        // at its end), 4-aligned, written by the waited copy.
+        let x = unsafe { std::slice::from_raw_parts(xs as *const f32, n) }.to_vec();
+        let bases = self.bases(next);
+        let now = self.step;
+        let k = self.k;
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
+        let mut predicted: Vec<u32> = Vec::new();
+        for xt in x.chunks_exact(n_embd) {
+            let logits: Vec<f32> = layer
+                .router
+                .chunks_exact(n_embd)
+                .map(|w| w.iter().zip(xt).map(|(a, b)| a * b).sum())
+                .collect();
+            for e in crate::synth::routing::top_k(&logits, k) {
+                if !predicted.contains(&(e as u32)) {
+                    predicted.push(e as u32);
+                }
+            }
+        }
+        let mut h2d = 0u64;
+        let mut fetched = Vec::new();
+        for &e in &predicted {
+            if layer.cache.slot(e).is_some() {
+                continue;
+            }
+            // Evict only experts not predicted; stop when the cache has none left to give.
+            let Some((slot, _)) = layer.cache.admit(e, &|r| predicted.contains(&r), now) else {
+                break;
+            };
+            for &(store, slot_base, _, eb) in bases.iter().flatten() {
+                self.xfer
+                    .copy(slot_base + slot as usize * eb, store + e as usize * eb, eb)?;
+                h2d += eb as u64;
+            }
+            fetched.push(e);
+        }
+        let st = &mut self.stats.layers[next];
+        st.prefetched += fetched.len() as u64;
+        st.copies += fetched.len() as u64;
+        self.stats.h2d_bytes += h2d;
+        layer.prefetched = fetched;
+        layer.predicted = predicted;
         Ok(())
     }
 }

@@ -139,12 +139,15 @@ impl<'a> GraphBuilder<'a> {
         ctx.set_output(r.selected);
         let weights = self.cb(r.weights, "ffn_moe_weights_final", il as i32);
         ctx.set_output(weights);
+        let x = self.cb(x, "ffn_moe_in", il as i32);
+        ctx.set_output(x);
         let mode = off.mode(nt as usize);
         self.moe_nodes.borrow_mut().push(MoeNode {
             il,
             mode,
             anchor: weights.name(),
             selected: r.selected.name(),
+            input: x.name(),
         });
         match mode {
             Mode::Staging => {
