@@ -115,8 +115,10 @@ fn check_arch(arch: &str) {
         (k + 1, PolicyKind::default()),
         (n_expert - 1, PolicyKind::default()),
     ];
+    let mut cpu_uses = 0;
     for (slots, policy) in cases {
-        let budget = fixed + slots * slot;
+        // Half a slot of slack covers the per-matrix padding and alignment.
+        let budget = fixed + slots * slot + slot / 2;
         let mut eng = engine(&path, Some(budget), policy.clone());
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
@@ -144,7 +146,10 @@ fn check_arch(arch: &str) {
             assert!(st.hit_rate() > 0.0, "{arch} {slots} slots: no hits at all");
         }
         assert!(st.h2d_bytes > 0);
+        cpu_uses += st.layers.iter().map(|l| l.cpu).sum::<u64>();
     }
+    // Steps with two or more misses send some to the CPU channel (cost model), so it ran too.
+    assert!(cpu_uses > 0, "{arch}: the CPU channel never ran");
 }
 
 #[test]

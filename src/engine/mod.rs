@@ -51,6 +51,8 @@ pub struct EngineOptions {
     pub gpu_mem: Option<u64>,
     /// Prefetch experts of the next layer while the current one runs (when offloading).
     pub prefetch: bool,
+    /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
+    pub cpu_experts: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
 }
@@ -66,6 +68,7 @@ impl Default for EngineOptions {
             gpu_mem: None,
             policy: Default::default(),
             prefetch: true,
+            cpu_experts: true,
         }
     }
 }
@@ -141,6 +144,17 @@ impl Engine {
                 max_slot_tokens: MAX_SLOT_TOKENS,
                 n_ubatch: opts.n_ubatch.min(opts.n_ctx),
                 prefetch: opts.prefetch,
+                cpu_threads: if opts.cpu_experts {
+                    match opts.n_threads {
+                        0 => std::thread::available_parallelism()
+                            .map_or(1, |n| n.get())
+                            .saturating_sub(1)
+                            .max(1),
+                        n => n,
+                    }
+                } else {
+                    0
+                },
             };
             Some(Offload::load(&file, &hp, &main, o, progress)?)
         } else {
@@ -190,7 +204,11 @@ impl Engine {
                 need: fixed,
             });
         }
-        let n_slots = (budget - fixed) / per_slot;
+        let mut n_slots = (budget - fixed) / per_slot;
+        // Padding and alignment per matrix: step down until the slots really fit.
+        while n_slots > 0 && off.slots_alloc_bytes(n_slots as usize) as u64 > budget - fixed {
+            n_slots -= 1;
+        }
         tracing::info!(
             "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, compute {compute} B -> {n_slots} expert slots per layer of {}",
             self.weights.bytes,
@@ -355,6 +373,7 @@ impl Engine {
                 keep.push(n.anchor.clone());
                 keep.push(n.selected.clone());
                 keep.push(n.input.clone());
+                keep.extend(n.gpu_out.clone());
             }
             Ok::<_, EngineError>(keep)
         })?;

@@ -8,4 +8,5 @@ pub mod offload;
 pub mod policy;
 pub mod transfer;
 pub use offload::{is_routed_expert, Mode, Offload, OffloadOptions};
+pub mod cpu;
 pub mod step;

@@ -41,6 +41,8 @@ pub struct OffloadOptions {
     pub n_ubatch: usize,
     /// FATE-style prefetch: predict layer L+1's experts from layer L's FFN input.
     pub prefetch: bool,
+    /// Threads of the CPU channel for misses (0: misses are always copied).
+    pub cpu_threads: usize,
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).
@@ -60,6 +62,15 @@ pub(super) struct Mat {
     pub ne: [i64; 3],
     /// Bytes of one expert (nb2).
     pub expert_bytes: usize,
+}
+
+impl Mat {
+    /// Bytes a tensor of this matrix with `n` experts takes in any buffer: the data, the
+    /// backend's row padding (at most 512 columns' worth, ggml-cuda) and alignment.
+    fn alloc_bytes(&self, n: usize) -> usize {
+        let pad = self.ty.row_size(512).unwrap_or(0) as usize;
+        (self.expert_bytes * n + pad).next_multiple_of(256) + 256
+    }
 }
 
 pub(super) struct Layer {
@@ -95,6 +106,15 @@ pub struct Offload {
     /// Host bytes of the store.
     pub host_bytes: usize,
     pub n_slots: usize,
+    pub(super) n_embd: usize,
+    /// The CPU channel, and per layer: whether it may serve the layer (no expert biases), and
+    /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step.
+    pub(super) cpu: Option<super::cpu::CpuChannel>,
+    pub(super) cpu_ok: Vec<bool>,
+    pub(super) cpu_dirty: Vec<bool>,
+    /// Cost model, bytes/s: PCIe copies, and the CPU channel (updated from its jobs).
+    pub(super) pcie_bw: f64,
+    pub(super) cpu_bw: f64,
 }
 
 fn name(il: usize, what: &str) -> String {
@@ -153,12 +173,16 @@ impl Offload {
                 None
             });
         }
-        let host_bytes: usize = pairs.iter().map(|(t, _)| t.n_bytes()).sum();
+        let host_bytes: usize = layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.mats.iter().flatten())
+            .map(|m| m.alloc_bytes(n_expert))
+            .sum();
         let buf = store.new_buffer(backend, Memory::Host, host_bytes)?;
         let mut off = 0;
         for (t, _) in &pairs {
-            buf.place(*t, off)?;
-            off += t.n_bytes().next_multiple_of(64);
+            off = buf.place(*t, off)?;
         }
         let total = host_bytes as u64;
         let mut done = 0;
@@ -186,15 +210,18 @@ impl Offload {
                 l.mats
                     .iter()
                     .flatten()
-                    .map(|m| (m.expert_bytes * n_expert).next_multiple_of(256))
+                    .map(|m| m.alloc_bytes(n_expert))
                     .sum::<usize>()
             })
             .max()
             .unwrap_or(0);
         let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
+        let n_embd = hp.n_embd as usize;
+        let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
         let n_moe = layers.iter().flatten().count();
         let stage_buf = dev.new_buffer(backend, Memory::Device, stage_bytes)?;
-        let ctl_buf = dev.new_buffer(backend, Memory::Device, 2 * ctl_bytes * n_moe)?;
+        let ctl_buf =
+            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
         ctl_buf.clear(0);
         let mut ctl_off = 0;
         for (il, l) in layers.iter().enumerate() {
@@ -205,8 +232,7 @@ impl Offload {
                 let t = dev
                     .new_tensor(mat.ty, &mat.ne)?
                     .set_name(&name(il, &format!("stage{m}")));
-                stage_buf.place(t, off)?;
-                off += t.n_bytes().next_multiple_of(256);
+                off = stage_buf.place(t, off)?;
             }
             let ids = dev
                 .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
@@ -216,8 +242,44 @@ impl Offload {
                 .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
                 .set_name(&name(il, "mask"));
             ctl_buf.place(mask, ctl_off + ctl_bytes)?;
-            ctl_off += 2 * ctl_bytes;
+            let cpu = dev
+                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "cpu"));
+            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
+            ctl_off += 2 * ctl_bytes + cpu_bytes;
         }
+        // The CPU channel reads the store directly; layers with expert biases stay on the GPU.
+        let cpu_ok: Vec<bool> = (0..n_layer)
+            .map(|il| {
+                layers[il].is_some()
+                    && MATS
+                        .iter()
+                        .all(|m| file.tensor(&format!("blk.{il}.{m}.bias")).is_none())
+            })
+            .collect();
+        let cpu = (opts.cpu_threads > 0 && cpu_ok.iter().any(|&b| b)).then(|| {
+            let model = super::cpu::CpuModel {
+                n_embd,
+                layers: (0..n_layer)
+                    .map(|il| {
+                        cpu_ok[il].then(|| {
+                            std::array::from_fn(|m| {
+                                let t = store
+                                    .get(&store.index(), &format!("blk.{il}.{}.weight", MATS[m]))?;
+                                let ne = t.ne();
+                                Some(super::cpu::StoreMat {
+                                    ty: t.ty(),
+                                    ne: [ne[0], ne[1], ne[2]],
+                                    addr: t.data_addr(),
+                                    bytes: t.n_bytes(),
+                                })
+                            })
+                        })
+                    })
+                    .collect(),
+            };
+            super::cpu::CpuChannel::new(model, opts.cpu_threads)
+        });
         let store_idx = store.index();
         let dev_idx = dev.index();
         Ok(Self {
@@ -235,9 +297,15 @@ impl Offload {
             xfer: transfer::for_backend(backend)?,
             stats: Stats::new(n_layer),
             step: 0,
-            dev_bytes: stage_bytes + 2 * ctl_bytes * n_moe,
+            dev_bytes: stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
             host_bytes,
             n_slots: 0,
+            n_embd,
+            cpu,
+            cpu_dirty: vec![false; n_layer],
+            cpu_ok,
+            pcie_bw: if backend.is_cuda() { 45e9 } else { 20e9 },
+            cpu_bw: 30e9,
         })
     }
 
@@ -250,9 +318,19 @@ impl Offload {
                 l.mats
                     .iter()
                     .flatten()
-                    .map(|m| m.expert_bytes.next_multiple_of(256))
+                    .map(|m| m.expert_bytes)
                     .sum::<usize>()
             })
+            .sum()
+    }
+
+    /// Device bytes `n_slots` slots take in every MoE layer together (with padding).
+    pub fn slots_alloc_bytes(&self, n_slots: usize) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.mats.iter().flatten())
+            .map(|m| m.alloc_bytes(n_slots))
             .sum()
     }
 
@@ -261,7 +339,11 @@ impl Offload {
         let n_slots = n_slots.min(self.n_expert);
         let n_layer = self.layers.len();
         let ctx = Context::new(n_layer * 3 + 1, 0)?;
-        let size = self.slot_bytes_all_layers() * n_slots;
+        let size = if n_slots == 0 {
+            0
+        } else {
+            self.slots_alloc_bytes(n_slots)
+        };
         let buf = ctx.new_buffer(backend, Memory::Device, size)?;
         // Zeroed: a masked-out slot id points at slot 0, and zero blocks compute to zeros
         // (never NaN) before slot 0 was ever filled.
@@ -277,8 +359,7 @@ impl Offload {
                 let t = ctx
                     .new_tensor(mat.ty, &[mat.ne[0], mat.ne[1], n_slots as i64])?
                     .set_name(&name(il, &format!("slot{m}")));
-                buf.place(t, off)?;
-                off += (mat.expert_bytes * n_slots).next_multiple_of(256);
+                off = buf.place(t, off)?;
             }
             l.cache = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
         }
@@ -324,6 +405,19 @@ impl Offload {
     pub fn store_tensor(&self, il: usize, m: usize) -> Option<Tensor<'_>> {
         self.store
             .get(&self.store_idx, &format!("blk.{il}.{}.weight", MATS[m]))
+    }
+
+    /// Whether layer `il`'s misses may run on the CPU channel (decode graphs then add its
+    /// result, [`Offload::ctl_cpu`]).
+    pub fn cpu_enabled(&self, il: usize) -> bool {
+        self.cpu.is_some() && self.cpu_ok.get(il).copied().unwrap_or(false)
+    }
+
+    /// The CPU channel's result for layer `il`, f32 [n_embd, t_max] (zeros when unused).
+    pub fn ctl_cpu(&self, il: usize) -> Tensor<'_> {
+        self.dev
+            .get(&self.dev_idx, &name(il, "cpu"))
+            .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
     }
 
     /// Control tensors of layer `il`: slot ids i32 [k, t_max] and mask f32 [1, k, t_max].

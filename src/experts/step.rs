@@ -21,37 +21,51 @@ pub struct MoeNode {
     pub selected: String,
     /// Name of the FFN input, f32 [n_embd, n_tokens] (prefetch predicts from it).
     pub input: String,
+    /// Name of the GPU experts' sum when the CPU channel adds its share after it.
+    pub gpu_out: Option<String>,
+    pub act: crate::graph::blocks::ExpertAct,
 }
 
-/// [`MoeNode`]s of an allocated graph, keyed by the anchor node's id.
+/// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
-    by_anchor: HashMap<usize, Resolved>,
+    by_anchor: HashMap<usize, (Stop, Resolved)>,
 }
 
+#[derive(Clone, Copy)]
+enum Stop {
+    Routing,
+    GpuOut,
+}
+
+#[derive(Clone, Copy)]
 struct Resolved {
     il: usize,
     mode: Mode,
     sel_addr: usize,
+    w_addr: usize,
     x_addr: usize,
+    act: crate::graph::blocks::ExpertAct,
 }
 
 impl GraphNodes {
     /// Resolves names to node ids and data addresses; call after the graph is allocated.
     pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
-        let by_anchor = nodes
-            .iter()
-            .map(|n| {
-                (
-                    g.tensor(&n.anchor).id(),
-                    Resolved {
-                        il: n.il,
-                        mode: n.mode,
-                        sel_addr: g.tensor(&n.selected).data_addr(),
-                        x_addr: g.tensor(&n.input).data_addr(),
-                    },
-                )
-            })
-            .collect();
+        let mut by_anchor = HashMap::new();
+        for n in nodes {
+            let anchor = g.tensor(&n.anchor);
+            let r = Resolved {
+                il: n.il,
+                mode: n.mode,
+                sel_addr: g.tensor(&n.selected).data_addr(),
+                w_addr: anchor.data_addr(),
+                x_addr: g.tensor(&n.input).data_addr(),
+                act: n.act,
+            };
+            by_anchor.insert(anchor.id(), (Stop::Routing, r));
+            if let Some(o) = &n.gpu_out {
+                by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
+            }
+        }
         Self { by_anchor }
     }
 }
@@ -69,13 +83,17 @@ impl EvalHook for StepHook<'_> {
     }
 
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
-        let n = &self.nodes.by_anchor[&id];
-        self.off
-            .on_routing(n.il, n.mode, n.sel_addr, self.n_tokens)?;
-        if n.mode == Mode::Slots && self.off.opts.prefetch {
-            self.off.prefetch_after(n.il, n.x_addr, self.n_tokens)?;
+        let (stop, n) = self.nodes.by_anchor[&id];
+        match stop {
+            Stop::Routing => {
+                self.off.on_routing(&n, self.n_tokens)?;
+                if n.mode == Mode::Slots && self.off.opts.prefetch {
+                    self.off.prefetch_after(n.il, self.n_tokens)?;
+                }
+                Ok(())
+            }
+            Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),
         }
-        Ok(())
     }
 }
 
@@ -87,20 +105,37 @@ impl Offload {
         self.stats.tokens += n_tokens as u64;
     }
 
-    /// Reads `k * n_tokens` selected ids from device address `sel_addr`.
-    fn read_selected(&mut self, sel_addr: usize, n_tokens: usize) -> Result<Vec<u32>, GgmlError> {
-        let n = self.k * n_tokens;
-        assert!(
-            4 * n <= self.scratch_len,
-            "routing read exceeds the scratch"
-        );
-        self.xfer.copy(self.scratch, sel_addr, 4 * n)?;
+    /// Reads the routing of a step: `k * n_tokens` selected ids and their weights, and, for
+    /// slot steps, the FFN input [n_embd, n_tokens] (the CPU channel and prefetch use it) —
+    /// one wait for all.
+    fn read_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<Routing, GgmlError> {
+        let cnt = self.k * n_tokens;
+        let (sel_at, w_at) = (self.scratch, self.scratch + 4 * cnt.next_multiple_of(64));
+        let x_len = if n.mode == Mode::Slots {
+            self.n_embd * n_tokens
+        } else {
+            0
+        };
+        let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
+        assert!(w_at + 4 * cnt <= x_at, "routing read exceeds the scratch");
+        self.xfer.copy(sel_at, n.sel_addr, 4 * cnt)?;
+        self.xfer.copy(w_at, n.w_addr, 4 * cnt)?;
+        if x_len > 0 {
+            self.xfer.copy(x_at, n.x_addr, 4 * x_len)?;
+        }
         self.xfer.wait()?;
-        // SAFETY: the scratch is a live host buffer of scratch_len >= 4n bytes, 4-aligned (ggml
-        // buffer bases are aligned), just written by the waited copy and not shared.
-        let ids = unsafe { std::slice::from_raw_parts(self.scratch as *const i32, n) };
+        // SAFETY: the three ranges lie in the live host scratch (asserted above), 4-aligned
+        // (ggml buffer bases are aligned), just written by the waited copies and not shared.
+        let (ids, weights, x) = unsafe {
+            (
+                std::slice::from_raw_parts(sel_at as *const i32, cnt),
+                std::slice::from_raw_parts(w_at as *const f32, cnt).to_vec(),
+                std::slice::from_raw_parts(x_at as *const f32, x_len).to_vec(),
+            )
+        };
         let n_expert = self.n_expert as u32;
-        ids.iter()
+        let sel = ids
+            .iter()
             .map(|&e| {
                 u32::try_from(e)
                     .ok()
@@ -110,7 +145,8 @@ impl Offload {
                         msg: format!("router selected expert {e}, outside 0..{n_expert}"),
                     })
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(Routing { sel, weights, x })
     }
 
     /// Per matrix: (store base, slot base, staging base, bytes per expert); `None` for a
@@ -128,20 +164,22 @@ impl Offload {
         })
     }
 
-    fn on_routing(
-        &mut self,
-        il: usize,
-        mode: Mode,
-        sel_addr: usize,
-        n_tokens: usize,
-    ) -> Result<(), GgmlError> {
-        let sel = self.read_selected(sel_addr, n_tokens)?;
+    fn on_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<(), GgmlError> {
+        let (il, mode) = (n.il, n.mode);
+        let routing = self.read_routing(n, n_tokens)?;
+        let sel = &routing.sel;
         let mut used: Vec<u32> = Vec::with_capacity(sel.len());
-        for &e in &sel {
+        for &e in sel {
             if !used.contains(&e) {
                 used.push(e);
             }
         }
+        // Decode: split the misses between the copy engine and the CPU channel.
+        let on_cpu = if mode == Mode::Slots && n_tokens == 1 && self.cpu_enabled(il) {
+            self.plan_cpu(il, &used)
+        } else {
+            Vec::new()
+        };
         let bases = self.bases(il);
         let now = self.step;
         let layer = self.layers[il].as_mut().expect("offloaded layer");
@@ -187,6 +225,10 @@ impl Offload {
                         continue;
                     }
                     st.misses += 1;
+                    if on_cpu.contains(&e) {
+                        st.cpu += 1;
+                        continue;
+                    }
                     st.copies += 1;
                     let (slot, _) = layer
                         .cache
@@ -212,12 +254,27 @@ impl Offload {
                     layer.cache.touch(e, now);
                 }
                 self.stats.h2d_bytes += h2d;
-                // Control: slot ids and the mask (all experts on the GPU for now).
+                // Control: slot ids and the mask; CPU experts point at slot 0 with weight 0.
                 let ids: Vec<i32> = sel
                     .iter()
-                    .map(|&e| layer.cache.slot(e).expect("admitted above") as i32)
+                    .map(|&e| layer.cache.slot(e).map_or(0, |s| s as i32))
                     .collect();
-                let mask = vec![1f32; ids.len()];
+                let mask: Vec<f32> = sel
+                    .iter()
+                    .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
+                    .collect();
+                if !on_cpu.is_empty() {
+                    let picks: Vec<(u32, f32)> = sel
+                        .iter()
+                        .zip(&routing.weights)
+                        .filter(|(e, _)| on_cpu.contains(e))
+                        .map(|(&e, &w)| (e, w))
+                        .collect();
+                    let bytes: usize = bases.iter().flatten().map(|b| b.3).sum();
+                    self.stats.cpu_bytes += (bytes * picks.len()) as u64;
+                    let cpu = self.cpu.as_mut().expect("CPU channel enabled");
+                    cpu.start(il, n.act, routing.x.clone(), picks);
+                }
                 let (t_ids, t_mask) = self.ctl(il);
                 let (ids_addr, mask_addr) = (t_ids.data_addr(), t_mask.data_addr());
                 let n = ids.len();
@@ -247,12 +304,7 @@ impl Offload {
     /// copies of the predicted experts that are not resident. Not waited for: the copies overlap
     /// this layer's expert matmuls and the next layer's attention; the next layer's first copy
     /// engine wait covers them.
-    fn prefetch_after(
-        &mut self,
-        il: usize,
-        x_addr: usize,
-        n_tokens: usize,
-    ) -> Result<(), GgmlError> {
+    fn prefetch_after(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
         let Some(next) = (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some()) else {
             return Ok(());
         };
@@ -263,10 +315,8 @@ impl Offload {
         };
         let n = n_embd * n_tokens;
         let xs = self.scratch + self.scratch_len - 4 * n - 256;
-        self.xfer.copy(xs, x_addr, 4 * n)?;
-        self.xfer.wait()?;
-        // SAFETY: [xs, xs + 4n) lies in the live host scratch (sized for n_embd * t_max floats
-        // at its end), 4-aligned, written by the waited copy.
+        // SAFETY: read_routing left this step's FFN input at [xs, xs + 4n) in the live host
+        // scratch (same layout), and nothing has been copied there since.
         let x = unsafe { std::slice::from_raw_parts(xs as *const f32, n) }.to_vec();
         let bases = self.bases(next);
         let now = self.step;
@@ -277,7 +327,7 @@ impl Offload {
             let logits: Vec<f32> = layer
                 .router
                 .chunks_exact(n_embd)
-                .map(|w| w.iter().zip(xt).map(|(a, b)| a * b).sum())
+                .map(|w| dot(w, xt))
                 .collect();
             for e in crate::synth::routing::top_k(&logits, k) {
                 if !predicted.contains(&(e as u32)) {
@@ -311,3 +361,106 @@ impl Offload {
         Ok(())
     }
 }
+
+/// Dot product with 8 independent accumulators, so the compiler vectorises it (a plain
+/// iterator sum is sequential in f32 and runs ~10x slower; the prefetch router is 128-256 of
+/// these per layer per token).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dot_matches_the_plain_sum() {
+        let a: Vec<f32> = (0..2051)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let b: Vec<f32> = (0..2051)
+            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((super::dot(&a, &b) as f64 - plain).abs() < 1e-3);
+    }
+}
+
+/// What a step's router chose, read back to the host.
+struct Routing {
+    /// Expert per pick, [k * n_tokens].
+    sel: Vec<u32>,
+    /// Weight per pick.
+    weights: Vec<f32>,
+    /// FFN input [n_embd * n_tokens] (slot steps only).
+    x: Vec<f32>,
+}
+
+impl Offload {
+    /// Which of `used`'s misses the CPU computes: greedy, each miss to the channel that would
+    /// finish it first (copy engine at `pcie_bw`, CPU at `cpu_bw` plus a fixed start cost), so
+    /// both channels end at about the same time.
+    fn plan_cpu(&self, il: usize, used: &[u32]) -> Vec<u32> {
+        let layer = self.layers[il].as_ref().expect("offloaded layer");
+        let bytes: f64 = layer
+            .mats
+            .iter()
+            .flatten()
+            .map(|m| m.expert_bytes as f64)
+            .sum();
+        let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
+        let (mut t_pcie, mut t_cpu) = (0.0, CPU_START_S);
+        let mut on_cpu = Vec::new();
+        for &e in used.iter().filter(|&&e| layer.cache.slot(e).is_none()) {
+            if t_cpu + cc < t_pcie + cp {
+                t_cpu += cc;
+                on_cpu.push(e);
+            } else {
+                t_pcie += cp;
+            }
+        }
+        on_cpu
+    }
+
+    /// The GPU's experts of layer `il` are done: put the CPU channel's share (or zeros over a
+    /// stale one) in the tensor the graph adds next.
+    fn on_gpu_out(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
+        let n = self.n_embd * n_tokens;
+        let out = match self.cpu.as_mut() {
+            Some(cpu) if cpu.pending() == Some(il) => {
+                let t0 = std::time::Instant::now();
+                let r = cpu.finish().map_err(|msg| GgmlError::Tensor {
+                    name: format!("CPU experts of layer {il}"),
+                    msg,
+                })?;
+                self.stats.wait_cpu_s += t0.elapsed().as_secs_f64();
+                self.cpu_dirty[il] = true;
+                r
+            }
+            _ if self.cpu_dirty[il] => {
+                self.cpu_dirty[il] = false;
+                vec![0.0; n]
+            }
+            _ => return Ok(()),
+        };
+        assert_eq!(out.len(), n, "CPU result size");
+        // Through ggml's own (synchronous) upload, not the copy engine: waiting on the copy
+        // engine here would also wait for the next layer's prefetches.
+        self.ctl_cpu(il)
+            .write_bytes_at(0, bytemuck::cast_slice(&out))
+    }
+}
+
+/// Fixed cost of a CPU-channel job (thread wake-up, graph build), seconds.
+const CPU_START_S: f64 = 40e-6;

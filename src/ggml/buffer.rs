@@ -65,6 +65,31 @@ impl Context {
     }
 }
 
+impl Context {
+    /// A CPU buffer over existing host memory `[addr, addr + size)`, owned (not the memory) by
+    /// this context: tensors placed in it read that memory directly.
+    ///
+    /// # Safety
+    /// The memory must stay valid, and not be freed, while this context lives.
+    pub unsafe fn wrap_host_memory(&self, addr: usize, size: usize) -> Result<BufferRef<'_>> {
+        // SAFETY: per the contract above; ggml does not free memory it did not allocate.
+        let buf =
+            unsafe { sys::ggml_backend_cpu_buffer_from_ptr(addr as *mut std::ffi::c_void, size) };
+        if buf.is_null() {
+            return Err(GgmlError::Alloc {
+                backend: "CPU".into(),
+                what: "buffer over host memory".into(),
+                size,
+            });
+        }
+        self.adopt_buffer(buf);
+        Ok(BufferRef {
+            ptr: buf,
+            _ctx: PhantomData,
+        })
+    }
+}
+
 impl<'ctx> BufferRef<'ctx> {
     pub fn size(&self) -> usize {
         // SAFETY: live buffer (owned by the context 'ctx borrows).
@@ -89,9 +114,17 @@ impl<'ctx> BufferRef<'ctx> {
         unsafe { sys::ggml_backend_buffer_clear(self.ptr, value) };
     }
 
-    /// Places `t` (a tensor of the same context, not yet allocated) at byte `offset`.
-    pub fn place(&self, t: Tensor<'ctx>, offset: usize) -> Result<()> {
-        let need = offset + t.n_bytes();
+    /// Bytes `t` takes in this buffer (its data plus the backend's padding, e.g. ggml-cuda pads
+    /// the last row of quantised matrices to 512 columns).
+    pub fn alloc_size(&self, t: Tensor<'_>) -> usize {
+        // SAFETY: live buffer and tensor; a pure size query.
+        unsafe { sys::ggml_backend_buffer_get_alloc_size(self.ptr, t.raw()) }
+    }
+
+    /// Places `t` (a tensor of the same context, not yet allocated) at byte `offset`; returns
+    /// the offset just past it, aligned for the next tensor.
+    pub fn place(&self, t: Tensor<'ctx>, offset: usize) -> Result<usize> {
+        let need = offset + self.alloc_size(t);
         if need > self.size() {
             return Err(GgmlError::Tensor {
                 name: t.name(),
@@ -115,7 +148,7 @@ impl<'ctx> BufferRef<'ctx> {
                 msg: format!("could not be placed in its buffer (status {status})"),
             });
         }
-        Ok(())
+        Ok(need.next_multiple_of(256))
     }
 }
 

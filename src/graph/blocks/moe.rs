@@ -142,14 +142,16 @@ impl<'a> GraphBuilder<'a> {
         let x = self.cb(x, "ffn_moe_in", il as i32);
         ctx.set_output(x);
         let mode = off.mode(nt as usize);
-        self.moe_nodes.borrow_mut().push(MoeNode {
+        let mut node = MoeNode {
             il,
             mode,
             anchor: weights.name(),
             selected: r.selected.name(),
             input: x.name(),
-        });
-        match mode {
+            gpu_out: None,
+            act: opts.act,
+        };
+        let out = match mode {
             Mode::Staging => {
                 let w = std::array::from_fn(|m| off.staging_tensor(il, m));
                 let t = ExpertTensors { w, biases };
@@ -162,9 +164,21 @@ impl<'a> GraphBuilder<'a> {
                 let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
                 let weights = ctx.mul(weights, mask); // [1, k, nt]
                 let t = ExpertTensors { w, biases };
-                self.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
+                let out = self.expert_ffn(&t, x, il, ids, r.selected, weights, opts);
+                if off.cpu_enabled(il) {
+                    // The CPU channel's share, written by the step hook once the GPU's is done.
+                    let gpu = self.cb(out, "ffn_moe_out_gpu", il as i32);
+                    node.gpu_out = Some(gpu.name());
+                    let cpu = off.ctl_cpu(il);
+                    let cpu = ctx.view(cpu, &[self.hp.n_embd as i64, nt], &[cpu.nb()[1]], 0); // [n_embd, nt]
+                    self.cb(ctx.add(gpu, cpu), "ffn_moe_out", il as i32)
+                } else {
+                    out
+                }
             }
-        }
+        };
+        self.moe_nodes.borrow_mut().push(node);
+        out
     }
 
     /// up/gate/down through `mul_mat_id` with expert ids `ids` (into `t.w`'s third dimension),
@@ -181,58 +195,85 @@ impl<'a> GraphBuilder<'a> {
         weights: Tensor<'a>,
         opts: &MoeOpts,
     ) -> Tensor<'a> {
-        let (ctx, hp) = (self.ctx, self.hp);
-        let ili = il as i32;
-        let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
-        let k = hp.n_expert_used as i64;
-        let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
-                                                                       // Optional per-expert biases (gpt-oss), added for the selected experts.
-        let biased = |y: Tensor<'a>, m: usize| match t.biases[m] {
-            Some(b) => ctx.add_id(y, b, bias_ids),
-            None => y,
+        let dims = FfnDims {
+            n_embd: self.hp.n_embd as i64,
+            k: self.hp.n_expert_used as i64,
+            nt: self.batch.n_tokens as i64,
         };
-        let [up_w, gate_w, down_w] = t.w;
-        let up_w = up_w.expect("experts have an up matrix");
-        let down_w = down_w.expect("experts have a down matrix");
-        let up = ctx.mul_mat_id(up_w, x3, ids); // [n_ff, k, nt]
-        let up = self.cb(biased(up, 0), "ffn_moe_up", ili);
-        let act = match gate_w {
-            Some(gate) => {
-                let g = biased(ctx.mul_mat_id(gate, x3, ids), 1);
-                let g = self.cb(g, "ffn_moe_gate", ili);
-                match opts.act {
-                    ExpertAct::Swiglu => self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili),
-                    ExpertAct::SwigluOai => {
-                        self.cb(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai", ili)
-                    }
+        let name = |y: Tensor<'a>, n: &str| self.cb(y, n, il as i32);
+        expert_ffn(
+            self.ctx, t, x, dims, ids, bias_ids, weights, opts.act, &name,
+        )
+    }
+}
+
+/// Sizes of an expert FFN call: model width, experts per token, tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct FfnDims {
+    pub n_embd: i64,
+    pub k: i64,
+    pub nt: i64,
+}
+
+/// The expert FFN on any context (the graph builder's, or the CPU channel's own): see
+/// [`GraphBuilder::expert_ffn`]; `name` names intermediates.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_ffn<'a>(
+    ctx: &'a crate::ggml::Context,
+    t: &ExpertTensors<'a>,
+    x: Tensor<'a>,
+    d: FfnDims,
+    ids: Tensor<'a>,
+    bias_ids: Tensor<'a>,
+    weights: Tensor<'a>,
+    act_kind: ExpertAct,
+    name: &dyn Fn(Tensor<'a>, &str) -> Tensor<'a>,
+) -> Tensor<'a> {
+    let FfnDims { n_embd, k, nt } = d;
+    let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
+                                                                   // Optional per-expert biases (gpt-oss), added for the selected experts.
+    let biased = |y: Tensor<'a>, m: usize| match t.biases[m] {
+        Some(b) => ctx.add_id(y, b, bias_ids),
+        None => y,
+    };
+    let [up_w, gate_w, down_w] = t.w;
+    let up_w = up_w.expect("experts have an up matrix");
+    let down_w = down_w.expect("experts have a down matrix");
+    let up = ctx.mul_mat_id(up_w, x3, ids); // [n_ff, k, nt]
+    let up = name(biased(up, 0), "ffn_moe_up");
+    let act = match gate_w {
+        Some(gate) => {
+            let g = name(biased(ctx.mul_mat_id(gate, x3, ids), 1), "ffn_moe_gate");
+            match act_kind {
+                ExpertAct::Swiglu => name(ctx.swiglu_split(g, up), "ffn_moe_swiglu"),
+                ExpertAct::SwigluOai => {
+                    name(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai")
                 }
             }
-            None => self.cb(ctx.silu(up), "ffn_moe_silu", ili),
-        };
-        let experts = ctx.mul_mat_id(down_w, act, ids); // [n_embd, k, nt]
-        let experts = self.cb(experts, "ffn_moe_down", ili);
-        let experts = self.cb(biased(experts, 2), "ffn_moe_down_biased", ili);
-        let experts = self.cb(ctx.mul(experts, weights), "ffn_moe_weighted", ili);
-
-        // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
-        let row = experts.ne()[0] as usize * 4;
-        let view = |i: i64| {
-            ctx.view(
-                experts,
-                &[n_embd, nt],
-                &[row * k as usize],
-                i as usize * row,
-            )
-        }; // [n_embd, nt]
-        let mut out = view(0);
-        for i in 1..k {
-            out = ctx.add(out, view(i));
         }
-        if k == 1 {
-            out = ctx.cont(out);
-        }
-        self.cb(out, "ffn_moe_out", ili)
+        None => name(ctx.silu(up), "ffn_moe_silu"),
+    };
+    let experts = name(ctx.mul_mat_id(down_w, act, ids), "ffn_moe_down"); // [n_embd, k, nt]
+    let experts = name(biased(experts, 2), "ffn_moe_down_biased");
+    let experts = name(ctx.mul(experts, weights), "ffn_moe_weighted");
+    // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
+    let row = experts.ne()[0] as usize * 4;
+    let view = |i: i64| {
+        ctx.view(
+            experts,
+            &[n_embd, nt],
+            &[row * k as usize],
+            i as usize * row,
+        )
+    }; // [n_embd, nt]
+    let mut out = view(0);
+    for i in 1..k {
+        out = ctx.add(out, view(i));
     }
+    if k == 1 {
+        out = ctx.cont(out);
+    }
+    name(out, "ffn_moe_out")
 }
 
 /// The expert matrices (up, gate, down) and their optional biases, [ne0, ne1, n] each.
