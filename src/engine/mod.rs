@@ -149,6 +149,11 @@ impl Engine {
         self.n_past = 0;
     }
 
+    /// Forgets positions `n..` (keeps the first `n` cached), e.g. to rerun a benchmark at a depth.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
+    }
+
     /// Appends `tokens` to the sequence and returns the logits at each of their positions.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.forward_with(tokens, false)
