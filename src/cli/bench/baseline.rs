@@ -244,6 +244,14 @@ impl Sweep<'_> {
                         s
                     }
                 };
+                eprintln!(
+                    "llama.cpp: {}: VRAM {}, {:?}",
+                    setting.label,
+                    setting
+                        .vram_bytes
+                        .map_or("-".into(), crate::cli::inspect::human_bytes),
+                    setting.status
+                );
                 out.push(setting);
             }
         }

@@ -224,6 +224,7 @@ pub fn run_tests(
             _ => None,
         };
         let (mean, std) = mean_std(&tok_s);
+        eprintln!("  {:<16} {mean:>10.1} ± {std:.1} t/s", t.name());
         out.push(Measurement {
             test: t.name(),
             n_prompt: t.n_prompt,
@@ -263,6 +264,8 @@ pub struct VramPeak {
     gpu: Option<usize>,
     before: u64,
     pub peak: u64,
+    /// Whether the device answered at least once.
+    seen: bool,
 }
 
 impl VramPeak {
@@ -276,17 +279,19 @@ impl VramPeak {
             gpu,
             before,
             peak: 0,
+            seen: false,
         }
     }
     pub fn sample(&mut self) -> u64 {
         if let Some(u) = device_used(self.gpu) {
             self.peak = self.peak.max(u.saturating_sub(self.before));
+            self.seen = true;
         }
         self.peak
     }
     /// The peak, where there is a device to measure.
     pub fn bytes(&self) -> Option<u64> {
-        self.gpu.map(|_| self.peak)
+        self.seen.then_some(self.peak)
     }
 }
 

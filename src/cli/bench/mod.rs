@@ -284,15 +284,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
             budgets.push(b.0);
         }
     }
-    let mut settings = Vec::new();
-    for &b in &budgets {
-        eprintln!("bench: pocketmoe at {}", report::budget_name(b));
-        settings.push(ours(&args, Budget(b), &tests));
-        if !args.no_baseline {
-            eprintln!("bench: llama.cpp at {}", report::budget_name(b));
-            settings.extend(baseline_in_child(&args, Budget(b), user_disabled_graphs)?);
-        }
-    }
     let bw = Bandwidths {
         hbm: args.hbm_gbps * 1e9,
         pcie: args.pcie_gbps * 1e9,
@@ -303,14 +294,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let bound_of = |b: Option<u64>, t: &Test, hit: Option<f64>| {
         report::bound(&facts, on_gpu, b, t, hit, ub, bw)
     };
-    let rows = report::rows(&settings, &budgets, &tests, &bound_of);
     let device_memory = args.gpu.and_then(|g| {
         crate::ggml::Device::all()
             .into_iter()
             .find(|d| d.name == format!("CUDA{g}"))
             .map(|d| d.memory_total as u64)
     });
-    let rep = Report {
+    let make = |settings: &[Setting]| Report {
         model: args
             .model
             .file_name()
@@ -321,14 +311,43 @@ pub fn run(args: BenchArgs) -> Result<()> {
         threads: args.threads(),
         reps: args.reps,
         bandwidths: bw,
-        settings,
-        rows,
+        settings: settings.to_vec(),
+        rows: report::rows(settings, &budgets, &tests, &bound_of),
     };
-    print!("{}", report::markdown(&rep));
-    if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&rep)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+    let write_json = |rep: &Report| -> Result<()> {
+        if let Some(p) = &args.json {
+            std::fs::write(p, serde_json::to_string_pretty(rep)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        Ok(())
+    };
+    let mut settings = Vec::new();
+    for &b in &budgets {
+        eprintln!("bench: pocketmoe at {}", report::budget_name(b));
+        settings.push(ours(&args, Budget(b), &tests));
+        if !args.no_baseline {
+            eprintln!("bench: llama.cpp at {}", report::budget_name(b));
+            match baseline_in_child(&args, Budget(b), user_disabled_graphs) {
+                Ok(v) => settings.extend(v),
+                Err(e) => settings.push(Setting {
+                    engine: "llama.cpp".into(),
+                    budget: b,
+                    label: "(baseline process)".into(),
+                    n_cpu_moe: None,
+                    n_ubatch: 0,
+                    vram_bytes: None,
+                    host_rss_bytes: 0,
+                    fits: false,
+                    status: Status::Failed(format!("{e:#}")),
+                    results: Vec::new(),
+                }),
+            }
+        }
+        // After each budget, so a run cut short still leaves its figures.
+        write_json(&make(&settings))?;
     }
+    let rep = make(&settings);
+    print!("{}", report::markdown(&rep));
     if let Some(p) = &args.plot {
         plot::plot(&rep, p).with_context(|| format!("drawing {}", p.display()))?;
     }

@@ -148,12 +148,15 @@ pub fn bound(
     Some(1.0 / t_hbm.max(t_miss))
 }
 
+/// The bound (tokens/s) for (budget, test, measured hit rate).
+pub type BoundFn<'a> = dyn Fn(Option<u64>, &Test, Option<f64>) -> Option<f64> + 'a;
+
 /// One row per (budget, test): ours against llama.cpp's fastest setting that fits.
 pub fn rows(
     settings: &[Setting],
     budgets: &[Option<u64>],
     tests: &[Test],
-    bound_of: &dyn Fn(Option<u64>, &Test, Option<f64>) -> Option<f64>,
+    bound_of: &BoundFn<'_>,
 ) -> Vec<Row> {
     let mut out = Vec::new();
     for &b in budgets {
