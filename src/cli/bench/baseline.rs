@@ -10,8 +10,11 @@
 //! KV cache, compute buffers), and the per-layer expert bytes from the GGUF then give the fewest
 //! N with `fixed(ub) + Σ_{l≥N} experts(l) ≤ budget`. That candidate is loaded and measured; an
 //! overshoot moves N up, slack of a whole layer moves it down, at most [`MAX_TRIES`] times per
-//! micro-batch. tg runs only at the smallest micro-batch (ub does not change decode); a larger
-//! ub runs only the pp tests at least as long as it.
+//! micro-batch. Contexts grow while they run (ggml-cuda's buffer pool): a context counts as
+//! fitting with [`Sweep::reserve`] of headroom until a run has measured the growth, and a run whose
+//! peak ends over the budget is reported as such and the search goes on with the growth learnt.
+//! tg runs only at the smallest micro-batch (ub does not change decode); a larger ub runs only the
+//! pp tests at least as long as it.
 //!
 //! It runs in a child process (`bench --baseline-child`), one per budget: libllama keeps CUDA
 //! graph replay on there (our process turns it off, see `Backend::cuda`), and each budget starts
@@ -75,11 +78,18 @@ pub struct Trial {
 
 #[derive(Default, Clone, Debug)]
 struct UbState {
-    /// Bytes besides GPU-resident experts, from the last measurement.
+    /// Bytes besides GPU-resident experts, from the last measurement (pool growth included).
     fixed: Option<u64>,
     /// Smallest N measured to fit; largest N measured over the budget.
     fit: Option<usize>,
     over: Option<usize>,
+    /// `fit` before the last measurement (restored when a run outgrows the budget).
+    prev_fit: Option<usize>,
+    /// Growth of device memory while tests ran (ggml-cuda's buffer pool), worst seen; until
+    /// a run is seen, [`Sweep::reserve`].
+    pool: Option<u64>,
+    /// VRAM when the last context was made.
+    ctx_vram: u64,
     tries: usize,
     done: bool,
 }
@@ -99,6 +109,9 @@ pub struct Sweep<'a> {
     pub budget: u64,
     /// Where to start when nothing is measured: all on the GPU if the file fits the budget.
     pub model_bytes: u64,
+    /// Device memory a context is expected to grow by while it runs (ggml-cuda's buffer pool),
+    /// until a run has measured it: a context fits if its VRAM plus this fits.
+    pub reserve: u64,
 }
 
 impl Sweep<'_> {
@@ -205,6 +218,9 @@ impl Sweep<'_> {
                 let trial = rig.try_ubatch(u, &mut |v| {
                     let s = &mut st[i];
                     s.tries += 1;
+                    s.ctx_vram = v;
+                    s.prev_fit = s.fit;
+                    let v = v + s.pool.unwrap_or(self.reserve);
                     s.fixed = Some(v.saturating_sub(self.gpu_experts(n)));
                     if v <= self.budget {
                         s.fit = Some(s.fit.map_or(n, |f| f.min(n)));
@@ -232,10 +248,19 @@ impl Sweep<'_> {
                     }
                     Ok(t) => {
                         let fits = t.vram.is_none_or(|v| v <= self.budget);
+                        if let (true, false, Some(peak)) = (ran, fits, t.vram) {
+                            // The run outgrew the budget: learn the growth, search on.
+                            let s = &mut st[i];
+                            s.pool = s.pool.max(Some(peak.saturating_sub(s.ctx_vram)));
+                            s.fixed = Some(peak.saturating_sub(self.gpu_experts(n)));
+                            s.over = s.over.max(Some(n));
+                            s.fit = s.prev_fit;
+                            s.done = false;
+                        }
                         let status = match (fits, ran) {
-                            (_, true) => Status::Ran,
+                            (true, true) => Status::Ran,
                             (true, false) => Status::Fits,
-                            (false, false) => Status::OverBudget,
+                            (false, _) => Status::OverBudget,
                         };
                         let mut s = self.setting(rig, n, u, budget, t.vram, status);
                         s.host_rss_bytes = t.host_rss;
@@ -448,6 +473,7 @@ mod tests {
             layers: &layers,
             budget: 6000,
             model_bytes: 9999,
+            reserve: 0,
         };
         let tests = matrix(&[512, 4096], &[128], &[0]);
         let mut rig = fake();
@@ -489,6 +515,7 @@ mod tests {
             layers: &layers,
             budget: 1 << 20,
             model_bytes: 4800,
+            reserve: 0,
         };
         let mut rig = fake();
         sweep.run(&mut rig, &[512, 2048], &tests, None);
@@ -498,6 +525,7 @@ mod tests {
             layers: &layers,
             budget: 500,
             model_bytes: 4800,
+            reserve: 0,
         };
         let mut rig = fake();
         let tried = sweep.run(&mut rig, &[512], &tests, Some(500));
@@ -541,11 +569,58 @@ mod tests {
             layers: &layers,
             budget: 6000,
             model_bytes: 9999,
+            reserve: 0,
         };
         let mut rig = Greedy(fake());
         sweep.run(&mut rig, &[512], &matrix(&[512], &[], &[0]), Some(6000));
         assert_eq!(rig.0.loads, [48, 4, 6]);
         assert_eq!(rig.0.runs, [(6, 512, 512)]);
+    }
+
+    #[test]
+    fn growth_during_a_run_is_learnt() {
+        // Running tests grows device memory by 300 (ggml-cuda's pool): the run at N = 4 ends
+        // over the budget, and the search moves to N = 7, which fits with the growth.
+        struct Pool(Fake);
+        impl Rig for Pool {
+            fn load(&mut self, n: usize) -> Result<()> {
+                self.0.load(n)
+            }
+            fn try_ubatch(
+                &mut self,
+                u: usize,
+                d: &mut dyn FnMut(u64) -> Vec<Test>,
+            ) -> Result<Trial> {
+                let v = 1007 + u as u64 + 100 * (48 - self.0.n as u64);
+                let t = d(v);
+                self.0
+                    .runs
+                    .extend(t.iter().map(|t| (self.0.n, u, t.n_prompt)));
+                let peak = v + if t.is_empty() { 0 } else { 300 };
+                Ok(Trial {
+                    vram: Some(peak),
+                    host_rss: 0,
+                    results: Vec::new(),
+                })
+            }
+            fn label(&self, n: usize, u: usize) -> String {
+                self.0.label(n, u)
+            }
+        }
+        let layers = vec![100u64; 48];
+        let sweep = Sweep {
+            layers: &layers,
+            budget: 6000,
+            model_bytes: 9999,
+            reserve: 0,
+        };
+        let mut rig = Pool(fake());
+        let tried = sweep.run(&mut rig, &[512], &matrix(&[512], &[], &[0]), Some(6000));
+        assert_eq!(rig.0.loads, [48, 4, 7]);
+        assert_eq!(rig.0.runs, [(4, 512, 512), (7, 512, 512)]);
+        let last = tried.last().unwrap();
+        assert!(last.fits && last.status == Status::Ran && last.n_cpu_moe == Some(7));
+        assert_eq!(tried[1].status, Status::OverBudget);
     }
 
     #[test]

@@ -24,6 +24,10 @@ use measure::{matrix, n_ctx_for, run_tests, Test, VramPeak};
 use report::{ModelFacts, Report, Setting, Status};
 use std::path::PathBuf;
 
+/// Expected growth of a llama.cpp context's device memory while it runs (ggml-cuda's buffer
+/// pool), until measured: the search keeps this much headroom below the budget.
+const POOL_RESERVE: u64 = 128 << 20;
+
 /// A VRAM budget: `None` = resident (the whole device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget(pub Option<u64>);
@@ -159,6 +163,7 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
         layers: &layers,
         budget: limit,
         model_bytes: facts.file_bytes,
+        reserve: if args.gpu.is_some() { POOL_RESERVE } else { 0 },
     };
     let mut rig = baseline::LlamaRig::new(
         args.model.clone(),
