@@ -125,6 +125,11 @@ impl Context {
         Ok(size)
     }
 
+    /// Takes ownership of `buf`: freed when the context drops.
+    pub(crate) fn adopt_buffer(&self, buf: sys::ggml_backend_buffer_t) {
+        self.buffers.borrow_mut().push(buf);
+    }
+
     /// Looks up every tensor of this context by name, once (ggml's own lookup is a linear scan).
     pub fn index(&self) -> TensorIndex {
         let mut map = std::collections::HashMap::new();
@@ -490,7 +495,7 @@ impl Drop for Context {
 pub struct OwnedGraph {
     // Field order = drop order: the pointers below die with the context.
     graph: NonNull<sys::ggml_cgraph>,
-    named: std::collections::HashMap<&'static str, NonNull<sys::ggml_tensor>>,
+    named: std::collections::HashMap<String, NonNull<sys::ggml_tensor>>,
     ctx: Box<Context>,
 }
 
@@ -500,7 +505,7 @@ impl OwnedGraph {
     pub fn build<E>(
         ctx: Context,
         size: usize,
-        f: impl FnOnce(&Context, Graph<'_>) -> std::result::Result<Vec<&'static str>, E>,
+        f: impl FnOnce(&Context, Graph<'_>) -> std::result::Result<Vec<String>, E>,
     ) -> std::result::Result<Self, E> {
         let ctx = Box::new(ctx);
         let graph = Graph::new(&ctx, size);
@@ -510,8 +515,8 @@ impl OwnedGraph {
             .into_iter()
             .map(|n| {
                 (
-                    n,
-                    ctx.get(&index, n)
+                    n.clone(),
+                    ctx.get(&index, &n)
                         .unwrap_or_else(|| panic!("graph has no tensor {n:?}"))
                         .ptr,
                 )
@@ -615,6 +620,44 @@ impl<'ctx> Tensor<'ctx> {
 
     pub fn ne(&self) -> [i64; 4] {
         self.get().ne
+    }
+
+    /// Strides in bytes, ggml order.
+    pub fn nb(&self) -> [usize; 4] {
+        self.get().nb
+    }
+
+    /// A stable identity for this tensor (its address), e.g. to recognise a graph node in a
+    /// scheduler callback ([`super::EvalHook`]).
+    pub fn id(&self) -> usize {
+        self.raw() as usize
+    }
+
+    /// The address of the tensor's data in its buffer (a device address for GPU buffers, a host
+    /// address for host buffers), or 0 when it has none yet. For copy engines that take raw
+    /// addresses; reading through it is the caller's (unsafe) business.
+    pub fn data_addr(&self) -> usize {
+        self.get().data as usize
+    }
+
+    /// Copies `data` into the tensor's bytes at `offset`.
+    pub fn write_bytes_at(self, offset: usize, data: &[u8]) -> Result<()> {
+        let t = self.get();
+        if t.buffer.is_null() || t.data.is_null() {
+            return Err(self.err("has no backend buffer".into()));
+        }
+        if offset + data.len() > self.n_bytes() {
+            return Err(self.err(format!(
+                "write of {} bytes at {offset} overruns its {} bytes",
+                data.len(),
+                self.n_bytes()
+            )));
+        }
+        // SAFETY: live buffer; the range was checked against the tensor's size.
+        unsafe {
+            sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())
+        };
+        Ok(())
     }
 
     pub fn n_elements(&self) -> i64 {

@@ -62,6 +62,10 @@ pub struct GraphBuilder<'a> {
     pub hp: &'a Hparams,
     pub batch: BatchInputs<'a>,
     pub graph: Graph<'a>,
+    /// The offloaded routed experts, if any (DESIGN.md §4).
+    pub experts: Option<&'a crate::experts::Offload>,
+    /// Offloaded layers of this graph, for the step hook.
+    pub moe_nodes: std::cell::RefCell<Vec<crate::experts::step::MoeNode>>,
 }
 
 impl<'a> GraphBuilder<'a> {

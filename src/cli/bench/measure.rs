@@ -41,10 +41,9 @@ impl Subject for Engine {
     }
 }
 
-/// Adapter to the engine's offload statistics. `None` until `Engine::offload_stats` lands with
-/// routed-expert offload (issue 7); when merging, the body becomes `eng.offload_stats()`.
-pub fn engine_offload_stats(_eng: &Engine) -> Option<Stats> {
-    None
+/// The engine's offload statistics (`None` when the model is fully resident).
+pub fn engine_offload_stats(eng: &Engine) -> Option<Stats> {
+    eng.offload_stats()
 }
 
 /// A libllama context fed in chunks of its logical batch, as llama-bench's `test_prompt`.

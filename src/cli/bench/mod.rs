@@ -254,9 +254,18 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
             .with_context(|| format!("loading {}", args.model.display()))?;
         vram.sample();
         let n_vocab = eng.hp.n_vocab;
-        run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
+        let r = run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
             vram.sample();
-        })
+        })?;
+        if let Some(st) = eng.offload_stats() {
+            eprintln!(
+                "pocketmoe: {} slots/layer, {:.2} GiB on the device\n{}",
+                eng.expert_slots().unwrap_or(0),
+                eng.device_bytes() as f64 / (1u64 << 30) as f64,
+                st.summary()
+            );
+        }
+        Ok(r)
     };
     match run(&mut vram) {
         Ok(r) => s.results = r,

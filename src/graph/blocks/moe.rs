@@ -5,6 +5,7 @@
 //!
 //! This is the seam of DESIGN.md §4: the offload path replaces [`GraphBuilder::moe`]'s expert
 //! matmuls; architecture files never change.
+use crate::experts::{step::MoeNode, Mode};
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
@@ -106,7 +107,9 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
-    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache.
+    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache: from cache
+    /// slots with remapped ids and a mask (decode), or from the staging area (prefill). The
+    /// offload step hook stops after the routing (see `experts::step`).
     pub fn routed_experts(
         &self,
         x: Tensor<'a>,
@@ -114,22 +117,88 @@ impl<'a> GraphBuilder<'a> {
         r: &Routing<'a>,
         opts: &MoeOpts,
     ) -> Tensor<'a> {
+        let ctx = self.ctx;
+        let nt = self.batch.n_tokens as i64;
+        let k = self.hp.n_expert_used as i64;
+        let bias = |m: &str| self.wl_opt(il, &format!("{m}.bias"));
+        let biases = [
+            bias("ffn_up_exps"),
+            bias("ffn_gate_exps"),
+            bias("ffn_down_exps"),
+        ];
+        let Some(off) = self.experts.filter(|o| o.is_offloaded(il)) else {
+            let w = [
+                Some(self.wl(il, "ffn_up_exps.weight")),
+                self.wl_opt(il, "ffn_gate_exps.weight"),
+                Some(self.wl(il, "ffn_down_exps.weight")),
+            ];
+            let t = ExpertTensors { w, biases };
+            return self.expert_ffn(&t, x, il, r.selected, r.selected, r.weights, opts);
+        };
+        // The hook reads these after the anchor; outputs are never overwritten by the allocator.
+        ctx.set_output(r.selected);
+        let weights = self.cb(r.weights, "ffn_moe_weights_final", il as i32);
+        ctx.set_output(weights);
+        let x = self.cb(x, "ffn_moe_in", il as i32);
+        ctx.set_output(x);
+        let mode = off.mode(nt as usize);
+        self.moe_nodes.borrow_mut().push(MoeNode {
+            il,
+            mode,
+            anchor: weights.name(),
+            selected: r.selected.name(),
+            input: x.name(),
+        });
+        match mode {
+            Mode::Staging => {
+                let w = std::array::from_fn(|m| off.staging_tensor(il, m));
+                let t = ExpertTensors { w, biases };
+                self.expert_ffn(&t, x, il, r.selected, r.selected, weights, opts)
+            }
+            Mode::Slots => {
+                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
+                let (ids, mask) = off.ctl(il);
+                let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
+                let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
+                let weights = ctx.mul(weights, mask); // [1, k, nt]
+                let t = ExpertTensors { w, biases };
+                self.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
+            }
+        }
+    }
+
+    /// up/gate/down through `mul_mat_id` with expert ids `ids` (into `t.w`'s third dimension),
+    /// per-expert biases picked by `bias_ids`, the activation, and the `weights`-weighted sum
+    /// over the k experts of each token: `x` [n_embd, nt] -> [n_embd, nt].
+    #[allow(clippy::too_many_arguments)]
+    pub fn expert_ffn(
+        &self,
+        t: &ExpertTensors<'a>,
+        x: Tensor<'a>,
+        il: usize,
+        ids: Tensor<'a>,
+        bias_ids: Tensor<'a>,
+        weights: Tensor<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a> {
         let (ctx, hp) = (self.ctx, self.hp);
         let ili = il as i32;
         let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
         let k = hp.n_expert_used as i64;
-        let (selected, weights) = (r.selected, r.weights);
         let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
                                                                        // Optional per-expert biases (gpt-oss), added for the selected experts.
-        let biased = |t: Tensor<'a>, name: &str| match self.wl_opt(il, name) {
-            Some(b) => ctx.add_id(t, b, selected),
-            None => t,
+        let biased = |y: Tensor<'a>, m: usize| match t.biases[m] {
+            Some(b) => ctx.add_id(y, b, bias_ids),
+            None => y,
         };
-        let up = ctx.mul_mat_id(self.wl(il, "ffn_up_exps.weight"), x3, selected); // [n_ff, k, nt]
-        let up = self.cb(biased(up, "ffn_up_exps.bias"), "ffn_moe_up", ili);
-        let act = match self.wl_opt(il, "ffn_gate_exps.weight") {
+        let [up_w, gate_w, down_w] = t.w;
+        let up_w = up_w.expect("experts have an up matrix");
+        let down_w = down_w.expect("experts have a down matrix");
+        let up = ctx.mul_mat_id(up_w, x3, ids); // [n_ff, k, nt]
+        let up = self.cb(biased(up, 0), "ffn_moe_up", ili);
+        let act = match gate_w {
             Some(gate) => {
-                let g = biased(ctx.mul_mat_id(gate, x3, selected), "ffn_gate_exps.bias");
+                let g = biased(ctx.mul_mat_id(gate, x3, ids), 1);
                 let g = self.cb(g, "ffn_moe_gate", ili);
                 match opts.act {
                     ExpertAct::Swiglu => self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili),
@@ -140,13 +209,9 @@ impl<'a> GraphBuilder<'a> {
             }
             None => self.cb(ctx.silu(up), "ffn_moe_silu", ili),
         };
-        let experts = ctx.mul_mat_id(self.wl(il, "ffn_down_exps.weight"), act, selected); // [n_embd, k, nt]
+        let experts = ctx.mul_mat_id(down_w, act, ids); // [n_embd, k, nt]
         let experts = self.cb(experts, "ffn_moe_down", ili);
-        let experts = self.cb(
-            biased(experts, "ffn_down_exps.bias"),
-            "ffn_moe_down_biased",
-            ili,
-        );
+        let experts = self.cb(biased(experts, 2), "ffn_moe_down_biased", ili);
         let experts = self.cb(ctx.mul(experts, weights), "ffn_moe_weighted", ili);
 
         // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
@@ -168,4 +233,10 @@ impl<'a> GraphBuilder<'a> {
         }
         self.cb(out, "ffn_moe_out", ili)
     }
+}
+
+/// The expert matrices (up, gate, down) and their optional biases, [ne0, ne1, n] each.
+pub struct ExpertTensors<'a> {
+    pub w: [Option<Tensor<'a>>; 3],
+    pub biases: [Option<Tensor<'a>>; 3],
 }
