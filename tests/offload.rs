@@ -7,7 +7,7 @@
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
@@ -51,7 +51,7 @@ fn device() -> Device {
     }
 }
 
-fn engine(path: &PathBuf, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
+fn engine(path: &Path, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
     let opts = EngineOptions {
         device: device(),
         n_ctx: 128,

@@ -128,7 +128,7 @@ impl Engine {
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
             .map(|_| (hp.k_dim() as usize, hp.v_dim() as usize))
             .collect();
-        let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2) as u64
+        let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2)
             * widths.iter().map(|&(k, v)| (k + v) as u64).sum::<u64>()
             * opts.n_ctx as u64;
         // Offload when a budget is given that the whole model (+ KV + a compute reserve) exceeds.
@@ -261,6 +261,11 @@ impl Engine {
     /// Forgets the cached sequence.
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// Forgets positions `n..` (keeps the first `n` cached), e.g. to rerun a benchmark at a depth.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
     }
 
     /// Appends `tokens` to the sequence and returns the logits at each of their positions.
