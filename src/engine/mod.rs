@@ -110,8 +110,10 @@ impl Engine {
             Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
         };
         let weights = weights::Weights::load(&file, &main, progress)?;
+        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
+        let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
-            .map(|_| (hp.k_dim() as usize, hp.v_dim() as usize))
+            .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
         let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type)?;
         let backends = if Rc::ptr_eq(&main, &cpu) {

@@ -441,6 +441,21 @@ impl Context {
         )
     }
 
+    /// `a` and `b` joined along `dim` (every other dimension equal); either may be a view.
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim) },
+            "concat",
+        )
+    }
+
+    /// A tensor of `a`'s shape with every element `c` (a new tensor; `a` is unchanged).
+    pub fn fill<'a>(&'a self, a: Tensor<'a>, c: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_fill(self.raw(), a.raw(), c) }, "fill")
+    }
+
     /// Marks `t` as a graph input (allocated so it can be written before compute).
     pub fn set_input(&self, t: Tensor<'_>) {
         // SAFETY: live tensor.
@@ -615,6 +630,11 @@ impl<'ctx> Tensor<'ctx> {
 
     pub fn ne(&self) -> [i64; 4] {
         self.get().ne
+    }
+
+    /// Byte strides, nb0 first.
+    pub fn nb(&self) -> [usize; 4] {
+        self.get().nb
     }
 
     pub fn n_elements(&self) -> i64 {

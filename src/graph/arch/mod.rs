@@ -2,6 +2,7 @@
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 
+mod deepseek2;
 mod glm4moe;
 mod gpt_oss;
 mod minimax_m2;
@@ -19,6 +20,7 @@ pub const BUILT: &[&str] = &[
     "glm4moe",
     "minimax-m2",
     "gpt-oss",
+    "deepseek2",
 ];
 
 /// Whether [`build`] handles `arch`.
@@ -36,6 +38,12 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
         "glm4moe" => Ok(glm4moe::build(g)),
         "minimax-m2" => Ok(minimax_m2::build(g)),
         "gpt-oss" => Ok(gpt_oss::build(g)),
+        "deepseek2" if !g.hp.is_mla() => Err(
+            "deepseek2: legacy files with a fused attn_kv_b (no key_length_mla) are not built; \
+             re-convert with a current llama.cpp converter"
+                .into(),
+        ),
+        "deepseek2" => Ok(deepseek2::build(g)),
         other => Err(format!(
             "no graph for architecture {other:?} yet (built: {})",
             BUILT.join(", ")

@@ -27,17 +27,7 @@ pub const ROPE_NEOX: i32 = 2;
 
 impl<'a> GraphBuilder<'a> {
     fn rope_params(&self, mode: i32) -> RopeParams {
-        RopeParams {
-            n_dims: self.hp.n_rot as i32,
-            mode,
-            n_ctx_orig: self.hp.n_ctx_train as i32,
-            freq_base: self.hp.rope_freq_base,
-            freq_scale: 1.0,
-            ext_factor: 0.0,
-            attn_factor: 1.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }
+        self.rope_params_scaled(self.hp.n_rot, self.hp.rope_freq_base, mode)
     }
 
     /// Projection `w·x` plus an optional bias.
