@@ -99,6 +99,9 @@ impl Engine {
                 arch::BUILT.join(", ")
             )));
         }
+        if let Some(msg) = arch::unsupported(&hp) {
+            return Err(model_err(msg));
+        }
         let tensors: Vec<_> = file.tensors().cloned().collect();
         let v = validate(spec, &hp, &tensors);
         if let Some(e) = v.errors().next() {

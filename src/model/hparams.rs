@@ -108,6 +108,9 @@ pub struct Hparams {
     pub rope_scaling_factor: f32,
     pub n_ctx_orig_yarn: u64,
     pub rope_yarn_log_mul: f32,
+    /// Per-position attention temperature (`attention.temperature_scale`, Llama-4 style; used by
+    /// Mistral-Large-3 files of the deepseek2 architecture). 0 = none.
+    pub attn_temp_scale: f32,
     /// Sliding-window size (gpt-oss), 0 = none.
     pub sliding_window: u64,
     /// MLA (deepseek2): q low-rank (0 = no q compression, V2-Lite), kv low-rank.
@@ -342,6 +345,7 @@ impl Hparams {
                 .unwrap_or(0.0),
             n_ctx_orig_yarn: u("rope.scaling.original_context_length").unwrap_or(0),
             rope_yarn_log_mul: f("rope.scaling.yarn_log_multiplier").unwrap_or(0.0),
+            attn_temp_scale: f("attention.temperature_scale").unwrap_or(0.0),
             sliding_window: u("attention.sliding_window").unwrap_or(0),
             q_lora_rank: u("attention.q_lora_rank").unwrap_or(0),
             kv_lora_rank: u("attention.kv_lora_rank").unwrap_or(0),

@@ -1,6 +1,7 @@
 //! One graph file per architecture; [`build`] dispatches on `general.architecture`.
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
+use crate::model::Hparams;
 
 mod deepseek2;
 mod glm4moe;
@@ -28,8 +29,29 @@ pub fn is_built(arch: &str) -> bool {
     BUILT.contains(&arch)
 }
 
+/// Why a file of a built architecture still cannot run (a variant whose graph is not built),
+/// checked at load time so the error names the file before anything is allocated.
+pub fn unsupported(hp: &Hparams) -> Option<String> {
+    match hp.arch.as_str() {
+        "deepseek2" if !hp.is_mla() => Some(
+            "deepseek2: legacy file with a fused attn_kv_b (no attention.key_length_mla); only the \
+             absorbed MLA layout (attn_k_b/attn_v_b, written by current llama.cpp converters) is built"
+                .into(),
+        ),
+        "deepseek2" if hp.attn_temp_scale != 0.0 => Some(
+            "deepseek2: attention temperature tuning (attention.temperature_scale, Mistral-Large-3) \
+             is not built"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// Builds the forward graph for `g.hp.arch`; returns the logits [n_vocab, n_tokens].
 pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
+    if let Some(msg) = unsupported(g.hp) {
+        return Err(msg);
+    }
     match g.hp.arch.as_str() {
         "qwen3moe" => Ok(qwen3moe::build(g)),
         "qwen2moe" => Ok(qwen2moe::build(g)),
@@ -38,11 +60,6 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
         "glm4moe" => Ok(glm4moe::build(g)),
         "minimax-m2" => Ok(minimax_m2::build(g)),
         "gpt-oss" => Ok(gpt_oss::build(g)),
-        "deepseek2" if !g.hp.is_mla() => Err(
-            "deepseek2: legacy files with a fused attn_kv_b (no key_length_mla) are not built; \
-             re-convert with a current llama.cpp converter"
-                .into(),
-        ),
         "deepseek2" => Ok(deepseek2::build(g)),
         other => Err(format!(
             "no graph for architecture {other:?} yet (built: {})",
