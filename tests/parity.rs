@@ -27,12 +27,16 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 fn tiny(arch: &str) -> PathBuf {
+    synth_preset(arch, "tiny")
+}
+
+fn synth_preset(arch: &str, preset: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pocketmoe-parity-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}.gguf"));
+    let out = dir.join(format!("{arch}-{preset}.gguf"));
     let opts = SynthOptions {
         arch: arch.into(),
-        preset: "tiny".into(),
+        preset: preset.into(),
         quant: QuantMix::Q8_0,
         routing_skew: 1.0,
         seed: 11,
@@ -43,11 +47,16 @@ fn tiny(arch: &str) -> PathBuf {
 }
 
 pub fn check_parity(arch: &str, device: Device) {
+    check_parity_preset(arch, "tiny", device)
+}
+
+/// [`check_parity`] on another synth preset of `arch` (a variant of its tiny one).
+pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
     if device != Device::Cpu {
         // Before libllama's first CUDA graph compute: the switch is process-wide.
         pocketmoe::ggml::disable_cuda_graph_replay();
     }
-    let path = tiny(arch);
+    let path = synth_preset(arch, preset);
     let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
     let mut lctx = LlamaContext::new(&lm, 256, 2).unwrap();
     let prompt = lm.tokenize(PROMPT, false, false).unwrap();
@@ -116,7 +125,7 @@ pub fn check_parity(arch: &str, device: Device) {
         eprintln!("{arch}: near-ties (step, margin, max diff): {ties:?}");
     }
     eprintln!(
-        "{arch} ({device:?}): min cosine {min_cos:.6} over {} prompt positions and 31 decode steps",
+        "{arch} {preset} ({device:?}): min cosine {min_cos:.7} over {} prompt positions and 31 decode steps",
         prompt.len()
     );
     let seq_ours = seq;
@@ -168,6 +177,12 @@ fn deepseek2_cpu_parity() {
     check_parity("deepseek2", Device::Cpu);
 }
 
+/// DeepSeek files in the legacy layout (fused `attn_kv_b`): per-head K/V, ordinary MHA.
+#[test]
+fn deepseek2_legacy_kv_b_cpu_parity() {
+    check_parity_preset("deepseek2", "tiny-kvb", Device::Cpu);
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_parity_every_built_arch() {
@@ -182,6 +197,7 @@ fn cuda_parity_every_built_arch() {
     ] {
         check_parity(arch, Device::Cuda(0));
     }
+    check_parity_preset("deepseek2", "tiny-kvb", Device::Cuda(0));
 }
 
 #[test]

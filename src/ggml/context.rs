@@ -450,6 +450,15 @@ impl Context {
         )
     }
 
+    /// `a` tiled to the shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat_4d<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts `ne` is a multiple of a's shape (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3]) },
+            "repeat_4d",
+        )
+    }
+
     /// A tensor of `a`'s shape with every element `c` (a new tensor; `a` is unchanged).
     pub fn fill<'a>(&'a self, a: Tensor<'a>, c: f32) -> Tensor<'a> {
         // SAFETY: as above.

@@ -375,6 +375,34 @@ pub fn all() -> Vec<Preset> {
             },
         ),
         p(
+            // A legacy-layout file (fused attn_kv_b, no key_length_mla: per-head K/V decompressed,
+            // ordinary MHA) with V2-style routing: softmax, no groups, no renormalisation.
+            "tiny-kvb",
+            "deepseek2",
+            Hparams {
+                n_vocab: v,
+                n_embd: 256,
+                n_layer: 3,
+                n_head: 4,
+                n_head_kv: 4,
+                head_dim_k: 192,
+                head_dim_v: 128,
+                head_dim_k_mla: 0,
+                head_dim_v_mla: 0,
+                q_lora_rank: 256,
+                n_expert: 16,
+                n_expert_used: 4,
+                n_expert_shared: 2,
+                n_ff_exp: 256,
+                n_ff: 512,
+                n_layer_dense_lead: 1,
+                expert_weights_norm: false,
+                expert_weights_scale: 1.0,
+                rope_yarn_log_mul: 0.0707,
+                ..deepseek2(512)
+            },
+        ),
+        p(
             "tiny",
             "llama",
             Hparams {

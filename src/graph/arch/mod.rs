@@ -33,11 +33,12 @@ pub fn is_built(arch: &str) -> bool {
 /// checked at load time so the error names the file before anything is allocated.
 pub fn unsupported(hp: &Hparams) -> Option<String> {
     match hp.arch.as_str() {
-        "deepseek2" if !hp.is_mla() => Some(
-            "deepseek2: legacy file with a fused attn_kv_b (no attention.key_length_mla); only the \
-             absorbed MLA layout (attn_k_b/attn_v_b, written by current llama.cpp converters) is built"
-                .into(),
-        ),
+        // Legacy files (fused attn_kv_b) decompress K/V to every head: one KV head per q head.
+        "deepseek2" if !hp.is_mla() && hp.n_head_kv != hp.n_head => Some(format!(
+            "deepseek2: legacy file (fused attn_kv_b) with attention.head_count_kv = {} != \
+             attention.head_count = {}",
+            hp.n_head_kv, hp.n_head
+        )),
         "deepseek2" if hp.attn_temp_scale != 0.0 => Some(
             "deepseek2: attention temperature tuning (attention.temperature_scale, Mistral-Large-3) \
              is not built"

@@ -11,9 +11,13 @@
 //!   `kv_lora_rank` columns of the same cache row; the per-head output is decompressed by
 //!   `attn_v_b` after attention.
 //!
-//! Invariant: the cache is K-only (V width 0); one row per position = [kv_cmpr (kv_lora) | k_pe
+//! Legacy files with the fused `attn_kv_b` (no `key_length_mla`) run llama.cpp's other branch:
+//! K and V decompressed per head, ordinary multi-head attention over a K/V cache.
+//!
+//! Invariant (absorbed form): the cache is K-only (V width 0); one row per position = [kv_cmpr (kv_lora) | k_pe
 //! (n_rot)]. The score scale folds in YaRN's mscale twice (`kq_scale`), as llama.cpp does.
 use crate::ggml::{GgmlType, Tensor};
+use crate::graph::blocks::rope::mul_add1;
 use crate::graph::GraphBuilder;
 
 /// MLA settings of an architecture.
@@ -30,8 +34,8 @@ impl<'a> GraphBuilder<'a> {
     fn mla_kq_scale(&self, rope_mode: i32) -> f32 {
         let rp = self.rope_params_scaled(self.hp.n_rot, self.hp.rope_freq_base, rope_mode);
         let ln_scale = (1.0 / rp.freq_scale).ln();
-        let attn_factor_org = rp.attn_factor * (1.0 + 0.1 * ln_scale);
-        let mscale = attn_factor_org * (1.0 + 0.1 * self.rope_yarn_log_mul() * ln_scale);
+        let attn_factor_org = rp.attn_factor * mul_add1(0.1, ln_scale);
+        let mscale = attn_factor_org * mul_add1(0.1 * self.rope_yarn_log_mul(), ln_scale);
         mscale * mscale / (self.hp.mla_head_dim_k() as f32).sqrt()
     }
 
@@ -42,7 +46,6 @@ impl<'a> GraphBuilder<'a> {
         let n_head = hp.n_head as i64;
         let nt = b.n_tokens as i64;
         let dk = hp.mla_head_dim_k() as i64; // per-head q/k width after decompression
-        let dv = hp.mla_head_dim_v() as i64; // per-head v width after decompression
         let n_rot = hp.n_rot as i64;
         let nope = dk - n_rot;
         let kv_lora = hp.kv_lora_rank as i64;
@@ -83,6 +86,36 @@ impl<'a> GraphBuilder<'a> {
         let q_pe = self.cb(q_pe, "q_pe", i);
         let q_pe = self.cb(ctx.rope(q_pe, b.pos, &rp), "q_pe", i); // [n_rot, n_head, nt]
 
+        let kq_scale = self.mla_kq_scale(opts.rope_mode);
+        let o = if hp.is_mla() {
+            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
+        } else {
+            self.mla_decompressed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
+        }; // [dv * n_head, nt]
+        self.cb(
+            ctx.mul_mat(self.wl(il, "attn_output.weight"), o),
+            "attn_out",
+            i,
+        ) // [n_embd, nt]
+    }
+
+    /// The absorbed form (files with `attn_k_b`/`attn_v_b`): MQA over the K-only latent cache.
+    /// `q_nope` [nope, n_head, nt] (view), `q_pe` [n_rot, n_head, nt] (roped), `kv_cmpr`
+    /// [kv_lora, nt] (normed), `k_pe` [n_rot, 1, nt] (roped) -> [dv * n_head, nt].
+    fn mla_absorbed(
+        &self,
+        q_nope: Tensor<'a>,
+        q_pe: Tensor<'a>,
+        kv_cmpr: Tensor<'a>,
+        k_pe: Tensor<'a>,
+        il: usize,
+        kq_scale: f32,
+    ) -> Tensor<'a> {
+        let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
+        let i = il as i32;
+        let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
+        let dv = hp.mla_head_dim_v() as i64;
+        let (n_rot, kv_lora) = (hp.n_rot as i64, hp.kv_lora_rank as i64);
         // Absorb attn_k_b into q: [nope, kv_lora, n_head] x [nope, nt, n_head] -> [kv_lora, nt, n_head].
         let q_nope = self.cb(ctx.permute(q_nope, [0, 2, 1, 3]), "q_nope_perm", i); // [nope, nt, n_head]
         let q_abs = self.cb(
@@ -115,7 +148,7 @@ impl<'a> GraphBuilder<'a> {
         let k_all = ctx.view(kc, &[k_row, n_kv, 1], &[k_rb, elt(kt, k_row)], 0); // [k_row, n_kv, 1]
         let v_all = ctx.view(kc, &[kv_lora, n_kv, 1], &[k_rb, elt(kt, k_row)], 0); // [kv_lora, n_kv, 1]
         let qp = ctx.permute(q_cur, [0, 2, 1, 3]); // [k_row, nt, n_head]
-        let o = ctx.flash_attn(qp, k_all, v_all, b.mask, self.mla_kq_scale(opts.rope_mode)); // [kv_lora, n_head, nt]
+        let o = ctx.flash_attn(qp, k_all, v_all, b.mask, kq_scale); // [kv_lora, n_head, nt]
 
         // Decompress per head with attn_v_b: [kv_lora, dv, n_head] x [kv_lora, nt, n_head].
         let o = ctx.permute(o, [0, 2, 1, 3]); // [kv_lora, nt, n_head]
@@ -126,11 +159,47 @@ impl<'a> GraphBuilder<'a> {
         ); // [dv, nt, n_head]
         let o = ctx.cont(ctx.permute(o, [0, 2, 1, 3])); // [dv, n_head, nt]
         let o = ctx.reshape(o, &[dv * n_head, nt]).expect("attn out 2d"); // [dv * n_head, nt]
-        let o = self.cb(o, "kqv_out", i);
-        self.cb(
-            ctx.mul_mat(self.wl(il, "attn_output.weight"), o),
-            "attn_out",
+        self.cb(o, "kqv_out", i)
+    }
+
+    /// The legacy form (files with the fused `attn_kv_b`): decompress K and V per head and run
+    /// ordinary multi-head attention over a K/V cache of `head_dim_k`/`head_dim_v` per head.
+    /// Inputs as [`Self::mla_absorbed`] -> [dv * n_head, nt].
+    fn mla_decompressed(
+        &self,
+        q_nope: Tensor<'a>,
+        q_pe: Tensor<'a>,
+        kv_cmpr: Tensor<'a>,
+        k_pe: Tensor<'a>,
+        il: usize,
+        kq_scale: f32,
+    ) -> Tensor<'a> {
+        let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
+        let i = il as i32;
+        let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
+        let dv = hp.mla_head_dim_v() as i64;
+        let (n_rot, nope) = (hp.n_rot as i64, hp.mla_qk_nope() as i64);
+        let kv = self.cb(
+            ctx.mul_mat(self.wl(il, "attn_kv_b.weight"), kv_cmpr),
+            "kv",
             i,
-        ) // [n_embd, nt]
+        ); // [n_head * (nope + dv), nt]
+        let row = (nope + dv) as usize * 4;
+        let k_nope = ctx.view(kv, &[nope, n_head, nt], &[row, row * n_head as usize], 0); // [nope, n_head, nt]
+        let k_nope = self.cb(k_nope, "k_nope_view", i);
+        let v = ctx.view(
+            kv,
+            &[dv, n_head, nt],
+            &[row, row * n_head as usize],
+            nope as usize * 4,
+        ); // [dv, n_head, nt]
+        let v = self.cb(ctx.cont(v), "Vcur_cont", i); // [dv, n_head, nt]
+        let v = ctx.reshape(v, &[dv * n_head, nt]).expect("v 2d"); // [dv * n_head, nt]
+                                                                   // llama.cpp ropes q in place at offset `nope`; roping the q_pe view is the same values.
+        let q_cur = self.cb(ctx.concat(q_nope, q_pe, 0), "Qcur", i); // [nope + n_rot, n_head, nt]
+        let k_pe = ctx.repeat_4d(k_pe, [n_rot, n_head, nt, 1]); // [n_rot, n_head, nt]
+        let k_cur = self.cb(ctx.concat(k_nope, k_pe, 0), "Kcur", i); // [nope + n_rot, n_head, nt]
+        let o = self.attend_kv(q_cur, k_cur, v, il, kq_scale); // [dv * n_head, nt]
+        self.cb(o, "kqv_out", i)
     }
 }

@@ -9,12 +9,19 @@ use crate::ggml::RopeParams;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::RopeScaling;
 
+/// `a * b + 1` rounded once, as llama.cpp's `a * b + 1.0f` compiles (GCC contracts it into an
+/// FMA on x86-64 with FMA): the score scale then matches libllama's to the bit, which keeps
+/// f16 rounding inside flash attention identical.
+pub(crate) fn mul_add1(a: f32, b: f32) -> f32 {
+    a.mul_add(b, 1.0)
+}
+
 /// YaRN's `0.1 * mscale * ln(scale) + 1` (1 for scale <= 1).
 fn yarn_mscale(scale: f32, mscale: f32) -> f32 {
     if scale <= 1.0 {
         1.0
     } else {
-        0.1 * mscale * scale.ln() + 1.0
+        mul_add1(0.1 * mscale, scale.ln())
     }
 }
 
@@ -53,7 +60,7 @@ impl<'a> GraphBuilder<'a> {
             } else {
                 yarn_mscale(scale, 1.0)
             };
-            attn_factor /= 1.0 + 0.1 * scale.ln();
+            attn_factor *= 1.0 / mul_add1(0.1, scale.ln());
         }
         let n_ctx_orig = if hp.n_ctx_orig_yarn != 0 {
             hp.n_ctx_orig_yarn
