@@ -114,6 +114,9 @@ impl Engine {
                 arch::BUILT.join(", ")
             )));
         }
+        if let Some(msg) = arch::unsupported(&hp) {
+            return Err(model_err(msg));
+        }
         let tensors: Vec<_> = file.tensors().cloned().collect();
         let v = validate(spec, &hp, &tensors);
         if let Some(e) = v.errors().next() {
@@ -125,8 +128,10 @@ impl Engine {
             Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
         };
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
+        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
+        let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
-            .map(|_| (hp.k_dim() as usize, hp.v_dim() as usize))
+            .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
         let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2)
             * widths.iter().map(|&(k, v)| (k + v) as u64).sum::<u64>()

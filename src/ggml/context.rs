@@ -446,6 +446,30 @@ impl Context {
         )
     }
 
+    /// `a` and `b` joined along `dim` (every other dimension equal); either may be a view.
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim) },
+            "concat",
+        )
+    }
+
+    /// `a` tiled to the shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat_4d<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts `ne` is a multiple of a's shape (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3]) },
+            "repeat_4d",
+        )
+    }
+
+    /// A tensor of `a`'s shape with every element `c` (a new tensor; `a` is unchanged).
+    pub fn fill<'a>(&'a self, a: Tensor<'a>, c: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_fill(self.raw(), a.raw(), c) }, "fill")
+    }
+
     /// Marks `t` as a graph input (allocated so it can be written before compute).
     pub fn set_input(&self, t: Tensor<'_>) {
         // SAFETY: live tensor.
@@ -622,7 +646,7 @@ impl<'ctx> Tensor<'ctx> {
         self.get().ne
     }
 
-    /// Strides in bytes, ggml order.
+    /// Strides in bytes, ggml order (nb0 first).
     pub fn nb(&self) -> [usize; 4] {
         self.get().nb
     }

@@ -70,6 +70,11 @@ impl<'a> GraphBuilder<'a> {
             Some(b) => self.cb(ctx.add(probs, b), "ffn_moe_probs_biased", ili),
             None => probs,
         };
+        let selection = if hp.n_expert_groups > 1 && hp.n_group_used > 0 && nt > 0 {
+            self.group_limited(selection, il)
+        } else {
+            selection
+        };
         let selected = self.cb(
             ctx.argsort_top_k(selection, k as usize),
             "ffn_moe_topk",
@@ -104,6 +109,38 @@ impl<'a> GraphBuilder<'a> {
         // In the graph before any expert matmul: the offload path reads the routing here.
         self.graph.build_forward(weights);
         Routing { selected, weights }
+    }
+
+    /// DeepSeek-V3 group-limited routing (llama.cpp `build_moe_ffn`, `n_expert_groups > 1`): the
+    /// experts form `n_expert_groups` equal groups, a group scores the sum of its two best
+    /// selection values, and only the `n_group_used` best groups stay selectable (the others
+    /// become -inf). `selection` [n_expert, nt] -> [n_expert, nt].
+    fn group_limited(&self, selection: Tensor<'a>, il: usize) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let nt = self.batch.n_tokens as i64;
+        let n_expert = hp.n_expert as i64;
+        let n_groups = hp.n_expert_groups as i64;
+        let per = n_expert / n_groups;
+        let groups = ctx
+            .reshape(selection, &[per, n_groups, nt])
+            .expect("expert groups"); // [per, n_groups, nt]
+        let top2 = ctx.argsort_top_k(groups, 2); // i32 [2, n_groups, nt]
+        let groups4 = ctx
+            .reshape(groups, &[1, per, n_groups, nt])
+            .expect("expert groups 4d"); // [1, per, n_groups, nt]
+        let top2 = ctx.get_rows(groups4, top2); // [1, 2, n_groups, nt]
+        let top2 = ctx.reshape(top2, &[2, n_groups, nt]).expect("top2 3d"); // [2, n_groups, nt]
+        let scores = ctx.sum_rows(top2); // [1, n_groups, nt]
+        let scores = ctx.reshape(scores, &[n_groups, nt]).expect("scores 2d"); // [n_groups, nt]
+        let best = self.cb(
+            ctx.argsort_top_k(scores, hp.n_group_used as usize),
+            "ffn_moe_group_topk",
+            il as i32,
+        ); // i32 [n_group_used, nt]
+        let kept = ctx.get_rows(groups, best); // [per, n_group_used, nt]
+        let masked = ctx.set_rows(ctx.fill(groups, f32::NEG_INFINITY), kept, best); // [per, n_groups, nt]
+        let masked = ctx.reshape(masked, &[n_expert, nt]).expect("masked 2d"); // [n_expert, nt]
+        self.cb(masked, "ffn_moe_probs_masked", il as i32)
     }
 
     /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
