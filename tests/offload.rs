@@ -52,6 +52,15 @@ fn device() -> Device {
 }
 
 fn engine(path: &Path, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
+    engine_bw(path, gpu_mem, policy, None)
+}
+
+fn engine_bw(
+    path: &Path,
+    gpu_mem: Option<u64>,
+    policy: PolicyKind,
+    offload_bandwidths: Option<(f64, f64)>,
+) -> Engine {
     let opts = EngineOptions {
         device: device(),
         n_ctx: 128,
@@ -59,6 +68,7 @@ fn engine(path: &Path, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
         n_ubatch: 32,
         gpu_mem,
         policy,
+        offload_bandwidths,
         ..Default::default()
     };
     Engine::load(path, opts, &|_, _| {}).unwrap()
@@ -108,18 +118,22 @@ fn check_arch(arch: &str) {
     let k = probe.hp.n_expert_used as u64;
     drop(probe);
 
+    // (slots, policy, cost model): a slow PCIe and a fast CPU push misses to the CPU channel;
+    // fewer slots than experts per token make the CPU take the excess.
+    let cpu_heavy = Some((1e9, 1e12));
     let cases = [
-        (0, PolicyKind::default()),
-        (k, PolicyKind::Lru),
-        (k, PolicyKind::Lfu),
-        (k + 1, PolicyKind::default()),
-        (n_expert - 1, PolicyKind::default()),
+        (0, PolicyKind::default(), None),
+        (k - 1, PolicyKind::default(), None),
+        (k, PolicyKind::Lru, None),
+        (k, PolicyKind::Lfu, cpu_heavy),
+        (k + 1, PolicyKind::default(), None),
+        (n_expert - 1, PolicyKind::default(), cpu_heavy),
     ];
     let mut cpu_uses = 0;
-    for (slots, policy) in cases {
+    for (slots, policy, bw) in cases {
         // Half a slot of slack covers the per-matrix padding and alignment.
         let budget = fixed + slots * slot + slot / 2;
-        let mut eng = engine(&path, Some(budget), policy.clone());
+        let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw);
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
         for (pos, (g, w)) in got_prompt.iter().zip(&want_prompt).enumerate() {

@@ -53,6 +53,8 @@ pub struct EngineOptions {
     pub prefetch: bool,
     /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
     pub cpu_experts: bool,
+    /// Offload cost model: (PCIe, CPU-channel) bytes/s; `None`: measured defaults.
+    pub offload_bandwidths: Option<(f64, f64)>,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
 }
@@ -69,6 +71,7 @@ impl Default for EngineOptions {
             policy: Default::default(),
             prefetch: true,
             cpu_experts: true,
+            offload_bandwidths: None,
         }
     }
 }
@@ -149,6 +152,7 @@ impl Engine {
                 max_slot_tokens: MAX_SLOT_TOKENS,
                 n_ubatch: opts.n_ubatch.min(opts.n_ctx),
                 prefetch: opts.prefetch,
+                bandwidths: opts.offload_bandwidths,
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()
@@ -192,18 +196,36 @@ impl Engine {
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
     /// staging mode), then gives the expert cache what is left of `budget`.
+    ///
+    /// Large micro-batches amortise prefill copies but need a large compute buffer; while that
+    /// leaves the cache fewer than two tokens' worth of slots, the micro-batch is halved (down
+    /// to 512).
     fn plan_slots(&mut self, main: &Backend, budget: u64) -> Result<(), EngineError> {
-        let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
-        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
-        let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false)?;
-        self.sched.reserve(&g.graph())?;
-        drop(g);
-        let compute = self.sched.buffer_size(0) as u64;
         let margin = if main.is_cuda() { CUDA_MARGIN } else { 0 };
+        let k = self.hp.n_expert_used.max(1);
+        let (fixed, per_slot) = loop {
+            let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
+            let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
+            let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false)?;
+            self.sched.reserve(&g.graph())?;
+            drop(g);
+            let compute = self.sched.buffer_size(0) as u64;
+            let off = self.offload.as_ref().expect("offloading");
+            let fixed = self.weights.bytes
+                + self.kv.bytes() as u64
+                + off.dev_bytes as u64
+                + compute
+                + margin;
+            let per_slot = off.slot_bytes_all_layers().max(1) as u64;
+            let slots = budget.saturating_sub(fixed) / per_slot;
+            if slots >= 2 * k || self.opts.n_ubatch <= 512 {
+                break (fixed, per_slot);
+            }
+            // A fresh scheduler: reserved buffers only ever grow.
+            self.opts.n_ubatch /= 2;
+            self.sched = Sched::new(&self._backends, graph_size(&self.hp), false)?;
+        };
         let off = self.offload.as_mut().expect("offloading");
-        let fixed =
-            self.weights.bytes + self.kv.bytes() as u64 + off.dev_bytes as u64 + compute + margin;
-        let per_slot = off.slot_bytes_all_layers().max(1) as u64;
         if fixed > budget {
             return Err(EngineError::BudgetTooSmall {
                 budget,
@@ -216,10 +238,11 @@ impl Engine {
             n_slots -= 1;
         }
         tracing::info!(
-            "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, compute {compute} B -> {n_slots} expert slots per layer of {}",
+            "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, micro-batch {} -> {n_slots} expert slots per layer of {}",
             self.weights.bytes,
             self.kv.bytes(),
             off.dev_bytes,
+            self.opts.n_ubatch,
             self.hp.n_expert
         );
         off.alloc_slots(main, n_slots as usize)?;
@@ -246,6 +269,11 @@ impl Engine {
         self.offload
             .as_ref()
             .map(|o| o.slot_bytes_all_layers() as u64)
+    }
+
+    /// The prefill micro-batch (the offload planner may have lowered the requested one).
+    pub fn n_ubatch(&self) -> usize {
+        self.opts.n_ubatch
     }
 
     /// The expert cache's slots per layer (`None` when fully resident).

@@ -43,6 +43,8 @@ pub struct OffloadOptions {
     pub prefetch: bool,
     /// Threads of the CPU channel for misses (0: misses are always copied).
     pub cpu_threads: usize,
+    /// Cost-model bandwidths (PCIe copy, CPU channel), bytes/s; `None`: the defaults.
+    pub bandwidths: Option<(f64, f64)>,
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).
@@ -282,6 +284,7 @@ impl Offload {
         });
         let store_idx = store.index();
         let dev_idx = dev.index();
+        let bw = opts.bandwidths;
         Ok(Self {
             n_expert,
             k,
@@ -304,8 +307,8 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             cpu_ok,
-            pcie_bw: if backend.is_cuda() { 45e9 } else { 20e9 },
-            cpu_bw: 30e9,
+            pcie_bw: bw.map_or(if backend.is_cuda() { 45e9 } else { 20e9 }, |b| b.0),
+            cpu_bw: bw.map_or(30e9, |b| b.1),
         })
     }
 
@@ -378,8 +381,14 @@ impl Offload {
         (self.n_slots / self.k.max(1)).min(self.opts.max_slot_tokens)
     }
 
+    /// Slots when the micro-batch's experts fit the cache, or for a single token when the CPU
+    /// channel can take what does not fit; staging otherwise.
     pub fn mode(&self, n_tokens: usize) -> Mode {
-        if n_tokens <= self.slot_tokens() {
+        let overflow_to_cpu = n_tokens == 1
+            && self.n_slots > 0
+            && self.cpu.is_some()
+            && (0..self.layers.len()).all(|il| !self.is_offloaded(il) || self.cpu_ok[il]);
+        if n_tokens <= self.slot_tokens() || overflow_to_cpu {
             Mode::Slots
         } else {
             Mode::Staging

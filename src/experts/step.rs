@@ -407,8 +407,11 @@ impl Offload {
         let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
         let (mut t_pcie, mut t_cpu) = (0.0, CPU_START_S);
         let mut on_cpu = Vec::new();
+        // More experts than slots: the excess must run on the CPU.
+        let mut forced = used.len().saturating_sub(layer.cache.n_slots());
         for &e in used.iter().filter(|&&e| layer.cache.slot(e).is_none()) {
-            if t_cpu + cc < t_pcie + cp {
+            if forced > 0 || t_cpu + cc < t_pcie + cp {
+                forced = forced.saturating_sub(1);
                 t_cpu += cc;
                 on_cpu.push(e);
             } else {
