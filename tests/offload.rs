@@ -154,7 +154,7 @@ fn check_arch(arch: &str) {
         let st = eng.offload_stats().unwrap();
         let t: u64 = st.layers.iter().map(|l| l.hits + l.misses).sum();
         assert!(t > 0, "{arch}: no expert uses counted");
-        if slots >= k {
+        if slots >= k && bw.is_none() {
             // Decode steps ran from the cache: with at least one token's worth of slots, some
             // uses hit (16 steps over few experts).
             assert!(st.hit_rate() > 0.0, "{arch} {slots} slots: no hits at all");
@@ -162,8 +162,11 @@ fn check_arch(arch: &str) {
         assert!(st.h2d_bytes > 0);
         cpu_uses += st.layers.iter().map(|l| l.cpu).sum::<u64>();
     }
-    // Steps with two or more misses send some to the CPU channel (cost model), so it ran too.
-    assert!(cpu_uses > 0, "{arch}: the CPU channel never ran");
+    // The CPU-heavy cost model sends misses to the CPU channel, so it ran — except for models
+    // with per-expert biases (gpt-oss), whose experts always run on the GPU.
+    let file = pocketmoe::gguf::GgufModel::open(&path).unwrap();
+    let has_biases = file.tensors().any(|t| t.name.ends_with("_exps.bias"));
+    assert_eq!(cpu_uses > 0, !has_biases, "{arch}: CPU channel uses {cpu_uses}");
 }
 
 #[test]
