@@ -3,6 +3,7 @@
 //!
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
+pub mod batch;
 pub mod kv;
 pub mod sampling;
 pub mod weights;
@@ -66,6 +67,8 @@ pub struct Engine {
     // Field order = drop order: the cached graph first, the file map last.
     /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape.
     graph: Option<((usize, usize, bool), OwnedGraph)>,
+    /// The last multi-sequence graph (`batch`), with its shape.
+    batch_graph: Option<(batch::GraphKey, OwnedGraph)>,
     sched: Sched,
     kv: kv::KvCache,
     weights: weights::Weights,
@@ -124,6 +127,7 @@ impl Engine {
             hp,
             opts,
             graph: None,
+            batch_graph: None,
             sched,
             kv,
             weights,
@@ -225,6 +229,7 @@ impl Engine {
                 n_past,
                 n_kv,
                 last_only,
+                out_ids: None,
             };
             let g = GraphBuilder {
                 ctx,
