@@ -101,7 +101,10 @@ fn check(arch: &str) {
         }
     }
     eprintln!("{arch}: max |logit difference| batched vs alone: {max_diff:e}");
-    assert_eq!(max_diff, 0.0, "{arch}: batched logits differ from single ones");
+    assert_eq!(
+        max_diff, 0.0,
+        "{arch}: batched logits differ from single ones"
+    );
 
     // The single-sequence path and the batch path share the scheduler and cache.
     eng.reset();

@@ -149,7 +149,8 @@ impl Engine {
             }
             m
         };
-        g.tensor("attn_inp_kq_mask").write_bytes(&mask(usize::MAX))?;
+        g.tensor("attn_inp_kq_mask")
+            .write_bytes(&mask(usize::MAX))?;
         if g.has("attn_inp_kq_mask_swa") {
             g.tensor("attn_inp_kq_mask_swa")
                 .write_bytes(&mask(window))?;
