@@ -63,6 +63,11 @@ struct Args {
     /// Largest request body (bytes; suffixes as --gpu-mem).
     #[arg(long, default_value = "8MiB", value_parser = pocketmoe::cli::inspect::parse_bytes)]
     max_body: u64,
+    /// Batch-invariant CPU kernels: each request gets exactly the tokens it would get alone,
+    /// whatever it is batched with (ggml otherwise picks CPU kernels by batch shape, which moves
+    /// the last bits of the logits). Slower CPU prompt processing; CUDA kernels are unaffected.
+    #[arg(long)]
+    batch_invariant: bool,
     /// Seconds running requests may go on after SIGINT/SIGTERM before they are ended.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
@@ -112,6 +117,7 @@ fn run(args: Args) -> Result<i32> {
         parallel: args.parallel,
         max_queue: args.queue,
         alias: args.alias.clone(),
+        batch_invariant: args.batch_invariant,
     };
     let engine = Arc::new(LocalEngine::start(
         opts,

@@ -107,6 +107,21 @@ impl BatchModel for Engine {
 }
 
 impl Engine {
+    /// Batch-invariant CPU kernels: with `on`, every token's logits are computed the same way
+    /// whatever else shares its forward pass, so a request served beside others gives exactly
+    /// the tokens it gives alone. By default ggml's CPU backend picks kernels by batch shape —
+    /// llamafile sgemm from 2 columns, tiled flash attention from 64 query rows, KV-split flash
+    /// attention for 1 row over 512+ cache rows — which changes the last bits of the logits and,
+    /// now and then, a sampled token. Costs CPU prompt-processing speed; CUDA kernels are not
+    /// affected (they are not batch-invariant either). Returns whether a CPU backend took it.
+    pub fn set_batch_invariant(&mut self, on: bool) -> bool {
+        let mut any = false;
+        for b in &self._backends {
+            any |= b.set_cpu_reference_kernels(on);
+        }
+        any
+    }
+
     /// One micro-batch of tokens from several sequences.
     fn forward_multi(
         &mut self,

@@ -33,6 +33,9 @@ pub struct LocalOptions {
     pub max_queue: usize,
     /// The model name clients use (default: the file name without `.gguf`).
     pub alias: Option<String>,
+    /// Batch-invariant CPU kernels (`Engine::set_batch_invariant`): a request's tokens do not
+    /// depend on what it is batched with.
+    pub batch_invariant: bool,
 }
 
 /// Load progress and outcome, shared with the loading thread.
@@ -121,6 +124,7 @@ impl LocalEngine {
             let mut eopts = opts.engine.clone();
             eopts.n_ctx = opts.engine.n_ctx * opts.parallel;
             let path = opts.model.clone();
+            let batch_invariant = opts.batch_invariant;
             std::thread::Builder::new()
                 .name("engine".into())
                 .spawn(move || {
@@ -137,6 +141,9 @@ impl LocalEngine {
                             return;
                         }
                     };
+                    if batch_invariant && !model.set_batch_invariant(true) {
+                        tracing::warn!("--batch-invariant: no CPU backend to switch");
+                    }
                     *state.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
                     worker::run(&mut model, &*tok, cfg, rx, &shared);
                 })?

@@ -244,7 +244,8 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
             "messages is empty: send at least one message",
         ));
     }
-    for (i, m) in r.messages.iter().enumerate() {
+    let mut r = r;
+    for (i, m) in r.messages.iter_mut().enumerate() {
         if !ROLES.contains(&m.role.as_str()) {
             return Err(ApiError::invalid(
                 &format!("messages[{i}].role"),
@@ -268,6 +269,8 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
                     ));
                 }
             }
+            // Text parts become one string: templates that only take strings (most) work.
+            m.content = Some(MessageContent::Text(m.text()));
         }
     }
     let mut vars: Map<String, Value> = r.chat_template_kwargs.clone().unwrap_or_default();
