@@ -234,6 +234,8 @@ fn adversarial_bodies() {
             "65536",
             "--parallel",
             "2",
+            "--queue",
+            "2",
             "--alias",
             "tiny",
             "--ctx",
@@ -347,15 +349,91 @@ fn adversarial_bodies() {
     assert_eq!(status, 200, "{text}");
     let health = http(&addr, "GET /health HTTP/1.1", b"");
     assert_eq!(health.0, 200, "{}", health.1);
+
+    // Overload: 2 slots and 2 queue places; 8 requests at once -> the rest get 429.
+    let long = br#"{"messages": [{"role": "user", "content": "hello"}], "max_tokens": 24, "temperature": 0}"#;
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || post(&addr, chat, long))
+        })
+        .collect();
+    let answers: Vec<(u16, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let n429 = answers.iter().filter(|a| a.0 == 429).count();
+    let n200 = answers.iter().filter(|a| a.0 == 200).count();
+    assert!(n429 >= 1 && n200 >= 2 && n429 + n200 == 8, "{answers:?}");
+    let busy = answers.iter().find(|a| a.0 == 429).unwrap();
+    assert!(busy.1.contains("rate_limit_exceeded"), "{}", busy.1);
+
+    // SIGTERM with a stream in flight: the stream ends properly ([DONE] within the grace
+    // period, or an error event after it), and the server exits 0.
+    let streaming = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            post(
+                &addr,
+                chat,
+                br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": true}"#,
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
     let st = srv.stop();
     assert!(st.success(), "exit status {st}");
+    let (status, text) = streaming.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("data: [DONE]") || text.contains("\"error\""),
+        "stream cut off: {text}"
+    );
     let _ = std::fs::remove_file(model);
+}
+
+#[test]
+fn health_503_while_loading() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut engine = Scripted::new(OutputFormat::Plain);
+    engine.loading = true;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = rt.spawn(server::serve(
+        listener,
+        Arc::new(engine),
+        ServerConfig::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let (status, body) = http(&addr, "GET /health HTTP/1.1", b"");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"loading\""), "{body}");
+    let req = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}",
+        req.len()
+    );
+    let (status, body) = http(&addr, &head, req);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("loading (42% done)"), "{body}");
+    let (status, body) = http(&addr, "GET /metrics HTTP/1.1", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("pocketmoe_model_ready 0")
+            && body.contains("pocketmoe_model_load_progress 0.42"),
+        "{body}"
+    );
+    let _ = tx.send(());
+    rt.block_on(served).unwrap().unwrap();
 }
 
 /// An engine that replays a script: tool calls for a question about the weather, a short
 /// answer otherwise, in the output format of the template it pretends to have.
 struct Scripted {
     card: ModelCard,
+    loading: bool,
 }
 
 impl Scripted {
@@ -370,6 +448,7 @@ impl Scripted {
                 format,
                 has_chat_template: true,
             },
+            loading: false,
         }
     }
 
@@ -388,9 +467,16 @@ impl Engine for Scripted {
         &self.card
     }
     fn health(&self) -> Health {
-        Health::Ready
+        if self.loading {
+            Health::Loading { fraction: 0.42 }
+        } else {
+            Health::Ready
+        }
     }
     fn submit(&self, req: GenRequest) -> Result<Generation, ApiError> {
+        if self.loading {
+            return Err(ApiError::Loading { percent: 42.0 });
+        }
         let Prompt::Chat {
             messages,
             template_vars,

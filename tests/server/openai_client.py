@@ -185,6 +185,23 @@ def real(url, model, key):
                  "pocketmoe_generated_tokens_total", "pocketmoe_queue_depth",
                  "pocketmoe_generation_tokens_per_second", "pocketmoe_requests_total{route=\"/v1/chat/completions\",status=\"400\"}"]:
         assert name in m, f"{name} missing from /metrics:\n{m}"
+    # A client that goes away mid-stream frees its sequence at once.
+    def metric(name):
+        _, text = get(url.replace("/v1", "/metrics"), key)
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"{name} missing from /metrics")
+
+    before = metric("pocketmoe_requests_cancelled_total")
+    s = c.chat.completions.create(model=model, messages=msgs, max_tokens=200, stream=True)
+    it = iter(s)
+    next(it), next(it)
+    s.close()
+    t0 = time.time()
+    while metric("pocketmoe_requests_cancelled_total") < before + 1 or metric("pocketmoe_active_sequences") > 0:
+        assert time.time() - t0 < 30, "the abandoned stream's sequence was not freed"
+        time.sleep(0.05)
     print("real: ok")
 
 
