@@ -17,6 +17,23 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
+/// `seed`: any 64-bit integer, signed or not.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Seed {
+    Signed(i64),
+    Unsigned(u64),
+}
+
+impl Seed {
+    pub fn as_u64(&self) -> u64 {
+        match *self {
+            Seed::Signed(s) => s as u64,
+            Seed::Unsigned(u) => u,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
     #[serde(default)]
@@ -33,7 +50,7 @@ pub struct Common {
     pub top_p: Option<f32>,
     pub top_k: Option<u64>,
     pub min_p: Option<f32>,
-    pub seed: Option<i64>,
+    pub seed: Option<Seed>,
     pub stop: Option<Stop>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,

@@ -8,7 +8,7 @@
 //! llama.cpp's (`SamplerParams::default`), with a fresh random seed when none is given.
 use super::api::{GenRequest, ModelCard, Prompt};
 use super::error::ApiError;
-use super::types::{ChatRequest, Common, CompletionRequest, PromptInput, Stop};
+use super::types::{ChatRequest, Common, CompletionRequest, PromptInput, Seed, Stop};
 use crate::engine::sampling::SamplerParams;
 use crate::tokenizer::MessageContent;
 use serde::de::DeserializeOwned;
@@ -101,7 +101,7 @@ fn sampling(c: &Common) -> Result<SamplerParams, ApiError> {
         repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty),
         presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
-        seed: c.seed.map_or_else(random_seed, |s| s as u64),
+        seed: c.seed.as_ref().map_or_else(random_seed, Seed::as_u64),
         ..d
     };
     p.validate().map_err(|msg| {
@@ -121,6 +121,15 @@ fn stops(c: &Common) -> Result<Vec<String>, ApiError> {
         return Err(ApiError::invalid(
             "stop",
             format!("{} stop strings given; send at most 16", v.len()),
+        ));
+    }
+    if let Some(s) = v.iter().find(|s| s.len() > 512) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "a stop string of {} bytes; send stop strings of at most 512 bytes",
+                s.len()
+            ),
         ));
     }
     Ok(v)
@@ -374,4 +383,87 @@ pub fn completion_plan(
     // OpenAI's default for the legacy endpoint.
     let max = Some(c.max_tokens.unwrap_or(16));
     common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::api::OutputFormat;
+
+    fn card() -> ModelCard {
+        ModelCard {
+            id: "m".into(),
+            aliases: vec!["m.gguf".into()],
+            created: 0,
+            n_ctx: 100,
+            n_vocab: 50,
+            format: OutputFormat::Plain,
+            has_chat_template: true,
+        }
+    }
+
+    fn chat(body: &str) -> Result<Plan, ApiError> {
+        let (c, r) = parse_body::<ChatRequest>(body.as_bytes())?;
+        chat_plan(&c, r, &card())
+    }
+
+    fn param(e: ApiError) -> Option<String> {
+        match e {
+            ApiError::Invalid { param, .. } => param,
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("temperature"));
+        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#);
+        assert_eq!(
+            param(e.unwrap_err()).as_deref(),
+            Some("messages[0].content[0]")
+        );
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "stop": ["ab", 3]}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
+        let long = "s".repeat(600);
+        let e = chat(&format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "stop": "{long}"}}"#
+        ));
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
+        let e = chat(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#);
+        assert!(matches!(e.unwrap_err(), ApiError::UnknownModel { .. }));
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn accepts_what_clients_send() {
+        let p = chat(
+            r#"{"model": "m.gguf", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                "seed": 18446744073709551615, "stop": "x", "stream": true, "stream_options": {"include_usage": true},
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "logprobs": true, "top_logprobs": 2,
+                "chat_template_kwargs": {"enable_thinking": false}, "user": "ignored"}"#,
+        )
+        .unwrap();
+        assert!(p.stream && p.include_usage);
+        assert_eq!(p.stops, vec!["x".to_string()]);
+        assert_eq!(p.gen.sampling.seed, u64::MAX);
+        assert_eq!(p.gen.logprobs, Some(2));
+        let Prompt::Chat {
+            messages,
+            template_vars,
+        } = p.gen.prompt
+        else {
+            panic!("chat prompt");
+        };
+        assert_eq!(messages[0].text(), "a\nb");
+        assert!(matches!(messages[0].content, Some(MessageContent::Text(_))));
+        assert!(
+            template_vars.contains_key("tools") && template_vars.contains_key("enable_thinking")
+        );
+        let (c, r) = parse_body::<CompletionRequest>(br#"{"prompt": ["hi"]}"#).unwrap();
+        let p = completion_plan(&c, r, &card()).unwrap();
+        assert_eq!(p.gen.max_tokens, Some(16));
+        assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
+    }
 }
