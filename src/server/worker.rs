@@ -390,3 +390,184 @@ fn logprob<V: Vocab>(logits: &[f32], id: u32, n: usize, vocab: &V, special: bool
         top,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineError;
+
+    /// A model whose "KV cache" is the token of each row and whose logits point at a hash of
+    /// the sequence's rows 0..=pos: any slip in slots, positions or rows changes the output.
+    struct Fake {
+        rows: Vec<Option<u32>>,
+        steps: Vec<usize>,
+    }
+
+    const N_VOCAB: usize = 64;
+
+    impl BatchModel for Fake {
+        fn kv_rows(&self) -> usize {
+            self.rows.len()
+        }
+        fn n_vocab(&self) -> usize {
+            N_VOCAB
+        }
+        fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+            let mut out = Vec::new();
+            self.steps.push(chunks.iter().map(|c| c.tokens.len()).sum());
+            for c in chunks {
+                for (t, &id) in c.tokens.iter().enumerate() {
+                    self.rows[c.kv_base + c.pos + t] = Some(id);
+                }
+                if c.logits {
+                    let end = c.kv_base + c.pos + c.tokens.len();
+                    let mut h = 0xcbf29ce484222325u64;
+                    for r in &self.rows[c.kv_base..end] {
+                        let id = r.expect("every row up to pos was written");
+                        h = (h ^ id as u64).wrapping_mul(0x100000001b3);
+                    }
+                    let mut l = vec![0.0; N_VOCAB];
+                    l[1 + (h % (N_VOCAB as u64 - 1)) as usize] = 1.0;
+                    out.push(l);
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    struct Names;
+    impl Vocab for Names {
+        fn is_eog(&self, id: u32) -> bool {
+            id == 0
+        }
+        fn piece(&self, id: u32, _special: bool) -> Vec<u8> {
+            format!("<{id}>").into_bytes()
+        }
+    }
+
+    fn job(i: u32, tx: UnboundedSender<Event>) -> Job {
+        Job {
+            prompt: (0..3 + 5 * i).map(|t| 1 + (t * 7 + i) % 60).collect(),
+            sampling: SamplerParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            max_tokens: 4 + i as usize,
+            logprobs: None,
+            logit_bias: Vec::new(),
+            special: false,
+            events: tx,
+        }
+    }
+
+    /// Runs `jobs` (sent at once) through a scheduler; returns each job's text.
+    fn serve(ids: &[u32], parallel: usize, n_batch: usize) -> (Vec<String>, Vec<usize>) {
+        let cfg = Config {
+            parallel,
+            slot_len: 64,
+            n_batch,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut outs = Vec::new();
+        let shared = Shared::default();
+        for &i in ids {
+            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            shared.queued.fetch_add(1, Relaxed);
+            tx.send(Msg::Job(job(i, etx))).unwrap();
+            outs.push(erx);
+        }
+        drop(tx);
+        let mut model = Fake {
+            rows: vec![None; parallel * 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.queued.load(Relaxed), 0);
+        let texts = outs
+            .into_iter()
+            .map(|mut rx| {
+                let mut s = String::new();
+                while let Ok(e) = rx.try_recv() {
+                    match e {
+                        Event::Token { text, .. } => s.push_str(&text),
+                        Event::Done { .. } => s.push('|'),
+                        Event::Error(e) => panic!("{e}"),
+                    }
+                }
+                s
+            })
+            .collect();
+        (texts, model.steps)
+    }
+
+    #[test]
+    fn batched_equals_alone_and_budget_holds() {
+        let ids: Vec<u32> = (0..7).collect();
+        let alone: Vec<String> = ids
+            .iter()
+            .map(|&i| serve(&[i], 1, 512).0.remove(0))
+            .collect();
+        // 3 slots for 7 jobs (slots are reused), and a 8-token budget that splits prompts.
+        let (together, steps) = serve(&ids, 3, 8);
+        assert_eq!(together, alone);
+        assert!(
+            alone.iter().all(|s| s.ends_with('|') && s.len() > 4),
+            "{alone:?}"
+        );
+        assert!(steps.iter().all(|&n| n <= 8), "{steps:?}");
+    }
+
+    #[test]
+    fn dropped_receivers_free_their_slot() {
+        let cfg = Config {
+            parallel: 1,
+            slot_len: 64,
+            n_batch: 16,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Shared::default();
+        let (gone, gone_rx) = tokio::sync::mpsc::unbounded_channel();
+        drop(gone_rx);
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        for j in [job(3, gone), job(1, etx)] {
+            shared.queued.fetch_add(1, Relaxed);
+            tx.send(Msg::Job(j)).unwrap();
+        }
+        drop(tx);
+        let mut model = Fake {
+            rows: vec![None; 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.cancelled.load(Relaxed), 1);
+        let mut n = 0;
+        while let Ok(e) = erx.try_recv() {
+            n += 1;
+            assert!(!matches!(e, Event::Error(_)), "{e:?}");
+        }
+        assert!(n >= 2, "the second job ran");
+    }
+
+    #[test]
+    fn shutdown_ends_queued_jobs_with_an_error() {
+        let cfg = Config {
+            parallel: 1,
+            slot_len: 64,
+            n_batch: 16,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Shared::default();
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        shared.queued.fetch_add(1, Relaxed);
+        tx.send(Msg::Job(job(2, etx))).unwrap();
+        tx.send(Msg::Shutdown(Duration::from_secs(60))).unwrap();
+        let mut model = Fake {
+            rows: vec![None; 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.queued.load(Relaxed), 0);
+        assert!(matches!(erx.try_recv(), Ok(Event::Error(e)) if e.contains("shutting down")));
+        assert!(model.steps.is_empty());
+    }
+}
