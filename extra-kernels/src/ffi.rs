@@ -23,6 +23,77 @@ extern "C" {
     fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: c_int) -> c_int;
     fn cudaDeviceSynchronize() -> c_int;
     fn cudaGetErrorString(err: c_int) -> *const std::os::raw::c_char;
+    fn cudaSetDevice(device: c_int) -> c_int;
+    fn cudaStreamCreateWithFlags(stream: *mut Stream, flags: u32) -> c_int;
+    fn cudaStreamDestroy(stream: Stream) -> c_int;
+    fn cudaStreamSynchronize(stream: Stream) -> c_int;
+    fn cudaMemcpyAsync(
+        dst: *mut c_void,
+        src: *const c_void,
+        count: usize,
+        kind: c_int,
+        stream: Stream,
+    ) -> c_int;
+}
+
+/// `cudaMemcpyDefault`: direction inferred from the addresses (unified addressing).
+const DEFAULT: c_int = 4;
+/// `cudaStreamNonBlocking`.
+const NON_BLOCKING: u32 = 1;
+
+/// A CUDA stream of our own for copies (the expert cache's copy engine), separate from ggml's
+/// compute stream so copies overlap compute.
+pub struct CopyStream {
+    stream: Stream,
+}
+
+// SAFETY: a CUDA stream handle may be used from any host thread.
+unsafe impl Send for CopyStream {}
+
+impl CopyStream {
+    pub fn new(device: i32) -> Result<Self, CudaError> {
+        // SAFETY: plain runtime calls; the handle is written by CUDA.
+        check("cudaSetDevice", unsafe { cudaSetDevice(device) })?;
+        let mut stream = std::ptr::null_mut();
+        check("cudaStreamCreateWithFlags", unsafe {
+            cudaStreamCreateWithFlags(&mut stream, NON_BLOCKING)
+        })?;
+        Ok(Self { stream })
+    }
+
+    /// Queues a copy of `n` bytes from address `src` to `dst` (device or page-locked host
+    /// memory, any direction).
+    ///
+    /// # Safety
+    /// Both ranges must stay valid, and `dst` unread and unwritten by others, until
+    /// [`CopyStream::sync`] returns.
+    pub unsafe fn copy(&self, dst: usize, src: usize, n: usize) -> Result<(), CudaError> {
+        // SAFETY: per the contract above.
+        check("cudaMemcpyAsync", unsafe {
+            cudaMemcpyAsync(
+                dst as *mut c_void,
+                src as *const c_void,
+                n,
+                DEFAULT,
+                self.stream,
+            )
+        })
+    }
+
+    /// Waits for every queued copy.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: live stream.
+        check("cudaStreamSynchronize", unsafe {
+            cudaStreamSynchronize(self.stream)
+        })
+    }
+}
+
+impl Drop for CopyStream {
+    fn drop(&mut self) {
+        // SAFETY: we own the stream; pending copies finish first (CUDA semantics).
+        unsafe { cudaStreamDestroy(self.stream) };
+    }
 }
 
 const H2D: c_int = 1;

@@ -13,4 +13,4 @@ pub const fn available() -> bool {
 pub mod ffi;
 
 #[cfg(feature = "cuda")]
-pub use ffi::remap_expert_ids_host;
+pub use ffi::{remap_expert_ids_host, CopyStream, CudaError};

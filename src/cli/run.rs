@@ -35,6 +35,16 @@ pub struct RunArgs {
     /// Context length.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// Device memory budget (e.g. 8GiB). When the model does not fit, routed experts stay in
+    /// pinned host memory and the GPU keeps a cache of them (DESIGN.md §4).
+    #[arg(long, value_parser = super::inspect::parse_bytes)]
+    pub gpu_mem: Option<u64>,
+    /// Expert-cache policy: lru, lfu, lfru, lfru:HALF_LIFE.
+    #[arg(long, default_value = "lfru", value_parser = crate::experts::policy::PolicyKind::parse)]
+    pub cache_policy: crate::experts::policy::PolicyKind,
+    /// Print offload statistics (hit rate, PCIe bytes, waits) at the end.
+    #[arg(long, short)]
+    pub verbose: bool,
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -96,6 +106,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         device,
         n_ctx: args.ctx,
         n_threads: args.threads,
+        gpu_mem: args.gpu_mem,
+        policy: args.cache_policy.clone(),
         ..Default::default()
     };
     let t_load = Instant::now();
@@ -137,7 +149,18 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
         pb.finish_and_clear();
         loaded(t_load);
-        gen.run(&mut eng)
+        if let Some(s) = eng.expert_slots() {
+            eprintln!(
+                "offload: {s} of {} experts per layer cached on the device ({:.2} GiB in use)",
+                eng.hp.n_expert,
+                eng.device_bytes() as f64 / (1u64 << 30) as f64
+            );
+        }
+        gen.run(&mut eng)?;
+        if let (true, Some(st)) = (args.verbose, eng.offload_stats()) {
+            eprintln!("{}", st.summary());
+        }
+        Ok(())
     }
 }
 

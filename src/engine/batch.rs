@@ -12,9 +12,9 @@
 //! overlap is the caller's business (the server's scheduler gives each slot its own range).
 //! Reference: llama.cpp `llama_kv_cache::set_input_kq_mask` (per-token mask rows over a unified
 //! cache) and `llama_batch` / `inp_out_ids`.
-use super::{graph_size, Engine, EngineError};
-use crate::ggml::{Context, GgmlType, OwnedGraph};
-use crate::graph::{arch, BatchInputs, GraphBuilder};
+use super::{Engine, EngineError};
+use crate::experts::step::{GraphNodes, StepHook};
+use crate::graph::BatchInputs;
 
 /// One sequence's tokens in a batched forward pass.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +67,10 @@ impl BatchModel for Engine {
 
     fn n_vocab(&self) -> usize {
         self.hp.n_vocab as usize
+    }
+
+    fn offload_stats(&self) -> Option<crate::experts::Stats> {
+        Engine::offload_stats(self)
     }
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -140,15 +144,17 @@ impl Engine {
         };
         // The single-sequence path shares the scheduler: if it ran since, our allocation is gone.
         let stale = self.graph.take().is_some();
-        if stale || self.batch_graph.as_ref().is_none_or(|(k, _)| *k != key) {
-            if self.batch_graph.as_ref().is_none_or(|(k, _)| *k != key) {
-                self.batch_graph = None;
-                self.batch_graph = Some((key, self.build_multi_graph(key)?));
-            }
-            let (_, g) = self.batch_graph.as_ref().expect("built above");
+        if self.batch_graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
+            self.batch_graph = None;
+            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len())?;
+            self.sched.alloc(&g.graph())?;
+            let nodes = GraphNodes::resolve(&nodes, &g);
+            self.batch_graph = Some((key, g, nodes));
+        } else if stale {
+            let (_, g, _) = self.batch_graph.as_ref().expect("cached");
             self.sched.alloc(&g.graph())?;
         }
-        let (_, g) = self.batch_graph.as_ref().expect("built above");
+        let (_, g, nodes) = self.batch_graph.as_ref().expect("built above");
         let ids: Vec<i32> = toks.iter().map(|t| t.id as i32).collect();
         g.tensor("inp_tokens").write_i32(&ids)?;
         let pos: Vec<i32> = toks.iter().map(|t| t.pos as i32).collect();
@@ -159,8 +165,7 @@ impl Engine {
         let mask = |window: usize| {
             let mut m = Vec::with_capacity(n_kv * n * 2);
             for t in toks {
-                let base = chunks[t.chunk].kv_base;
-                mask_row(&mut m, base, t.pos, n_kv, window);
+                mask_row(&mut m, chunks[t.chunk].kv_base, t.pos, n_kv, window);
             }
             m
         };
@@ -173,89 +178,24 @@ impl Engine {
         if !outs.is_empty() {
             g.tensor("inp_out_ids").write_i32(&outs)?;
         }
-        self.sched.compute(&g.graph())?;
+        match self.offload.as_mut() {
+            Some(off) => {
+                off.begin_step(n);
+                let mut hook = StepHook {
+                    off,
+                    nodes,
+                    n_tokens: n,
+                };
+                self.sched.compute_hooked(&g.graph(), &mut hook)?;
+            }
+            None => self.sched.compute(&g.graph())?,
+        }
         if outs.is_empty() {
             return Ok(Vec::new());
         }
         let flat = g.tensor("logits").read_f32()?;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
-    }
-
-    /// The graph of a multi-sequence micro-batch of shape `key`. A batch without outputs still
-    /// computes one logits row (position 0, discarded): the graph needs an output to end in.
-    fn build_multi_graph(&self, key: GraphKey) -> Result<OwnedGraph, EngineError> {
-        let GraphKey {
-            n_tokens: n,
-            n_kv,
-            n_out,
-        } = key;
-        let size = graph_size(&self.hp);
-        let window = self.hp.sliding_window as usize;
-        OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
-            let input = |ty, ne: &[i64], name: &'static str| -> Result<_, EngineError> {
-                let t = ctx.new_tensor(ty, ne)?.set_name(name);
-                ctx.set_input(t);
-                Ok(t)
-            };
-            let t_tok = input(GgmlType::I32, &[n as i64], "inp_tokens")?; // [n]
-            let t_pos = input(GgmlType::I32, &[n as i64], "inp_pos")?; // [n]
-            let t_mask = input(GgmlType::F16, &[n_kv as i64, n as i64], "attn_inp_kq_mask")?; // [n_kv, n]
-            let t_idx = input(GgmlType::I64, &[n as i64], "inp_kv_idxs")?; // [n]
-            let t_mask_swa = if window > 0 {
-                Some(input(
-                    GgmlType::F16,
-                    &[n_kv as i64, n as i64],
-                    "attn_inp_kq_mask_swa",
-                )?) // [n_kv, n]
-            } else {
-                None
-            };
-            let t_out = if n_out > 0 {
-                Some(input(GgmlType::I32, &[n_out as i64], "inp_out_ids")?) // [n_out]
-            } else {
-                None
-            };
-            let batch = BatchInputs {
-                tokens: t_tok,
-                pos: t_pos,
-                mask: t_mask,
-                mask_swa: t_mask_swa,
-                kv_idx: t_idx,
-                n_tokens: n,
-                n_past: 0,
-                n_kv,
-                last_only: t_out.is_none(),
-                out_ids: t_out,
-            };
-            let g = GraphBuilder {
-                ctx,
-                w: &self.weights,
-                kv: &self.kv,
-                hp: &self.hp,
-                batch,
-                graph,
-            };
-            let logits = arch::build(&g).map_err(|msg| EngineError::Model {
-                path: String::new(),
-                msg,
-            })?;
-            g.finish(logits.set_name("logits"));
-            let mut keep = vec![
-                "inp_tokens",
-                "inp_pos",
-                "attn_inp_kq_mask",
-                "inp_kv_idxs",
-                "logits",
-            ];
-            if t_mask_swa.is_some() {
-                keep.push("attn_inp_kq_mask_swa");
-            }
-            if t_out.is_some() {
-                keep.push("inp_out_ids");
-            }
-            Ok(keep)
-        })
     }
 }
 

@@ -8,6 +8,8 @@ pub mod kv;
 pub mod sampling;
 pub mod weights;
 
+use crate::experts::step::{GraphNodes, StepHook};
+use crate::experts::{is_routed_expert, Offload, OffloadOptions};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::{arch, BatchInputs, GraphBuilder};
@@ -25,6 +27,8 @@ pub enum EngineError {
     Model { path: String, msg: String },
     #[error("context full: {need} positions needed, the context holds {n_ctx} (raise --ctx)")]
     ContextFull { n_ctx: usize, need: usize },
+    #[error("--gpu-mem {budget} B is below what the resident parts need ({need} B: weights other than routed experts, KV cache, staging and compute buffers); raise it or lower --ctx")]
+    BudgetTooSmall { budget: u64, need: u64 },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
     BadToken { id: u32, n_vocab: u64 },
 }
@@ -46,6 +50,12 @@ pub struct EngineOptions {
     /// Memory budget on the main device (bytes). `None`: all of the model on the device. With a
     /// budget the model does not fit in, routed experts are offloaded (DESIGN.md §4).
     pub gpu_mem: Option<u64>,
+    /// Prefetch experts of the next layer while the current one runs (when offloading).
+    pub prefetch: bool,
+    /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
+    pub cpu_experts: bool,
+    /// Expert-cache policy when offloading.
+    pub policy: crate::experts::policy::PolicyKind,
 }
 
 impl Default for EngineOptions {
@@ -57,6 +67,9 @@ impl Default for EngineOptions {
             n_ubatch: 512,
             kv_type: GgmlType::F16,
             gpu_mem: None,
+            policy: Default::default(),
+            prefetch: true,
+            cpu_experts: true,
         }
     }
 }
@@ -65,10 +78,12 @@ pub struct Engine {
     pub hp: Hparams,
     opts: EngineOptions,
     // Field order = drop order: the cached graph first, the file map last.
-    /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape.
-    graph: Option<((usize, usize, bool), OwnedGraph)>,
-    /// The last multi-sequence graph (`batch`), with its shape.
-    batch_graph: Option<(batch::GraphKey, OwnedGraph)>,
+    /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape and its
+    /// offloaded layers.
+    graph: Option<((usize, usize, bool), OwnedGraph, GraphNodes)>,
+    /// The last multi-sequence graph (`batch`), likewise.
+    batch_graph: Option<(batch::GraphKey, OwnedGraph, GraphNodes)>,
+    offload: Option<Offload>,
     sched: Sched,
     kv: kv::KvCache,
     weights: weights::Weights,
@@ -102,6 +117,9 @@ impl Engine {
                 arch::BUILT.join(", ")
             )));
         }
+        if let Some(msg) = arch::unsupported(&hp) {
+            return Err(model_err(msg));
+        }
         let tensors: Vec<_> = file.tensors().cloned().collect();
         let v = validate(spec, &hp, &tensors);
         if let Some(e) = v.errors().next() {
@@ -112,29 +130,130 @@ impl Engine {
             Device::Cpu => cpu.clone(),
             Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
         };
-        let weights = weights::Weights::load(&file, &main, progress)?;
+        let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
+        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
+        let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
-            .map(|_| (hp.k_dim() as usize, hp.v_dim() as usize))
+            .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
+        let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2)
+            * widths.iter().map(|&(k, v)| (k + v) as u64).sum::<u64>()
+            * opts.n_ctx as u64;
+        // Offload when a budget is given that the whole model (+ KV + a compute reserve) exceeds.
+        let offload = opts
+            .gpu_mem
+            .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
+        let keep = |name: &str| !(offload && is_routed_expert(name));
+        let weights = weights::Weights::load(&file, &main, &keep, progress)?;
         let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type)?;
+        let off = if offload {
+            let o = OffloadOptions {
+                policy: opts.policy.clone(),
+                max_slot_tokens: MAX_SLOT_TOKENS,
+                n_ubatch: opts.n_ubatch.min(opts.n_ctx),
+                prefetch: opts.prefetch,
+                cpu_threads: if opts.cpu_experts {
+                    match opts.n_threads {
+                        0 => std::thread::available_parallelism()
+                            .map_or(1, |n| n.get())
+                            .saturating_sub(1)
+                            .max(1),
+                        n => n,
+                    }
+                } else {
+                    0
+                },
+            };
+            Some(Offload::load(&file, &hp, &main, o, progress)?)
+        } else {
+            None
+        };
         let backends = if Rc::ptr_eq(&main, &cpu) {
             vec![cpu]
         } else {
-            vec![main, cpu]
+            vec![main.clone(), cpu]
         };
         let sched = Sched::new(&backends, graph_size(&hp), false)?;
-        Ok(Self {
+        let mut eng = Self {
             hp,
             opts,
             graph: None,
             batch_graph: None,
+            offload: off,
             sched,
             kv,
             weights,
             _backends: backends,
             _file: file,
             n_past: 0,
-        })
+        };
+        if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
+            eng.plan_slots(&main, budget)?;
+        }
+        Ok(eng)
+    }
+
+    /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
+    /// staging mode), then gives the expert cache what is left of `budget`.
+    fn plan_slots(&mut self, main: &Backend, budget: u64) -> Result<(), EngineError> {
+        let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
+        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
+        let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false, 0)?;
+        self.sched.reserve(&g.graph())?;
+        drop(g);
+        let compute = self.sched.buffer_size(0) as u64;
+        let margin = if main.is_cuda() { CUDA_MARGIN } else { 0 };
+        let off = self.offload.as_mut().expect("offloading");
+        let fixed =
+            self.weights.bytes + self.kv.bytes() as u64 + off.dev_bytes as u64 + compute + margin;
+        let per_slot = off.slot_bytes_all_layers().max(1) as u64;
+        if fixed > budget {
+            return Err(EngineError::BudgetTooSmall {
+                budget,
+                need: fixed,
+            });
+        }
+        let mut n_slots = (budget - fixed) / per_slot;
+        // Padding and alignment per matrix: step down until the slots really fit.
+        while n_slots > 0 && off.slots_alloc_bytes(n_slots as usize) as u64 > budget - fixed {
+            n_slots -= 1;
+        }
+        tracing::info!(
+            "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, compute {compute} B -> {n_slots} expert slots per layer of {}",
+            self.weights.bytes,
+            self.kv.bytes(),
+            off.dev_bytes,
+            self.hp.n_expert
+        );
+        off.alloc_slots(main, n_slots as usize)?;
+        Ok(())
+    }
+
+    /// Device bytes this engine allocated itself: weights, KV cache, offload buffers and the
+    /// scheduler's compute buffer (what a `--gpu-mem` budget covers, minus the backend's own
+    /// workspace).
+    pub fn device_bytes(&self) -> u64 {
+        self.weights.bytes
+            + self.kv.bytes() as u64
+            + self.offload.as_ref().map_or(0, |o| o.dev_bytes as u64)
+            + self.sched.buffer_size(0) as u64
+    }
+
+    /// Offload statistics (`None` when the model is fully resident).
+    pub fn offload_stats(&self) -> Option<crate::experts::Stats> {
+        self.offload.as_ref().map(|o| o.stats.clone())
+    }
+
+    /// Device bytes one expert-cache slot costs across all MoE layers (`None` when resident).
+    pub fn expert_slot_bytes(&self) -> Option<u64> {
+        self.offload
+            .as_ref()
+            .map(|o| o.slot_bytes_all_layers() as u64)
+    }
+
+    /// The expert cache's slots per layer (`None` when fully resident).
+    pub fn expert_slots(&self) -> Option<usize> {
+        self.offload.as_ref().map(|o| o.n_slots)
     }
 
     /// Captures named intermediate tensors of later forward passes into `cap` (see
@@ -151,6 +270,11 @@ impl Engine {
     /// Forgets the cached sequence.
     pub fn reset(&mut self) {
         self.n_past = 0;
+    }
+
+    /// Forgets positions `n..` (keeps the first `n` cached), e.g. to rerun a benchmark at a depth.
+    pub fn truncate(&mut self, n: usize) {
+        self.n_past = self.n_past.min(n);
     }
 
     /// Appends `tokens` to the sequence and returns the logits at each of their positions.
@@ -191,16 +315,19 @@ impl Engine {
     }
 
     /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
+    /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
     fn build_graph(
         &self,
         n: usize,
         n_past: usize,
         n_kv: usize,
         last_only: bool,
-    ) -> Result<OwnedGraph, EngineError> {
+        n_out: usize,
+    ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
         let window = self.hp.sliding_window as usize;
-        OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
+        let mut nodes = Vec::new();
+        let g = OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
             let input = |ty, ne: &[i64], name: &'static str| -> Result<_, EngineError> {
                 let t = ctx.new_tensor(ty, ne)?.set_name(name);
                 ctx.set_input(t);
@@ -219,6 +346,10 @@ impl Engine {
             } else {
                 None
             };
+            let t_out = match n_out {
+                0 => None,
+                k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
+            };
             let batch = BatchInputs {
                 tokens: t_tok,
                 pos: t_pos,
@@ -229,7 +360,7 @@ impl Engine {
                 n_past,
                 n_kv,
                 last_only,
-                out_ids: None,
+                out_ids: t_out,
             };
             let g = GraphBuilder {
                 ctx,
@@ -238,24 +369,39 @@ impl Engine {
                 hp: &self.hp,
                 batch,
                 graph,
+                experts: self.offload.as_ref(),
+                moe_nodes: Default::default(),
             };
             let logits = arch::build(&g).map_err(|msg| EngineError::Model {
                 path: String::new(),
                 msg,
             })?;
             g.finish(logits.set_name("logits"));
-            let mut keep = vec![
+            let mut keep: Vec<String> = [
                 "inp_tokens",
                 "inp_pos",
                 "attn_inp_kq_mask",
                 "inp_kv_idxs",
                 "logits",
-            ];
+            ]
+            .map(String::from)
+            .to_vec();
             if t_mask_swa.is_some() {
-                keep.push("attn_inp_kq_mask_swa");
+                keep.push("attn_inp_kq_mask_swa".into());
             }
-            Ok(keep)
-        })
+            if t_out.is_some() {
+                keep.push("inp_out_ids".into());
+            }
+            nodes = g.moe_nodes.take();
+            for n in &nodes {
+                keep.push(n.anchor.clone());
+                keep.push(n.selected.clone());
+                keep.push(n.input.clone());
+                keep.extend(n.gpu_out.clone());
+            }
+            Ok::<_, EngineError>(keep)
+        })?;
+        Ok((g, nodes))
     }
 
     fn forward_ubatch(
@@ -269,13 +415,14 @@ impl Engine {
         // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
         // only in their inputs. Otherwise build, and let the scheduler allocate it.
         let key = (n, n_kv, last_only);
-        if self.graph.as_ref().is_none_or(|(k, _)| *k != key) {
+        if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.graph = None;
-            let g = self.build_graph(n, n_past, n_kv, last_only)?;
+            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0)?;
             self.sched.alloc(&g.graph())?;
-            self.graph = Some((key, g));
+            let nodes = GraphNodes::resolve(&nodes, &g);
+            self.graph = Some((key, g, nodes));
         }
-        let (_, g) = self.graph.as_ref().expect("built above");
+        let (_, g, nodes) = self.graph.as_ref().expect("built above");
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         g.tensor("inp_tokens").write_i32(&ids)?;
         g.tensor("inp_pos")
@@ -289,13 +436,32 @@ impl Engine {
         }
         g.tensor("inp_kv_idxs")
             .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
-        self.sched.compute(&g.graph())?;
+        match self.offload.as_mut() {
+            Some(off) => {
+                off.begin_step(n);
+                let mut hook = StepHook {
+                    off,
+                    nodes,
+                    n_tokens: n,
+                };
+                self.sched.compute_hooked(&g.graph(), &mut hook)?;
+            }
+            None => self.sched.compute(&g.graph())?,
+        }
         let flat = g.tensor("logits").read_f32()?;
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
 }
+
+/// Compute-buffer reserve assumed when deciding whether a model fits a budget whole.
+const COMPUTE_RESERVE: u64 = 512 << 20;
+/// Device memory left for the CUDA backend's own workspace (cuBLAS, its memory pool) when
+/// sizing the expert cache.
+const CUDA_MARGIN: u64 = 384 << 20;
+/// Largest micro-batch decoded from the expert cache (larger ones stage every used expert).
+const MAX_SLOT_TOKENS: usize = 4;
 
 /// Nodes a step's graph may hold (generous: ~64 per block).
 fn graph_size(hp: &Hparams) -> usize {

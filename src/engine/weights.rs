@@ -14,22 +14,24 @@ pub struct Weights {
 }
 
 impl Weights {
-    /// Loads every tensor of `model` onto `backend`; `progress(done, total)` reports bytes.
+    /// Loads the tensors of `model` for which `keep(name)` holds onto `backend`;
+    /// `progress(done, total)` reports bytes.
     pub fn load(
         model: &GgufModel,
         backend: &Backend,
+        keep: &dyn Fn(&str) -> bool,
         progress: &dyn Fn(u64, u64),
     ) -> Result<Self, GgmlError> {
         let n = model.n_tensors();
         let ctx = Context::new(n + 1, 0)?;
         let mut pairs = Vec::with_capacity(n);
-        for t in model.tensors() {
+        for t in model.tensors().filter(|t| keep(&t.name)) {
             let ne: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
             let tensor = ctx.new_tensor(t.ty, &ne)?.set_name(&t.name);
             pairs.push((tensor, t));
         }
         ctx.alloc_tensors(backend)?;
-        let total: u64 = model.tensors().map(|t| t.n_bytes).sum();
+        let total: u64 = pairs.iter().map(|(_, t)| t.n_bytes).sum();
         let mut done = 0;
         for (tensor, info) in &pairs {
             tensor.write_bytes(model.tensor_data(info))?;

@@ -3,3 +3,10 @@
 pub mod stats;
 
 pub use stats::Stats;
+pub mod cache;
+pub mod offload;
+pub mod policy;
+pub mod transfer;
+pub use offload::{is_routed_expert, Mode, Offload, OffloadOptions};
+pub mod cpu;
+pub mod step;

@@ -89,6 +89,31 @@ impl Stats {
         ratio(t.predicted_used, t.used)
     }
 
+    /// One paragraph for humans: totals, then per-layer hit rates.
+    pub fn summary(&self) -> String {
+        let t = self.total();
+        let mut s = format!(
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            self.steps,
+            self.tokens,
+            self.hit_rate(),
+            t.hits,
+            t.misses,
+            100.0 * self.cpu_share(),
+            self.h2d_bytes as f64 / 1e9,
+            self.wait_copy_s,
+            self.wait_cpu_s,
+            self.prefetch_precision(),
+            self.prefetch_recall(),
+        );
+        for l in &self.layers {
+            if l.hits + l.misses > 0 {
+                s += &format!(" {:.2}", ratio(l.hits, l.hits + l.misses));
+            }
+        }
+        s
+    }
+
     /// `self - earlier`, counter by counter.
     pub fn since(&self, earlier: &Stats) -> Stats {
         let mut d = self.clone();

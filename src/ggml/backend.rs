@@ -257,6 +257,53 @@ impl Sched {
         check_status(status, "scheduler".into())
     }
 
+    /// Bytes of the compute buffer the scheduler holds on backend `i` (as passed to `new`).
+    pub fn buffer_size(&self, i: usize) -> usize {
+        // SAFETY: live scheduler; i indexes the backends it was created with.
+        unsafe {
+            sys::ggml_backend_sched_get_buffer_size(self.ptr.as_ptr(), self.backends[i].raw())
+        }
+    }
+
+    /// Sizes the compute buffers for `graph` (the largest graph a caller will run) without
+    /// computing it.
+    pub fn reserve(&mut self, graph: &Graph<'_>) -> Result<()> {
+        // SAFETY: live scheduler and graph.
+        let ok = unsafe { sys::ggml_backend_sched_reserve(self.ptr.as_ptr(), graph.raw()) };
+        if !ok {
+            return Err(GgmlError::Alloc {
+                backend: "scheduler".into(),
+                what: "reserved graph".into(),
+                size: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// Like [`Sched::compute`], stopping after every node `hook` asks for: ggml computes the
+    /// graph up to that node, waits for the device, and calls [`EvalHook::computed`], which may
+    /// read computed tensors and write tensors later nodes read. Replaces any capture callback
+    /// for this call.
+    pub fn compute_hooked(&mut self, graph: &Graph<'_>, hook: &mut dyn EvalHook) -> Result<()> {
+        let mut h = HookCall { hook, error: None };
+        let user = &mut h as *mut HookCall<'_> as *mut std::ffi::c_void;
+        // SAFETY: `user` points at `h`, alive until the callback is removed below.
+        unsafe {
+            sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), Some(hook_cb), user)
+        };
+        // SAFETY: live scheduler and a graph allocated by alloc().
+        let status =
+            unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw()) };
+        // SAFETY: removes the callback before `h` dies.
+        unsafe {
+            sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), None, std::ptr::null_mut())
+        };
+        if let Some(e) = h.error {
+            return Err(e);
+        }
+        check_status(status, "scheduler".into())
+    }
+
     /// Calls [`super::capture::capture_cb`] for every node of later computes, filling `cap`
     /// (which must outlive the scheduler's use of it; pass `None` to stop).
     pub fn set_capture(&mut self, cap: Option<&mut super::capture::Capture>) {
@@ -279,6 +326,41 @@ impl Sched {
 
     pub fn backends(&self) -> &[Rc<Backend>] {
         &self.backends
+    }
+}
+
+/// A caller's stops during [`Sched::compute_hooked`]. Nodes are identified by
+/// [`Tensor::id`].
+pub trait EvalHook {
+    /// Whether to stop after node `id`.
+    fn wants(&mut self, id: usize) -> bool;
+    /// Node `id` and everything before it are computed and the device is idle. Returning an
+    /// error stops the graph; [`Sched::compute_hooked`] returns it.
+    fn computed(&mut self, id: usize) -> Result<()>;
+}
+
+struct HookCall<'h> {
+    hook: &'h mut dyn EvalHook,
+    error: Option<GgmlError>,
+}
+
+/// ggml's eval callback, forwarding to the `&mut dyn EvalHook` behind `user`.
+unsafe extern "C" fn hook_cb(
+    t: *mut sys::ggml_tensor,
+    ask: bool,
+    user: *mut std::ffi::c_void,
+) -> bool {
+    // SAFETY: `user` is the `HookCall` set by compute_hooked, alive during compute.
+    let call = unsafe { &mut *(user as *mut HookCall<'_>) };
+    if ask {
+        return call.hook.wants(t as usize);
+    }
+    match call.hook.computed(t as usize) {
+        Ok(()) => true,
+        Err(e) => {
+            call.error = Some(e);
+            false
+        }
     }
 }
 

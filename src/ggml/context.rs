@@ -125,6 +125,11 @@ impl Context {
         Ok(size)
     }
 
+    /// Takes ownership of `buf`: freed when the context drops.
+    pub(crate) fn adopt_buffer(&self, buf: sys::ggml_backend_buffer_t) {
+        self.buffers.borrow_mut().push(buf);
+    }
+
     /// Looks up every tensor of this context by name, once (ggml's own lookup is a linear scan).
     pub fn index(&self) -> TensorIndex {
         let mut map = std::collections::HashMap::new();
@@ -441,6 +446,30 @@ impl Context {
         )
     }
 
+    /// `a` and `b` joined along `dim` (every other dimension equal); either may be a view.
+    pub fn concat<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, dim: i32) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes agree (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_concat(self.raw(), a.raw(), b.raw(), dim) },
+            "concat",
+        )
+    }
+
+    /// `a` tiled to the shape `ne` (each dimension a multiple of `a`'s).
+    pub fn repeat_4d<'a>(&'a self, a: Tensor<'a>, ne: [i64; 4]) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts `ne` is a multiple of a's shape (graph invariant).
+        self.wrap(
+            unsafe { sys::ggml_repeat_4d(self.raw(), a.raw(), ne[0], ne[1], ne[2], ne[3]) },
+            "repeat_4d",
+        )
+    }
+
+    /// A tensor of `a`'s shape with every element `c` (a new tensor; `a` is unchanged).
+    pub fn fill<'a>(&'a self, a: Tensor<'a>, c: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_fill(self.raw(), a.raw(), c) }, "fill")
+    }
+
     /// Marks `t` as a graph input (allocated so it can be written before compute).
     pub fn set_input(&self, t: Tensor<'_>) {
         // SAFETY: live tensor.
@@ -490,7 +519,7 @@ impl Drop for Context {
 pub struct OwnedGraph {
     // Field order = drop order: the pointers below die with the context.
     graph: NonNull<sys::ggml_cgraph>,
-    named: std::collections::HashMap<&'static str, NonNull<sys::ggml_tensor>>,
+    named: std::collections::HashMap<String, NonNull<sys::ggml_tensor>>,
     ctx: Box<Context>,
 }
 
@@ -500,7 +529,7 @@ impl OwnedGraph {
     pub fn build<E>(
         ctx: Context,
         size: usize,
-        f: impl FnOnce(&Context, Graph<'_>) -> std::result::Result<Vec<&'static str>, E>,
+        f: impl FnOnce(&Context, Graph<'_>) -> std::result::Result<Vec<String>, E>,
     ) -> std::result::Result<Self, E> {
         let ctx = Box::new(ctx);
         let graph = Graph::new(&ctx, size);
@@ -510,8 +539,8 @@ impl OwnedGraph {
             .into_iter()
             .map(|n| {
                 (
-                    n,
-                    ctx.get(&index, n)
+                    n.clone(),
+                    ctx.get(&index, &n)
                         .unwrap_or_else(|| panic!("graph has no tensor {n:?}"))
                         .ptr,
                 )
@@ -615,6 +644,44 @@ impl<'ctx> Tensor<'ctx> {
 
     pub fn ne(&self) -> [i64; 4] {
         self.get().ne
+    }
+
+    /// Strides in bytes, ggml order (nb0 first).
+    pub fn nb(&self) -> [usize; 4] {
+        self.get().nb
+    }
+
+    /// A stable identity for this tensor (its address), e.g. to recognise a graph node in a
+    /// scheduler callback ([`super::EvalHook`]).
+    pub fn id(&self) -> usize {
+        self.raw() as usize
+    }
+
+    /// The address of the tensor's data in its buffer (a device address for GPU buffers, a host
+    /// address for host buffers), or 0 when it has none yet. For copy engines that take raw
+    /// addresses; reading through it is the caller's (unsafe) business.
+    pub fn data_addr(&self) -> usize {
+        self.get().data as usize
+    }
+
+    /// Copies `data` into the tensor's bytes at `offset`.
+    pub fn write_bytes_at(self, offset: usize, data: &[u8]) -> Result<()> {
+        let t = self.get();
+        if t.buffer.is_null() || t.data.is_null() {
+            return Err(self.err("has no backend buffer".into()));
+        }
+        if offset + data.len() > self.n_bytes() {
+            return Err(self.err(format!(
+                "write of {} bytes at {offset} overruns its {} bytes",
+                data.len(),
+                self.n_bytes()
+            )));
+        }
+        // SAFETY: live buffer; the range was checked against the tensor's size.
+        unsafe {
+            sys::ggml_backend_tensor_set(self.raw(), data.as_ptr().cast(), offset, data.len())
+        };
+        Ok(())
     }
 
     pub fn n_elements(&self) -> i64 {

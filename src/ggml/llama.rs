@@ -43,12 +43,125 @@ fn err(what: impl Into<String>) -> GgmlError {
 /// A model loaded by libllama.
 pub struct LlamaModel {
     ptr: NonNull<sys::llama_model>,
+    /// Tensor-override patterns handed to libllama at load (kept alive with the model).
+    _patterns: Vec<CString>,
+}
+
+/// llama.cpp's regex for routed-expert tensors (`LLM_FFN_EXPS_REGEX` in common.h: what
+/// `-ot exps=CPU`, `--cpu-moe` and `--n-cpu-moe` match).
+pub const FFN_EXPS_REGEX: &str = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps";
+
+/// Which routed experts llama.cpp keeps in host memory (`tensor_buft_overrides` to the CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum CpuExperts {
+    /// None: every weight of an offloaded layer goes to the GPU.
+    None,
+    /// Those of the first `n` layers (`--n-cpu-moe n`).
+    FirstLayers(usize),
+    /// Those of every layer (`-ot exps=CPU`, `--cpu-moe`).
+    All,
+}
+
+impl CpuExperts {
+    /// The override patterns (libllama matches them with `std::regex_search` on tensor names).
+    pub fn patterns(&self) -> Vec<String> {
+        match *self {
+            CpuExperts::None => Vec::new(),
+            CpuExperts::FirstLayers(n) => (0..n)
+                .map(|il| format!("blk\\.{il}{FFN_EXPS_REGEX}"))
+                .collect(),
+            CpuExperts::All => vec![FFN_EXPS_REGEX.to_string()],
+        }
+    }
+}
+
+/// How a model is placed, in llama.cpp's own terms (`-ngl`, `--main-gpu`, `--n-cpu-moe`, `-ot`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Layers in VRAM (0 = CPU only, -1 = all).
+    pub n_gpu_layers: i32,
+    /// The one GPU to use (`--split-mode none --main-gpu N`); None = llama.cpp's default.
+    pub main_gpu: Option<usize>,
+    pub cpu_experts: CpuExperts,
+}
+
+/// Context settings beyond the defaults, as llama-bench exposes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextOptions {
+    pub n_ctx: u32,
+    /// Logical batch (tokens per `llama_decode`) and physical micro-batch.
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub n_threads: i32,
+    /// Offload host-resident weights' ops to the GPU for large batches (llama.cpp default: on).
+    pub op_offload: bool,
 }
 
 impl LlamaModel {
     /// Loads `path` with `n_gpu_layers` layers offloaded (0 = CPU only, -1 = all).
     pub fn load(path: &Path, n_gpu_layers: i32) -> Result<Self> {
         Self::load_with(path, n_gpu_layers, false, true)
+    }
+
+    /// Loads `path` placed as `opts` says (the settings of a llama.cpp MoE-offload run).
+    pub fn load_placed(path: &Path, opts: &LoadOptions) -> Result<Self> {
+        init();
+        let c = CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|_| err(format!("{}: NUL in path", path.display())))?;
+        let patterns: Vec<CString> = opts
+            .cpu_experts
+            .patterns()
+            .into_iter()
+            .map(|p| CString::new(p).expect("patterns have no NUL"))
+            .collect();
+        // SAFETY: plain query.
+        let max = unsafe { sys::llama_max_tensor_buft_overrides() };
+        if patterns.len() >= max {
+            return Err(err(format!(
+                "{} tensor overrides, libllama takes at most {}",
+                patterns.len(),
+                max.saturating_sub(1)
+            )));
+        }
+        // SAFETY: the CPU buffer type is a static singleton.
+        let cpu = unsafe { sys::ggml_backend_cpu_buffer_type() };
+        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = patterns
+            .iter()
+            .map(|p| sys::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: cpu,
+            })
+            .collect();
+        // The list is NULL-terminated.
+        overrides.push(sys::llama_model_tensor_buft_override {
+            pattern: std::ptr::null(),
+            buft: std::ptr::null_mut(),
+        });
+        // SAFETY: default params are plain data; `c`, `patterns` and `overrides` outlive the call
+        // (libllama reads the overrides while loading); null = failure.
+        let ptr = unsafe {
+            let mut p = sys::llama_model_default_params();
+            p.n_gpu_layers = opts.n_gpu_layers;
+            if let Some(g) = opts.main_gpu {
+                p.split_mode = sys::LLAMA_SPLIT_MODE_NONE;
+                p.main_gpu = g as i32;
+            }
+            if overrides.len() > 1 {
+                p.tensor_buft_overrides = overrides.as_ptr();
+            }
+            sys::llama_model_load_from_file(c.as_ptr(), p)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Self {
+                ptr,
+                _patterns: patterns,
+            })
+            .ok_or_else(|| {
+                err(format!(
+                    "libllama could not load {} with {opts:?} (set POCKETMOE_LLAMA_LOG=1 for its log)",
+                    path.display()
+                ))
+            })
     }
 
     /// As [`LlamaModel::load`], with CPU weights kept in plain buffers (no repacking into
@@ -80,12 +193,17 @@ impl LlamaModel {
             p.use_extra_bufts = extra_bufts;
             sys::llama_model_load_from_file(c.as_ptr(), p)
         };
-        NonNull::new(ptr).map(|ptr| Self { ptr }).ok_or_else(|| {
-            err(format!(
-                "libllama could not load {} (set POCKETMOE_LLAMA_LOG=1 for its log)",
-                path.display()
-            ))
-        })
+        NonNull::new(ptr)
+            .map(|ptr| Self {
+                ptr,
+                _patterns: Vec::new(),
+            })
+            .ok_or_else(|| {
+                err(format!(
+                    "libllama could not load {} (set POCKETMOE_LLAMA_LOG=1 for its log)",
+                    path.display()
+                ))
+            })
     }
 
     fn vocab(&self) -> *const sys::llama_vocab {
@@ -157,6 +275,32 @@ pub struct LlamaContext<'m> {
 impl<'m> LlamaContext<'m> {
     pub fn new(model: &'m LlamaModel, n_ctx: u32, n_threads: i32) -> Result<Self> {
         Self::new_with_capture(model, n_ctx, n_threads, None)
+    }
+
+    /// A context with llama-bench's knobs (batch, micro-batch, threads, op offload).
+    pub fn with_options(model: &'m LlamaModel, o: &ContextOptions) -> Result<Self> {
+        // SAFETY: default params are plain data; model is live; null = failure.
+        let ptr = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = o.n_ctx;
+            p.n_batch = o.n_batch;
+            p.n_ubatch = o.n_ubatch;
+            p.n_threads = o.n_threads;
+            p.n_threads_batch = o.n_threads;
+            p.op_offload = o.op_offload;
+            sys::llama_init_from_model(model.ptr.as_ptr(), p)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Self { ptr, model })
+            .ok_or_else(|| err(format!("llama_init_from_model failed ({o:?})")))
+    }
+
+    /// Forgets positions `n..` of the sequence (keeps the first `n` in the KV cache).
+    pub fn truncate(&mut self, n: usize) {
+        // SAFETY: live context; removing a position range of sequence 0 (p1 < 0 = to the end).
+        unsafe {
+            sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), 0, n as i32, -1)
+        };
     }
 
     /// As [`LlamaContext::new`] with a KV cache of type `kv` (f16 default, q8_0, ...).

@@ -10,6 +10,7 @@
 //! that context and freed with it, so tensor data stays valid for the tensor's whole lifetime.
 
 mod backend;
+mod buffer;
 pub mod capture;
 mod context;
 pub mod gguf_ref;
@@ -19,7 +20,8 @@ pub mod quant;
 pub mod refquant;
 mod types;
 
-pub use backend::{disable_cuda_graph_replay, Backend, Device, DeviceKind, Sched};
+pub use backend::{disable_cuda_graph_replay, Backend, Device, DeviceKind, EvalHook, Sched};
+pub use buffer::{BufferRef, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;
 pub use types::{GgmlType, Kernels};

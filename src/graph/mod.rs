@@ -65,6 +65,10 @@ pub struct GraphBuilder<'a> {
     pub hp: &'a Hparams,
     pub batch: BatchInputs<'a>,
     pub graph: Graph<'a>,
+    /// The offloaded routed experts, if any (DESIGN.md §4).
+    pub experts: Option<&'a crate::experts::Offload>,
+    /// Offloaded layers of this graph, for the step hook.
+    pub moe_nodes: std::cell::RefCell<Vec<crate::experts::step::MoeNode>>,
 }
 
 impl<'a> GraphBuilder<'a> {
@@ -118,11 +122,21 @@ impl<'a> GraphBuilder<'a> {
         ffn_norm: &str,
         ffn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
     ) -> Tensor<'a> {
+        self.pre_norm_decoder_with(|g, h, il| g.attention(h, il, attn), ffn_norm, ffn)
+    }
+
+    /// [`Self::pre_norm_decoder`] with the attention block chosen by the architecture (MLA).
+    pub fn pre_norm_decoder_with(
+        &self,
+        attn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
+        ffn_norm: &str,
+        ffn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
+    ) -> Tensor<'a> {
         let mut x = self.embed(); // [n_embd, n_tokens]
         for il in 0..self.hp.n_layer_decode() {
             let i = il as i32;
             let h = self.rms_norm(x, self.wl(il, "attn_norm.weight"), "attn_norm", i);
-            let h = self.attention(h, il, attn);
+            let h = attn(self, h, il);
             let ffn_inp = self.add(h, x, "ffn_inp", i);
             let h = self.rms_norm(ffn_inp, self.wl(il, ffn_norm), "ffn_norm", i);
             let h = ffn(self, h, il);

@@ -18,6 +18,29 @@ pub enum Gating {
     SqrtSoftplus = 4,
 }
 
+/// RoPE scaling kind (`{arch}.rope.scaling.type`; llama.cpp `LLAMA_ROPE_SCALING_TYPE_*`). An absent
+/// key reads as llama.cpp's default "linear", which scales nothing without a factor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RopeScaling {
+    None,
+    #[default]
+    Linear,
+    Yarn,
+    LongRope,
+}
+
+impl RopeScaling {
+    /// The GGUF string (`rope.scaling.type`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Linear => "linear",
+            Self::Yarn => "yarn",
+            Self::LongRope => "longrope",
+        }
+    }
+}
+
 /// Read access to model metadata (implemented by the GGUF reader; a map in tests).
 pub trait Meta {
     fn u64(&self, key: &str) -> Option<u64>;
@@ -77,6 +100,17 @@ pub struct Hparams {
     /// Rotary dimensions (partial rotary when < head_dim_k).
     pub n_rot: u64,
     pub rms_eps: f32,
+    /// RoPE scaling: kind, `rope.scaling.factor` (0 = none), `rope.scaling.original_context_length`
+    /// (0 = `n_ctx_train`) and `rope.scaling.yarn_log_multiplier` as the file stores it
+    /// (DeepSeek's converter writes `0.1 * mscale_all_dim`). The derived YaRN parameters are
+    /// computed where RoPE is built (`graph::blocks::rope`).
+    pub rope_scaling: RopeScaling,
+    pub rope_scaling_factor: f32,
+    pub n_ctx_orig_yarn: u64,
+    pub rope_yarn_log_mul: f32,
+    /// Per-position attention temperature (`attention.temperature_scale`, Llama-4 style; used by
+    /// Mistral-Large-3 files of the deepseek2 architecture). 0 = none.
+    pub attn_temp_scale: f32,
     /// Sliding-window size (gpt-oss), 0 = none.
     pub sliding_window: u64,
     /// MLA (deepseek2): q low-rank (0 = no q compression, V2-Lite), kv low-rank.
@@ -267,6 +301,18 @@ impl Hparams {
             }
         };
         let swiglu_clamp_exp = f("swiglu_clamp_exp").unwrap_or(0.0);
+        let rope_scaling = match meta.str(&k("rope.scaling.type")).as_deref() {
+            None | Some("linear") => RopeScaling::Linear,
+            Some("none") => RopeScaling::None,
+            Some("yarn") => RopeScaling::Yarn,
+            Some("longrope") => RopeScaling::LongRope,
+            Some(other) => {
+                return Err(format!(
+                    "{}: unknown RoPE scaling type {other:?}",
+                    k("rope.scaling.type")
+                ))
+            }
+        };
         let mut hp = Hparams {
             arch: arch.to_string(),
             n_vocab,
@@ -293,6 +339,13 @@ impl Hparams {
             rope_freq_base,
             n_rot,
             rms_eps: f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rope_scaling,
+            rope_scaling_factor: f("rope.scaling.factor")
+                .or_else(|| f("rope.scale_linear"))
+                .unwrap_or(0.0),
+            n_ctx_orig_yarn: u("rope.scaling.original_context_length").unwrap_or(0),
+            rope_yarn_log_mul: f("rope.scaling.yarn_log_multiplier").unwrap_or(0.0),
+            attn_temp_scale: f("attention.temperature_scale").unwrap_or(0.0),
             sliding_window: u("attention.sliding_window").unwrap_or(0),
             q_lora_rank: u("attention.q_lora_rank").unwrap_or(0),
             kv_lora_rank: u("attention.kv_lora_rank").unwrap_or(0),
@@ -509,6 +562,18 @@ impl Hparams {
             return Err(format!(
                 "{a}.rope.dimension_count = {} exceeds the head size {}",
                 self.n_rot, self.head_dim_k
+            ));
+        }
+        if !self.rope_scaling_factor.is_finite() || self.rope_scaling_factor < 0.0 {
+            return Err(format!(
+                "{a}.rope.scaling.factor = {} must be a finite non-negative number",
+                self.rope_scaling_factor
+            ));
+        }
+        if !self.rope_yarn_log_mul.is_finite() {
+            return Err(format!(
+                "{a}.rope.scaling.yarn_log_multiplier = {} is not finite",
+                self.rope_yarn_log_mul
             ));
         }
         self.validate_arch_fields(limit)

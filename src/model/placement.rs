@@ -65,7 +65,8 @@ pub struct Placement {
 /// KV-cache bytes for `n_ctx` tokens (f16 K and V; MLA caches the compressed latent; sliding
 /// window layers cache at most the window).
 pub fn kv_bytes(hp: &Hparams, n_ctx: u64) -> u64 {
-    let per_token_layer = if hp.kv_lora_rank > 0 {
+    // Absorbed MLA caches the latent row only; legacy attn_kv_b files cache per-head K and V.
+    let per_token_layer = if hp.kv_lora_rank > 0 && hp.is_mla() {
         hp.kv_lora_rank + hp.n_rot
     } else {
         hp.k_dim() + hp.v_dim()

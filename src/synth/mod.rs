@@ -15,7 +15,11 @@ pub mod vocab;
 
 use crate::ggml::{quant, GgmlType};
 use crate::gguf::{GgufArray, GgufValue, GgufWriter};
-use crate::model::{arch_by_name, hparams::Hparams, Role, TensorSpec};
+use crate::model::{
+    arch_by_name,
+    hparams::{Hparams, RopeScaling},
+    Role, TensorSpec,
+};
 use crate::util::Rng;
 use presets::Preset;
 use quantmix::QuantMix;
@@ -320,6 +324,24 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
             .filter(|&(_, v)| v > 0)
             .map(|(k, v)| (k, u(v))),
     );
+    if h.rope_scaling != RopeScaling::Linear {
+        kv.push((
+            "rope.scaling.type",
+            GgufValue::Str(h.rope_scaling.name().into()),
+        ));
+    }
+    if h.rope_scaling_factor > 0.0 {
+        kv.push(("rope.scaling.factor", GgufValue::F32(h.rope_scaling_factor)));
+    }
+    if h.n_ctx_orig_yarn > 0 {
+        kv.push(("rope.scaling.original_context_length", u(h.n_ctx_orig_yarn)));
+    }
+    if h.rope_yarn_log_mul != 0.0 {
+        kv.push((
+            "rope.scaling.yarn_log_multiplier",
+            GgufValue::F32(h.rope_yarn_log_mul),
+        ));
+    }
     if h.expert_weights_scale > 0.0 {
         kv.push((
             "expert_weights_scale",

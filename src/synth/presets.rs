@@ -1,7 +1,7 @@
 //! Synth presets: the hyper-parameters of real MoE models (from their published configs), plus
 //! a `tiny` preset per architecture (a few MB) for tests. Real vocabulary sizes throughout: the
 //! output projection is a large part of decode cost.
-use crate::model::hparams::{Gating, Hparams};
+use crate::model::hparams::{Gating, Hparams, RopeScaling};
 
 /// Vocabulary size of the tiny presets.
 pub const TINY_VOCAB: u64 = 1024;
@@ -77,9 +77,14 @@ fn gpt_oss() -> Hparams {
 
 /// DeepSeek-V2/V3 with MLA as llama.cpp's converter writes it: key/value_length describe the
 /// absorbed (latent) heads (kv_lora + rope, kv_lora), key/value_length_mla the decompressed ones
-/// (192 = 128 nope + 64 rope, 128).
+/// (192 = 128 nope + 64 rope, 128). YaRN as in their configs: factor 40 over 4096 original
+/// positions, `yarn_log_multiplier` = 0.1 * mscale_all_dim (1.0 in V3; V2-Lite overrides).
 fn deepseek2(kv_lora: u64) -> Hparams {
     Hparams {
+        rope_scaling: RopeScaling::Yarn,
+        rope_scaling_factor: 40.0,
+        n_ctx_orig_yarn: 4096,
+        rope_yarn_log_mul: 0.1,
         n_head_kv: 1,
         head_dim_k: kv_lora + 64,
         head_dim_v: kv_lora,
@@ -243,6 +248,7 @@ pub fn all() -> Vec<Preset> {
                 n_layer_dense_lead: 1,
                 expert_weights_norm: false,
                 expert_weights_scale: 1.0,
+                rope_yarn_log_mul: 0.0707,
                 ..deepseek2(512)
             },
         ),
@@ -359,13 +365,41 @@ pub fn all() -> Vec<Preset> {
                 n_layer: 3,
                 n_head: 4,
                 q_lora_rank: 256,
-                n_expert: 8,
-                n_expert_used: 2,
+                n_expert: 16,
+                n_expert_used: 4,
                 n_expert_shared: 1,
                 n_ff_exp: 256,
                 n_ff: 512,
                 n_layer_dense_lead: 1,
-                ..sigmoid_groups(deepseek2(256), 2, 1)
+                ..sigmoid_groups(deepseek2(512), 4, 2)
+            },
+        ),
+        p(
+            // A legacy-layout file (fused attn_kv_b, no key_length_mla: per-head K/V decompressed,
+            // ordinary MHA) with V2-style routing: softmax, no groups, no renormalisation.
+            "tiny-kvb",
+            "deepseek2",
+            Hparams {
+                n_vocab: v,
+                n_embd: 256,
+                n_layer: 3,
+                n_head: 4,
+                n_head_kv: 4,
+                head_dim_k: 192,
+                head_dim_v: 128,
+                head_dim_k_mla: 0,
+                head_dim_v_mla: 0,
+                q_lora_rank: 256,
+                n_expert: 16,
+                n_expert_used: 4,
+                n_expert_shared: 2,
+                n_ff_exp: 256,
+                n_ff: 512,
+                n_layer_dense_lead: 1,
+                expert_weights_norm: false,
+                expert_weights_scale: 1.0,
+                rope_yarn_log_mul: 0.0707,
+                ..deepseek2(512)
             },
         ),
         p(

@@ -1,7 +1,9 @@
 //! One graph file per architecture; [`build`] dispatches on `general.architecture`.
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
+use crate::model::Hparams;
 
+mod deepseek2;
 mod glm4moe;
 mod gpt_oss;
 mod minimax_m2;
@@ -19,6 +21,7 @@ pub const BUILT: &[&str] = &[
     "glm4moe",
     "minimax-m2",
     "gpt-oss",
+    "deepseek2",
 ];
 
 /// Whether [`build`] handles `arch`.
@@ -26,8 +29,30 @@ pub fn is_built(arch: &str) -> bool {
     BUILT.contains(&arch)
 }
 
+/// Why a file of a built architecture still cannot run (a variant whose graph is not built),
+/// checked at load time so the error names the file before anything is allocated.
+pub fn unsupported(hp: &Hparams) -> Option<String> {
+    match hp.arch.as_str() {
+        // Legacy files (fused attn_kv_b) decompress K/V to every head: one KV head per q head.
+        "deepseek2" if !hp.is_mla() && hp.n_head_kv != hp.n_head => Some(format!(
+            "deepseek2: legacy file (fused attn_kv_b) with attention.head_count_kv = {} != \
+             attention.head_count = {}",
+            hp.n_head_kv, hp.n_head
+        )),
+        "deepseek2" if hp.attn_temp_scale != 0.0 => Some(
+            "deepseek2: attention temperature tuning (attention.temperature_scale, Mistral-Large-3) \
+             is not built"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// Builds the forward graph for `g.hp.arch`; returns the logits [n_vocab, n_tokens].
 pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
+    if let Some(msg) = unsupported(g.hp) {
+        return Err(msg);
+    }
     match g.hp.arch.as_str() {
         "qwen3moe" => Ok(qwen3moe::build(g)),
         "qwen2moe" => Ok(qwen2moe::build(g)),
@@ -36,6 +61,7 @@ pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
         "glm4moe" => Ok(glm4moe::build(g)),
         "minimax-m2" => Ok(minimax_m2::build(g)),
         "gpt-oss" => Ok(gpt_oss::build(g)),
+        "deepseek2" => Ok(deepseek2::build(g)),
         other => Err(format!(
             "no graph for architecture {other:?} yet (built: {})",
             BUILT.join(", ")

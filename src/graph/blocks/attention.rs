@@ -27,17 +27,7 @@ pub const ROPE_NEOX: i32 = 2;
 
 impl<'a> GraphBuilder<'a> {
     fn rope_params(&self, mode: i32) -> RopeParams {
-        RopeParams {
-            n_dims: self.hp.n_rot as i32,
-            mode,
-            n_ctx_orig: self.hp.n_ctx_train as i32,
-            freq_base: self.hp.rope_freq_base,
-            freq_scale: 1.0,
-            ext_factor: 0.0,
-            attn_factor: 1.0,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-        }
+        self.rope_params_scaled(self.hp.n_rot, self.hp.rope_freq_base, mode)
     }
 
     /// Projection `w·x` plus an optional bias.
@@ -53,11 +43,7 @@ impl<'a> GraphBuilder<'a> {
     pub fn attention(&self, x: Tensor<'a>, il: usize, opts: &AttnOpts) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
-        let (dk, dv, nt) = (
-            hp.head_dim_k as i64,
-            hp.head_dim_v as i64,
-            b.n_tokens as i64,
-        );
+        let (dk, nt) = (hp.head_dim_k as i64, b.n_tokens as i64);
         let ili = il as i32;
 
         let mut q = self.cb(self.proj(x, il, "attn_q"), "Qcur", ili); // [dk*n_head, nt]
@@ -89,6 +75,30 @@ impl<'a> GraphBuilder<'a> {
         let q = self.cb(ctx.rope(q, b.pos, &rp), "Qcur", ili);
         let k = self.cb(ctx.rope(k, b.pos, &rp), "Kcur", ili);
 
+        let scale = 1.0 / (dk as f32).sqrt();
+        let o = self.attend_kv(q, k, v, il, scale); // [dv*n_head, nt]
+        self.cb(self.proj(o, il, "attn_output"), "attn_out", ili)
+    }
+
+    /// Stores this batch's `k` [dk, n_head_kv, nt] (contiguous) and `v` [dv * n_head_kv, nt]
+    /// (any layout) at positions n_past.. of block `il`'s cache, then attends with `q`
+    /// [dk, n_head, nt] over cache positions 0..n_kv (causal / sliding-window mask, sinks where
+    /// the file has them) -> [dv * n_head, nt], before the output projection.
+    pub fn attend_kv(
+        &self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        v: Tensor<'a>,
+        il: usize,
+        scale: f32,
+    ) -> Tensor<'a> {
+        let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
+        let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
+        let (dk, dv, nt) = (
+            hp.head_dim_k as i64,
+            hp.head_dim_v as i64,
+            b.n_tokens as i64,
+        );
         // Store this batch's K and V rows at positions n_past.. of the cache.
         let (kc, vc) = (self.kv.k(il), self.kv.v(il));
         let (k_row, v_row) = (self.kv.k_width[il], self.kv.v_width[il]);
@@ -106,7 +116,6 @@ impl<'a> GraphBuilder<'a> {
         let k_all = ctx.view(kc, &[dk, n_kv, n_head_kv], &[k_rb, elt(kt, dk)], 0); // [dk, n_kv, n_head_kv]
         let v_all = ctx.view(vc, &[dv, n_kv, n_head_kv], &[v_rb, elt(kt, dv)], 0); // [dv, n_kv, n_head_kv]
         let qp = ctx.permute(q, [0, 2, 1, 3]); // [dk, nt, n_head]
-        let scale = 1.0 / (dk as f32).sqrt();
         let mask = match b.mask_swa {
             Some(m) if hp.is_swa(il) => m,
             _ => b.mask,
@@ -115,9 +124,7 @@ impl<'a> GraphBuilder<'a> {
         if let Some(sinks) = self.wl_opt(il, "attn_sinks.weight") {
             ctx.flash_attn_add_sinks(o, sinks);
         }
-        let o = ctx
-            .reshape(o, &[dv * n_head, nt])
-            .expect("attn out reshape"); // [dv*n_head, nt]
-        self.cb(self.proj(o, il, "attn_output"), "attn_out", ili)
+        ctx.reshape(o, &[dv * n_head, nt])
+            .expect("attn out reshape") // [dv*n_head, nt]
     }
 }

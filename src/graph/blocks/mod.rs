@@ -2,8 +2,10 @@
 pub mod attention;
 pub mod ffn;
 pub mod io;
+pub mod mla;
 pub mod moe;
 pub mod norm;
+pub mod rope;
 
 pub use attention::AttnOpts;
 pub use moe::{ExpertAct, MoeOpts};

@@ -5,6 +5,7 @@
 //!
 //! This is the seam of DESIGN.md §4: the offload path replaces [`GraphBuilder::moe`]'s expert
 //! matmuls; architecture files never change.
+use crate::experts::{step::MoeNode, Mode};
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
@@ -69,6 +70,11 @@ impl<'a> GraphBuilder<'a> {
             Some(b) => self.cb(ctx.add(probs, b), "ffn_moe_probs_biased", ili),
             None => probs,
         };
+        let selection = if hp.n_expert_groups > 1 && hp.n_group_used > 0 && nt > 0 {
+            self.group_limited(selection, il)
+        } else {
+            selection
+        };
         let selected = self.cb(
             ctx.argsort_top_k(selection, k as usize),
             "ffn_moe_topk",
@@ -105,8 +111,42 @@ impl<'a> GraphBuilder<'a> {
         Routing { selected, weights }
     }
 
+    /// DeepSeek-V3 group-limited routing (llama.cpp `build_moe_ffn`, `n_expert_groups > 1`): the
+    /// experts form `n_expert_groups` equal groups, a group scores the sum of its two best
+    /// selection values, and only the `n_group_used` best groups stay selectable (the others
+    /// become -inf). `selection` [n_expert, nt] -> [n_expert, nt].
+    fn group_limited(&self, selection: Tensor<'a>, il: usize) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let nt = self.batch.n_tokens as i64;
+        let n_expert = hp.n_expert as i64;
+        let n_groups = hp.n_expert_groups as i64;
+        let per = n_expert / n_groups;
+        let groups = ctx
+            .reshape(selection, &[per, n_groups, nt])
+            .expect("expert groups"); // [per, n_groups, nt]
+        let top2 = ctx.argsort_top_k(groups, 2); // i32 [2, n_groups, nt]
+        let groups4 = ctx
+            .reshape(groups, &[1, per, n_groups, nt])
+            .expect("expert groups 4d"); // [1, per, n_groups, nt]
+        let top2 = ctx.get_rows(groups4, top2); // [1, 2, n_groups, nt]
+        let top2 = ctx.reshape(top2, &[2, n_groups, nt]).expect("top2 3d"); // [2, n_groups, nt]
+        let scores = ctx.sum_rows(top2); // [1, n_groups, nt]
+        let scores = ctx.reshape(scores, &[n_groups, nt]).expect("scores 2d"); // [n_groups, nt]
+        let best = self.cb(
+            ctx.argsort_top_k(scores, hp.n_group_used as usize),
+            "ffn_moe_group_topk",
+            il as i32,
+        ); // i32 [n_group_used, nt]
+        let kept = ctx.get_rows(groups, best); // [per, n_group_used, nt]
+        let masked = ctx.set_rows(ctx.fill(groups, f32::NEG_INFINITY), kept, best); // [per, n_groups, nt]
+        let masked = ctx.reshape(masked, &[n_expert, nt]).expect("masked 2d"); // [n_expert, nt]
+        self.cb(masked, "ffn_moe_probs_masked", il as i32)
+    }
+
     /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
-    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache.
+    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache: from cache
+    /// slots with remapped ids and a mask (decode), or from the staging area (prefill). The
+    /// offload step hook stops after the routing (see `experts::step`).
     pub fn routed_experts(
         &self,
         x: Tensor<'a>,
@@ -114,58 +154,167 @@ impl<'a> GraphBuilder<'a> {
         r: &Routing<'a>,
         opts: &MoeOpts,
     ) -> Tensor<'a> {
-        let (ctx, hp) = (self.ctx, self.hp);
-        let ili = il as i32;
-        let (n_embd, nt) = (hp.n_embd as i64, self.batch.n_tokens as i64);
-        let k = hp.n_expert_used as i64;
-        let (selected, weights) = (r.selected, r.weights);
-        let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
-                                                                       // Optional per-expert biases (gpt-oss), added for the selected experts.
-        let biased = |t: Tensor<'a>, name: &str| match self.wl_opt(il, name) {
-            Some(b) => ctx.add_id(t, b, selected),
-            None => t,
+        let ctx = self.ctx;
+        let nt = self.batch.n_tokens as i64;
+        let k = self.hp.n_expert_used as i64;
+        let bias = |m: &str| self.wl_opt(il, &format!("{m}.bias"));
+        let biases = [
+            bias("ffn_up_exps"),
+            bias("ffn_gate_exps"),
+            bias("ffn_down_exps"),
+        ];
+        let Some(off) = self.experts.filter(|o| o.is_offloaded(il)) else {
+            let w = [
+                Some(self.wl(il, "ffn_up_exps.weight")),
+                self.wl_opt(il, "ffn_gate_exps.weight"),
+                Some(self.wl(il, "ffn_down_exps.weight")),
+            ];
+            let t = ExpertTensors { w, biases };
+            return self.expert_ffn(&t, x, il, r.selected, r.selected, r.weights, opts);
         };
-        let up = ctx.mul_mat_id(self.wl(il, "ffn_up_exps.weight"), x3, selected); // [n_ff, k, nt]
-        let up = self.cb(biased(up, "ffn_up_exps.bias"), "ffn_moe_up", ili);
-        let act = match self.wl_opt(il, "ffn_gate_exps.weight") {
-            Some(gate) => {
-                let g = biased(ctx.mul_mat_id(gate, x3, selected), "ffn_gate_exps.bias");
-                let g = self.cb(g, "ffn_moe_gate", ili);
-                match opts.act {
-                    ExpertAct::Swiglu => self.cb(ctx.swiglu_split(g, up), "ffn_moe_swiglu", ili),
-                    ExpertAct::SwigluOai => {
-                        self.cb(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai", ili)
-                    }
+        // The hook reads these after the anchor; outputs are never overwritten by the allocator.
+        ctx.set_output(r.selected);
+        let weights = self.cb(r.weights, "ffn_moe_weights_final", il as i32);
+        ctx.set_output(weights);
+        let x = self.cb(x, "ffn_moe_in", il as i32);
+        ctx.set_output(x);
+        let mode = off.mode(nt as usize);
+        let mut node = MoeNode {
+            il,
+            mode,
+            anchor: weights.name(),
+            selected: r.selected.name(),
+            input: x.name(),
+            gpu_out: None,
+            act: opts.act,
+        };
+        let out = match mode {
+            Mode::Staging => {
+                let w = std::array::from_fn(|m| off.staging_tensor(il, m));
+                let t = ExpertTensors { w, biases };
+                self.expert_ffn(&t, x, il, r.selected, r.selected, weights, opts)
+            }
+            Mode::Slots => {
+                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
+                let (ids, mask) = off.ctl(il);
+                let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
+                let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
+                let weights = ctx.mul(weights, mask); // [1, k, nt]
+                let t = ExpertTensors { w, biases };
+                let out = self.expert_ffn(&t, x, il, ids, r.selected, weights, opts);
+                if off.cpu_enabled(il) {
+                    // The CPU channel's share, written by the step hook once the GPU's is done.
+                    let gpu = self.cb(out, "ffn_moe_out_gpu", il as i32);
+                    node.gpu_out = Some(gpu.name());
+                    let cpu = off.ctl_cpu(il);
+                    let cpu = ctx.view(cpu, &[self.hp.n_embd as i64, nt], &[cpu.nb()[1]], 0); // [n_embd, nt]
+                    self.cb(ctx.add(gpu, cpu), "ffn_moe_out", il as i32)
+                } else {
+                    out
                 }
             }
-            None => self.cb(ctx.silu(up), "ffn_moe_silu", ili),
         };
-        let experts = ctx.mul_mat_id(self.wl(il, "ffn_down_exps.weight"), act, selected); // [n_embd, k, nt]
-        let experts = self.cb(experts, "ffn_moe_down", ili);
-        let experts = self.cb(
-            biased(experts, "ffn_down_exps.bias"),
-            "ffn_moe_down_biased",
-            ili,
-        );
-        let experts = self.cb(ctx.mul(experts, weights), "ffn_moe_weighted", ili);
-
-        // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
-        let row = experts.ne()[0] as usize * 4;
-        let view = |i: i64| {
-            ctx.view(
-                experts,
-                &[n_embd, nt],
-                &[row * k as usize],
-                i as usize * row,
-            )
-        }; // [n_embd, nt]
-        let mut out = view(0);
-        for i in 1..k {
-            out = ctx.add(out, view(i));
-        }
-        if k == 1 {
-            out = ctx.cont(out);
-        }
-        self.cb(out, "ffn_moe_out", ili)
+        self.moe_nodes.borrow_mut().push(node);
+        out
     }
+
+    /// up/gate/down through `mul_mat_id` with expert ids `ids` (into `t.w`'s third dimension),
+    /// per-expert biases picked by `bias_ids`, the activation, and the `weights`-weighted sum
+    /// over the k experts of each token: `x` [n_embd, nt] -> [n_embd, nt].
+    #[allow(clippy::too_many_arguments)]
+    pub fn expert_ffn(
+        &self,
+        t: &ExpertTensors<'a>,
+        x: Tensor<'a>,
+        il: usize,
+        ids: Tensor<'a>,
+        bias_ids: Tensor<'a>,
+        weights: Tensor<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a> {
+        let dims = FfnDims {
+            n_embd: self.hp.n_embd as i64,
+            k: self.hp.n_expert_used as i64,
+            nt: self.batch.n_tokens as i64,
+        };
+        let name = |y: Tensor<'a>, n: &str| self.cb(y, n, il as i32);
+        expert_ffn(
+            self.ctx, t, x, dims, ids, bias_ids, weights, opts.act, &name,
+        )
+    }
+}
+
+/// Sizes of an expert FFN call: model width, experts per token, tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct FfnDims {
+    pub n_embd: i64,
+    pub k: i64,
+    pub nt: i64,
+}
+
+/// The expert FFN on any context (the graph builder's, or the CPU channel's own): see
+/// [`GraphBuilder::expert_ffn`]; `name` names intermediates.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_ffn<'a>(
+    ctx: &'a crate::ggml::Context,
+    t: &ExpertTensors<'a>,
+    x: Tensor<'a>,
+    d: FfnDims,
+    ids: Tensor<'a>,
+    bias_ids: Tensor<'a>,
+    weights: Tensor<'a>,
+    act_kind: ExpertAct,
+    name: &dyn Fn(Tensor<'a>, &str) -> Tensor<'a>,
+) -> Tensor<'a> {
+    let FfnDims { n_embd, k, nt } = d;
+    let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
+                                                                   // Optional per-expert biases (gpt-oss), added for the selected experts.
+    let biased = |y: Tensor<'a>, m: usize| match t.biases[m] {
+        Some(b) => ctx.add_id(y, b, bias_ids),
+        None => y,
+    };
+    let [up_w, gate_w, down_w] = t.w;
+    let up_w = up_w.expect("experts have an up matrix");
+    let down_w = down_w.expect("experts have a down matrix");
+    let up = ctx.mul_mat_id(up_w, x3, ids); // [n_ff, k, nt]
+    let up = name(biased(up, 0), "ffn_moe_up");
+    let act = match gate_w {
+        Some(gate) => {
+            let g = name(biased(ctx.mul_mat_id(gate, x3, ids), 1), "ffn_moe_gate");
+            match act_kind {
+                ExpertAct::Swiglu => name(ctx.swiglu_split(g, up), "ffn_moe_swiglu"),
+                ExpertAct::SwigluOai => {
+                    name(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai")
+                }
+            }
+        }
+        None => name(ctx.silu(up), "ffn_moe_silu"),
+    };
+    let experts = name(ctx.mul_mat_id(down_w, act, ids), "ffn_moe_down"); // [n_embd, k, nt]
+    let experts = name(biased(experts, 2), "ffn_moe_down_biased");
+    let experts = name(ctx.mul(experts, weights), "ffn_moe_weighted");
+    // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
+    let row = experts.ne()[0] as usize * 4;
+    let view = |i: i64| {
+        ctx.view(
+            experts,
+            &[n_embd, nt],
+            &[row * k as usize],
+            i as usize * row,
+        )
+    }; // [n_embd, nt]
+    let mut out = view(0);
+    for i in 1..k {
+        out = ctx.add(out, view(i));
+    }
+    if k == 1 {
+        out = ctx.cont(out);
+    }
+    name(out, "ffn_moe_out")
+}
+
+/// The expert matrices (up, gate, down) and their optional biases, [ne0, ne1, n] each.
+pub struct ExpertTensors<'a> {
+    pub w: [Option<Tensor<'a>>; 3],
+    pub biases: [Option<Tensor<'a>>; 3],
 }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The standard bench matrix on the device machine (the H200), in one run of under 10 minutes:
+# synthesises the Qwen3-30B-A3B shape in q4_k_m (default routing skew) and runs
+# `pocketmoe bench` for both engines at: resident, --gpu-mem 12GiB, --gpu-mem 8GiB;
+# pp512, pp4096, tg128 at depth 0 and 8192. Uses the packed CUDA build through
+# scripts/device-run.sh (same unpacking and environment), from the repo root with dist/ carried:
+#
+#   scripts/device-bench.sh "$OUT"      # OUT = the device tool's output folder
+#
+# Writes OUTDIR/bench.md (the markdown tables), bench.json (rewritten after each budget, so a run
+# cut short still leaves its figures), bench.png (the plot) and bench.log (progress, llama.cpp's
+# settings search). REPS (default 3), BUDGETS (default resident,12GiB,8GiB) and PRESET (default
+# qwen3-30b-a3b; `tiny` for a dry run of the plumbing) override the matrix.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+PRESET="${PRESET:-qwen3-30b-a3b}"
+MODEL="/tmp/pmoe-models/$PRESET-q4_k_m.gguf"
+start=$(date +%s)
+if [ ! -s "$MODEL" ]; then
+  mkdir -p "$(dirname "$MODEL")"
+  scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset "$PRESET" --quant q4_k_m \
+    -o "$MODEL" || exit 1
+fi
+echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"
+# Through device-run.sh's `exec` for its environment; stdout (the table) goes to bench.md, stderr
+# (progress) to the log. `timeout` keeps the whole run inside the device tool's 10 minutes.
+scripts/device-run.sh exec bash -c '
+  timeout 540 pocketmoe bench -m "$1" --gpu 0 --gpu-mem "$3" \
+    -p 512,4096 -n 128 --depth 0,8192 --reps "$4" \
+    --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
+' _ "$MODEL" "$OUTDIR" "${BUDGETS:-resident,12GiB,8GiB}" "${REPS:-3}" 2>&1 | tee -a "$OUTDIR/bench.log"
+rc=${PIPESTATUS[0]}
+cat "$OUTDIR/bench.md"
+echo "device-bench: rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/bench.log"
+exit "$rc"

@@ -1,0 +1,369 @@
+//! `pocketmoe bench`: PocketMoE and stock llama.cpp (libllama from the same build) on the same
+//! GGUF in one run, in llama-bench's terms (`pp512`, `tg128 @ d8192`, mean ± sd over `--reps`
+//! after a warm-up), at one or more VRAM budgets (`--gpu-mem resident,12GiB,8GiB`).
+//!
+//! Per budget, ours runs in this process with `gpu_mem` set to the budget; llama.cpp runs in a
+//! child process (`--baseline-child`) that searches its best settings for the budget
+//! ([`baseline`]). Peak VRAM and host RSS are measured the same way for both ([`measure`]). The
+//! result is a markdown table on stdout, `--json`, and `--plot` ([`report`], [`plot`]).
+//!
+//! Threads default to the physical cores, for both engines.
+pub mod baseline;
+pub mod measure;
+pub mod plot;
+pub mod report;
+
+use crate::cli::inspect::parse_bytes;
+use crate::engine::{Device, Engine, EngineOptions};
+use crate::gguf::GgufModel;
+use crate::model::placement::Bandwidths;
+use crate::model::validate::validate;
+use crate::model::{arch_by_name, Hparams};
+use anyhow::{bail, Context as _, Result};
+use measure::{matrix, n_ctx_for, run_tests, Test, VramPeak};
+use report::{ModelFacts, Report, Setting, Status};
+use std::path::PathBuf;
+
+/// Expected growth of a llama.cpp context's device memory while it runs (ggml-cuda's buffer
+/// pool), until measured: the search keeps this much headroom below the budget.
+const POOL_RESERVE: u64 = 128 << 20;
+
+/// A VRAM budget: `None` = resident (the whole device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget(pub Option<u64>);
+
+/// Parses `resident` (or `all`) and sizes as `inspect --gpu-mem` does (`12GiB`, `8G`).
+pub fn parse_budget(s: &str) -> Result<Budget, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "resident" | "all" => Ok(Budget(None)),
+        _ => parse_bytes(s).map(|b| Budget(Some(b))),
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The GGUF model.
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Run on this GPU (default: the CPU).
+    #[arg(long)]
+    pub gpu: Option<usize>,
+    /// VRAM budgets, comma-separated: `resident` (the whole device) or sizes (12GiB, 8G).
+    #[arg(long = "gpu-mem", value_delimiter = ',', default_value = "resident", value_parser = parse_budget)]
+    pub gpu_mem: Vec<Budget>,
+    /// Prompt lengths for pp, comma-separated (0: none).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub prompt: Vec<usize>,
+    /// Generated tokens for tg, comma-separated (0: none).
+    #[arg(
+        short = 'n',
+        long = "gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub gen: Vec<usize>,
+    /// KV depths the tests start at, comma-separated.
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
+    /// Timed repetitions per test (after one warm-up).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: usize,
+    /// CPU threads for both engines (0 = physical cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// llama.cpp micro-batch sizes to try for pp (each counts only if it fits the budget).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,4096")]
+    pub ubatch: Vec<usize>,
+    /// Skip the llama.cpp baseline.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also draw tokens/s vs depth and vs budget, both engines, as a PNG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Bandwidths for the bound column, GB/s (defaults: measured on the H200 box).
+    #[arg(long, default_value_t = 4470.0)]
+    pub hbm_gbps: f64,
+    #[arg(long, default_value_t = 50.7)]
+    pub pcie_gbps: f64,
+    #[arg(long, default_value_t = 68.0)]
+    pub cpu_gbps: f64,
+    /// Internal: run only the llama.cpp baseline for the one budget given and print its
+    /// settings as JSON (the parent runs it in a child process, see `Backend::cuda`).
+    #[arg(long, hide = true)]
+    pub baseline_child: bool,
+}
+
+impl BenchArgs {
+    fn tests(&self) -> Vec<Test> {
+        matrix(&self.prompt, &self.gen, &self.depth)
+    }
+    fn threads(&self) -> usize {
+        if self.threads == 0 {
+            measure::physical_cores()
+        } else {
+            self.threads
+        }
+    }
+    fn ubatches(&self) -> Vec<usize> {
+        let mut u: Vec<usize> = self.ubatch.iter().copied().filter(|&u| u > 0).collect();
+        u.sort_unstable();
+        u.dedup();
+        if u.is_empty() {
+            u.push(512);
+        }
+        u
+    }
+}
+
+/// Reads what the bound and the search need from the GGUF.
+pub fn model_facts(path: &std::path::Path) -> Result<ModelFacts> {
+    let file = GgufModel::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let arch_name = file
+        .get_str("general.architecture")
+        .unwrap_or("")
+        .to_string();
+    let spec = arch_by_name(&arch_name).with_context(|| {
+        format!(
+            "{}: architecture {arch_name:?} not supported",
+            path.display()
+        )
+    })?;
+    let hp = Hparams::from_meta(&arch_name, spec.required_keys, &file)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let tensors: Vec<_> = file.tensors().cloned().collect();
+    let roles = validate(spec, &hp, &tensors).roles;
+    Ok(ModelFacts {
+        hp,
+        tensors,
+        roles,
+        file_bytes: file.file_size(),
+    })
+}
+
+/// The child: llama.cpp's settings search for one budget; prints the settings as JSON.
+fn baseline_child(args: &BenchArgs) -> Result<()> {
+    let facts = model_facts(&args.model)?;
+    let tests = args.tests();
+    let budget = args.gpu_mem.first().copied().unwrap_or(Budget(None)).0;
+    let limit = match (args.gpu, budget) {
+        (Some(_), Some(b)) => b,
+        (Some(g), None) => measure::device_free(g).unwrap_or(u64::MAX),
+        (None, _) => u64::MAX,
+    };
+    let layers = baseline::layer_expert_bytes(&facts.tensors, facts.hp.n_layer);
+    let sweep = baseline::Sweep {
+        layers: &layers,
+        budget: limit,
+        model_bytes: facts.file_bytes,
+        reserve: if args.gpu.is_some() { POOL_RESERVE } else { 0 },
+    };
+    let mut rig = baseline::LlamaRig::new(
+        args.model.clone(),
+        args.gpu,
+        facts.hp.n_layer,
+        n_ctx_for(&tests),
+        args.threads(),
+        args.reps,
+    );
+    let settings = sweep.run(&mut rig, &args.ubatches(), &tests, budget);
+    println!("{}", serde_json::to_string(&settings)?);
+    Ok(())
+}
+
+/// Runs the baseline child for `budget` and reads its settings back.
+fn baseline_in_child(
+    args: &BenchArgs,
+    budget: Budget,
+    user_disabled_graphs: bool,
+) -> Result<Vec<Setting>> {
+    let exe = std::env::current_exe().context("locating the pocketmoe binary")?;
+    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench")
+        .arg("--model")
+        .arg(&args.model)
+        .arg("--baseline-child");
+    cmd.args([
+        "--gpu-mem",
+        &budget.0.map_or("resident".into(), |b| b.to_string()),
+    ]);
+    cmd.args([
+        "-p",
+        &list(&args.prompt),
+        "-n",
+        &list(&args.gen),
+        "--depth",
+        &list(&args.depth),
+    ]);
+    cmd.args([
+        "--reps",
+        &args.reps.to_string(),
+        "--threads",
+        &args.threads().to_string(),
+    ]);
+    cmd.args(["--ubatch", &list(&args.ubatches())]);
+    if let Some(g) = args.gpu {
+        cmd.args(["--gpu", &g.to_string()]);
+    }
+    if !user_disabled_graphs {
+        cmd.env_remove("GGML_CUDA_DISABLE_GRAPHS");
+    }
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running the llama.cpp baseline")?;
+    if !out.status.success() {
+        bail!("the llama.cpp baseline failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("reading the baseline's settings")
+}
+
+/// Ours at one budget, in this process.
+fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
+    let opts = EngineOptions {
+        device: args.gpu.map_or(Device::Cpu, Device::Cuda),
+        n_ctx: n_ctx_for(tests),
+        n_threads: args.threads(),
+        gpu_mem: budget.0,
+        ..Default::default()
+    };
+    let mut s = Setting {
+        engine: "pocketmoe".into(),
+        budget: budget.0,
+        label: format!("pocketmoe -ub {}", opts.n_ubatch),
+        n_cpu_moe: None,
+        n_ubatch: opts.n_ubatch,
+        vram_bytes: None,
+        host_rss_bytes: 0,
+        fits: false,
+        status: Status::Ran,
+        results: Vec::new(),
+    };
+    measure::reset_peak_rss();
+    let mut vram = VramPeak::start(args.gpu);
+    let run = |vram: &mut VramPeak| -> Result<Vec<measure::Measurement>> {
+        let mut eng = Engine::load(&args.model, opts.clone(), &|_, _| {})
+            .with_context(|| format!("loading {}", args.model.display()))?;
+        vram.sample();
+        let n_vocab = eng.hp.n_vocab;
+        let r = run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
+            vram.sample();
+        })?;
+        if let Some(st) = eng.offload_stats() {
+            eprintln!(
+                "pocketmoe: {} slots/layer, {:.2} GiB on the device\n{}",
+                eng.expert_slots().unwrap_or(0),
+                eng.device_bytes() as f64 / (1u64 << 30) as f64,
+                st.summary()
+            );
+        }
+        Ok(r)
+    };
+    match run(&mut vram) {
+        Ok(r) => s.results = r,
+        Err(e) => s.status = Status::Failed(format!("{e:#}")),
+    }
+    s.vram_bytes = vram.bytes();
+    s.host_rss_bytes = measure::peak_rss();
+    s.fits =
+        matches!(s.status, Status::Ran) && budget.0.zip(s.vram_bytes).is_none_or(|(b, v)| v <= b);
+    s
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    // As the user set it, before our CUDA backend sets it for this process.
+    let user_disabled_graphs = std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_some();
+    if args.baseline_child {
+        return baseline_child(&args);
+    }
+    if args.gpu.is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
+        bail!("--gpu-mem budgets need --gpu (on the CPU there is no VRAM to budget)");
+    }
+    let tests = args.tests();
+    if tests.is_empty() {
+        bail!("no tests: give -p and/or -n sizes above 0");
+    }
+    let facts = model_facts(&args.model)?;
+    let mut budgets: Vec<Option<u64>> = Vec::new();
+    for b in &args.gpu_mem {
+        if !budgets.contains(&b.0) {
+            budgets.push(b.0);
+        }
+    }
+    let bw = Bandwidths {
+        hbm: args.hbm_gbps * 1e9,
+        pcie: args.pcie_gbps * 1e9,
+        cpu: args.cpu_gbps * 1e9,
+    };
+    let on_gpu = args.gpu.is_some();
+    let ub = EngineOptions::default().n_ubatch;
+    let bound_of = |b: Option<u64>, t: &Test, hit: Option<f64>| {
+        report::bound(&facts, on_gpu, b, t, hit, ub, bw)
+    };
+    let device_memory = args.gpu.and_then(|g| {
+        crate::ggml::Device::all()
+            .into_iter()
+            .find(|d| d.name == format!("CUDA{g}"))
+            .map(|d| d.memory_total as u64)
+    });
+    let make = |settings: &[Setting]| Report {
+        model: args
+            .model
+            .file_name()
+            .map_or(String::new(), |f| f.to_string_lossy().into_owned()),
+        file_bytes: facts.file_bytes,
+        device: args.gpu.map_or("CPU".into(), |g| format!("CUDA{g}")),
+        device_memory,
+        threads: args.threads(),
+        reps: args.reps,
+        bandwidths: bw,
+        settings: settings.to_vec(),
+        rows: report::rows(settings, &budgets, &tests, &bound_of),
+    };
+    let write_json = |rep: &Report| -> Result<()> {
+        if let Some(p) = &args.json {
+            std::fs::write(p, serde_json::to_string_pretty(rep)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        Ok(())
+    };
+    let mut settings = Vec::new();
+    for &b in &budgets {
+        eprintln!("bench: pocketmoe at {}", report::budget_name(b));
+        settings.push(ours(&args, Budget(b), &tests));
+        if !args.no_baseline {
+            eprintln!("bench: llama.cpp at {}", report::budget_name(b));
+            match baseline_in_child(&args, Budget(b), user_disabled_graphs) {
+                Ok(v) => settings.extend(v),
+                Err(e) => settings.push(Setting {
+                    engine: "llama.cpp".into(),
+                    budget: b,
+                    label: "(baseline process)".into(),
+                    n_cpu_moe: None,
+                    n_ubatch: 0,
+                    vram_bytes: None,
+                    host_rss_bytes: 0,
+                    fits: false,
+                    status: Status::Failed(format!("{e:#}")),
+                    results: Vec::new(),
+                }),
+            }
+        }
+        // After each budget, so a run cut short still leaves its figures.
+        write_json(&make(&settings))?;
+    }
+    let rep = make(&settings);
+    print!("{}", report::markdown(&rep));
+    if let Some(p) = &args.plot {
+        plot::plot(&rep, p).with_context(|| format!("drawing {}", p.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! The offloaded routed experts of a model: the host store (raw quantised GGUF blocks, copied
+//! once into page-locked memory), the GPU slot cache (per layer, same layout as the GGUF tensor,
+//! one expert per slot), the prefill staging area, the per-layer control tensors the graph reads
+//! (slot ids, masks), and the copy engine.
+//!
+//! Why copy into pinned buffers rather than register the mmap: `cudaHostRegister` on a
+//! file-backed read-only mapping needs the read-only flag and pins page-cache pages the kernel
+//! may still want to write back or drop; a one-time copy (≈ 5 GB/s) gives plain anonymous
+//! page-locked memory ggml already knows how to allocate (its CUDA host buffer type), the CPU
+//! kernels read it as ordinary host memory, and the file map can be dropped afterwards, so host
+//! RSS ≈ the experts' bytes, not twice that.
+//!
+//! Invariants: slot `s` of layer `il`, matrix `m`, holds exactly the bytes of expert
+//! `cache.slot_of⁻¹(s)` of `blk.il.<m>` (copied whole, never dequantised); staging holds, for a
+//! prefill step, every expert the step uses at its real expert index.
+use super::cache::LayerCache;
+use super::policy::PolicyKind;
+use super::transfer::{self, Transfer};
+use super::Stats;
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorIndex};
+use crate::gguf::GgufModel;
+use crate::model::Hparams;
+
+/// The routed-expert matrices, in the order the graph uses them.
+pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
+
+/// Whether GGUF tensor `name` is a routed-expert weight matrix (what offload keeps off the GPU).
+pub fn is_routed_expert(name: &str) -> bool {
+    name.starts_with("blk.")
+        && MATS
+            .iter()
+            .any(|m| name.strip_suffix(".weight").is_some_and(|n| n.ends_with(m)))
+}
+
+#[derive(Debug, Clone)]
+pub struct OffloadOptions {
+    pub policy: PolicyKind,
+    /// Largest micro-batch decoded through the slot cache; larger ones use staging.
+    pub max_slot_tokens: usize,
+    /// Largest micro-batch (sizes the host scratch).
+    pub n_ubatch: usize,
+    /// FATE-style prefetch: predict layer L+1's experts from layer L's FFN input.
+    pub prefetch: bool,
+    /// Threads of the CPU channel for misses (0: misses are always copied).
+    pub cpu_threads: usize,
+}
+
+/// How a micro-batch's routed experts run (chosen when its graph is built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// From the slot cache, with expert ids remapped to slots.
+    Slots,
+    /// From the staging area, every used expert copied in (prefill).
+    Staging,
+}
+
+/// One matrix of one layer's experts.
+#[derive(Debug, Clone)]
+pub(super) struct Mat {
+    pub ty: GgmlType,
+    /// [ne0, ne1, n_expert]
+    pub ne: [i64; 3],
+    /// Bytes of one expert (nb2).
+    pub expert_bytes: usize,
+}
+
+impl Mat {
+    /// Bytes a tensor of this matrix with `n` experts takes in any buffer: the data, the
+    /// backend's row padding (at most 512 columns' worth, ggml-cuda) and alignment.
+    fn alloc_bytes(&self, n: usize) -> usize {
+        let pad = self.ty.row_size(512).unwrap_or(0) as usize;
+        (self.expert_bytes * n + pad).next_multiple_of(256) + 256
+    }
+}
+
+pub(super) struct Layer {
+    /// `None` where the model has no such matrix (e.g. no gate).
+    pub mats: [Option<Mat>; 3],
+    pub cache: LayerCache,
+    /// The router [n_embd, n_expert] as f32 on the host, for prefetch prediction.
+    pub router: Vec<f32>,
+    /// Experts prefetched for this layer's next step, and all experts predicted for it.
+    pub prefetched: Vec<u32>,
+    pub predicted: Vec<u32>,
+}
+
+pub struct Offload {
+    pub(super) n_expert: usize,
+    pub(super) k: usize,
+    pub(super) layers: Vec<Option<Layer>>,
+    pub(super) opts: OffloadOptions,
+    /// Host store (+ scratch), device staging + control, device slots.
+    store: Context,
+    store_idx: TensorIndex,
+    dev: Context,
+    dev_idx: TensorIndex,
+    slots: Option<(Context, TensorIndex)>,
+    /// Host scratch for routing reads and control writes.
+    pub(super) scratch: usize,
+    pub(super) scratch_len: usize,
+    pub(super) xfer: Box<dyn Transfer>,
+    pub stats: Stats,
+    pub(super) step: u64,
+    /// Device bytes of staging + control + slots.
+    pub dev_bytes: usize,
+    /// Host bytes of the store.
+    pub host_bytes: usize,
+    pub n_slots: usize,
+    pub(super) n_embd: usize,
+    /// The CPU channel, and per layer: whether it may serve the layer (no expert biases), and
+    /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step.
+    pub(super) cpu: Option<super::cpu::CpuChannel>,
+    pub(super) cpu_ok: Vec<bool>,
+    pub(super) cpu_dirty: Vec<bool>,
+    /// Cost model, bytes/s: PCIe copies, and the CPU channel (updated from its jobs).
+    pub(super) pcie_bw: f64,
+    pub(super) cpu_bw: f64,
+}
+
+fn name(il: usize, what: &str) -> String {
+    format!("off.{il}.{what}")
+}
+
+impl Offload {
+    /// Copies every routed expert of `file` into the host store of `backend`'s device, and
+    /// allocates staging and control tensors (slots come later: [`Offload::alloc_slots`]).
+    pub fn load(
+        file: &GgufModel,
+        hp: &Hparams,
+        backend: &Backend,
+        opts: OffloadOptions,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Self, GgmlError> {
+        let (n_expert, k) = (hp.n_expert as usize, hp.n_expert_used as usize);
+        let n_layer = hp.n_layer_decode();
+        let mut layers = Vec::with_capacity(n_layer);
+        let store = Context::new(n_layer * 3 + 1, 0)?;
+        let mut pairs = Vec::new();
+        for il in 0..n_layer {
+            let mut mats: [Option<Mat>; 3] = [None, None, None];
+            for (m, mat) in MATS.iter().enumerate() {
+                let Some(t) = file.tensor(&format!("blk.{il}.{mat}.weight")) else {
+                    continue;
+                };
+                let ne = [t.ne[0] as i64, t.ne[1] as i64, t.ne[2] as i64];
+                let st = store
+                    .new_tensor(t.ty, &ne)?
+                    .set_name(&format!("blk.{il}.{mat}.weight"));
+                mats[m] = Some(Mat {
+                    ty: t.ty,
+                    ne,
+                    expert_bytes: st.nb()[2],
+                });
+                pairs.push((st, t));
+            }
+            layers.push(if mats.iter().any(Option::is_some) {
+                let router = match file.tensor(&format!("blk.{il}.ffn_gate_inp.weight")) {
+                    Some(t) if opts.prefetch => crate::ggml::quant::dequantize(
+                        t.ty,
+                        file.tensor_data(t),
+                        (t.ne[0] * t.ne[1]) as usize,
+                    )?,
+                    _ => Vec::new(),
+                };
+                Some(Layer {
+                    mats,
+                    cache: LayerCache::new(il, n_expert, 0, &opts.policy),
+                    router,
+                    prefetched: Vec::new(),
+                    predicted: Vec::new(),
+                })
+            } else {
+                None
+            });
+        }
+        let host_bytes: usize = layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.mats.iter().flatten())
+            .map(|m| m.alloc_bytes(n_expert))
+            .sum();
+        let buf = store.new_buffer(backend, Memory::Host, host_bytes)?;
+        let mut off = 0;
+        for (t, _) in &pairs {
+            off = buf.place(*t, off)?;
+        }
+        let total = host_bytes as u64;
+        let mut done = 0;
+        for (t, info) in &pairs {
+            t.write_bytes(file.tensor_data(info))?;
+            done += info.n_bytes;
+            progress(done, total);
+        }
+        drop(pairs);
+        // Scratch: selected ids + weights (k per token, whole micro-batch) and control (ids +
+        // mask, k per token of a slot micro-batch).
+        let t_max = opts.max_slot_tokens;
+        let scratch_len = 4 * k * (2 * opts.n_ubatch.max(t_max) + 2 * t_max)
+            + 4 * hp.n_embd as usize * t_max
+            + 1024;
+        let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
+        let scratch = scratch_buf.base_addr();
+
+        // Device: one staging area as large as the largest layer's experts, and control tensors.
+        let dev = Context::new(n_layer * 6 + 1, 0)?;
+        let stage_bytes = layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.mats
+                    .iter()
+                    .flatten()
+                    .map(|m| m.alloc_bytes(n_expert))
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
+        let n_embd = hp.n_embd as usize;
+        let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
+        let n_moe = layers.iter().flatten().count();
+        let stage_buf = dev.new_buffer(backend, Memory::Device, stage_bytes)?;
+        let ctl_buf =
+            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
+        ctl_buf.clear(0);
+        let mut ctl_off = 0;
+        for (il, l) in layers.iter().enumerate() {
+            let Some(l) = l else { continue };
+            let mut off = 0;
+            for (m, mat) in l.mats.iter().enumerate() {
+                let Some(mat) = mat else { continue };
+                let t = dev
+                    .new_tensor(mat.ty, &mat.ne)?
+                    .set_name(&name(il, &format!("stage{m}")));
+                off = stage_buf.place(t, off)?;
+            }
+            let ids = dev
+                .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "ids"));
+            ctl_buf.place(ids, ctl_off)?;
+            let mask = dev
+                .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "mask"));
+            ctl_buf.place(mask, ctl_off + ctl_bytes)?;
+            let cpu = dev
+                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "cpu"));
+            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
+            ctl_off += 2 * ctl_bytes + cpu_bytes;
+        }
+        // The CPU channel reads the store directly; layers with expert biases stay on the GPU.
+        let cpu_ok: Vec<bool> = (0..n_layer)
+            .map(|il| {
+                layers[il].is_some()
+                    && MATS
+                        .iter()
+                        .all(|m| file.tensor(&format!("blk.{il}.{m}.bias")).is_none())
+            })
+            .collect();
+        let cpu = (opts.cpu_threads > 0 && cpu_ok.iter().any(|&b| b)).then(|| {
+            let model = super::cpu::CpuModel {
+                n_embd,
+                layers: (0..n_layer)
+                    .map(|il| {
+                        cpu_ok[il].then(|| {
+                            std::array::from_fn(|m| {
+                                let t = store
+                                    .get(&store.index(), &format!("blk.{il}.{}.weight", MATS[m]))?;
+                                let ne = t.ne();
+                                Some(super::cpu::StoreMat {
+                                    ty: t.ty(),
+                                    ne: [ne[0], ne[1], ne[2]],
+                                    addr: t.data_addr(),
+                                    bytes: t.n_bytes(),
+                                })
+                            })
+                        })
+                    })
+                    .collect(),
+            };
+            super::cpu::CpuChannel::new(model, opts.cpu_threads)
+        });
+        let store_idx = store.index();
+        let dev_idx = dev.index();
+        Ok(Self {
+            n_expert,
+            k,
+            layers,
+            opts,
+            store,
+            store_idx,
+            dev,
+            dev_idx,
+            slots: None,
+            scratch,
+            scratch_len,
+            xfer: transfer::for_backend(backend)?,
+            stats: Stats::new(n_layer),
+            step: 0,
+            dev_bytes: stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
+            host_bytes,
+            n_slots: 0,
+            n_embd,
+            cpu,
+            cpu_dirty: vec![false; n_layer],
+            cpu_ok,
+            pcie_bw: if backend.is_cuda() { 45e9 } else { 20e9 },
+            cpu_bw: 30e9,
+        })
+    }
+
+    /// Device bytes one slot costs in every MoE layer together.
+    pub fn slot_bytes_all_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.mats
+                    .iter()
+                    .flatten()
+                    .map(|m| m.expert_bytes)
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Device bytes `n_slots` slots take in every MoE layer together (with padding).
+    pub fn slots_alloc_bytes(&self, n_slots: usize) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.mats.iter().flatten())
+            .map(|m| m.alloc_bytes(n_slots))
+            .sum()
+    }
+
+    /// Gives every MoE layer `n_slots` cache slots on `backend` (at most one per expert).
+    pub fn alloc_slots(&mut self, backend: &Backend, n_slots: usize) -> Result<(), GgmlError> {
+        let n_slots = n_slots.min(self.n_expert);
+        let n_layer = self.layers.len();
+        let ctx = Context::new(n_layer * 3 + 1, 0)?;
+        let size = if n_slots == 0 {
+            0
+        } else {
+            self.slots_alloc_bytes(n_slots)
+        };
+        let buf = ctx.new_buffer(backend, Memory::Device, size)?;
+        // Zeroed: a masked-out slot id points at slot 0, and zero blocks compute to zeros
+        // (never NaN) before slot 0 was ever filled.
+        buf.clear(0);
+        let mut off = 0;
+        for (il, l) in self.layers.iter_mut().enumerate() {
+            let Some(l) = l else { continue };
+            for (m, mat) in l.mats.iter().enumerate() {
+                // No slots: the layer always stages (see `slot_tokens`).
+                let Some(mat) = mat.as_ref().filter(|_| n_slots > 0) else {
+                    continue;
+                };
+                let t = ctx
+                    .new_tensor(mat.ty, &[mat.ne[0], mat.ne[1], n_slots as i64])?
+                    .set_name(&name(il, &format!("slot{m}")));
+                off = buf.place(t, off)?;
+            }
+            l.cache = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
+        }
+        let idx = ctx.index();
+        self.slots = Some((ctx, idx));
+        self.dev_bytes += size;
+        self.n_slots = n_slots;
+        Ok(())
+    }
+
+    /// The largest micro-batch the slot cache serves (k experts per token must fit).
+    pub fn slot_tokens(&self) -> usize {
+        if self.n_slots == 0 {
+            return 0;
+        }
+        (self.n_slots / self.k.max(1)).min(self.opts.max_slot_tokens)
+    }
+
+    pub fn mode(&self, n_tokens: usize) -> Mode {
+        if n_tokens <= self.slot_tokens() {
+            Mode::Slots
+        } else {
+            Mode::Staging
+        }
+    }
+
+    pub fn is_offloaded(&self, il: usize) -> bool {
+        self.layers.get(il).is_some_and(Option::is_some)
+    }
+
+    /// Slot tensor of matrix `m` (index into [`MATS`]) of layer `il` [ne0, ne1, n_slots].
+    pub fn slot_tensor(&self, il: usize, m: usize) -> Option<Tensor<'_>> {
+        let (ctx, idx) = self.slots.as_ref()?;
+        ctx.get(idx, &name(il, &format!("slot{m}")))
+    }
+
+    /// Staging tensor of matrix `m` of layer `il` [ne0, ne1, n_expert].
+    pub fn staging_tensor(&self, il: usize, m: usize) -> Option<Tensor<'_>> {
+        self.dev.get(&self.dev_idx, &name(il, &format!("stage{m}")))
+    }
+
+    /// Host store tensor of matrix `m` of layer `il` [ne0, ne1, n_expert].
+    pub fn store_tensor(&self, il: usize, m: usize) -> Option<Tensor<'_>> {
+        self.store
+            .get(&self.store_idx, &format!("blk.{il}.{}.weight", MATS[m]))
+    }
+
+    /// Whether layer `il`'s misses may run on the CPU channel (decode graphs then add its
+    /// result, [`Offload::ctl_cpu`]).
+    pub fn cpu_enabled(&self, il: usize) -> bool {
+        self.cpu.is_some() && self.cpu_ok.get(il).copied().unwrap_or(false)
+    }
+
+    /// The CPU channel's result for layer `il`, f32 [n_embd, t_max] (zeros when unused).
+    pub fn ctl_cpu(&self, il: usize) -> Tensor<'_> {
+        self.dev
+            .get(&self.dev_idx, &name(il, "cpu"))
+            .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
+    }
+
+    /// Control tensors of layer `il`: slot ids i32 [k, t_max] and mask f32 [1, k, t_max].
+    pub fn ctl(&self, il: usize) -> (Tensor<'_>, Tensor<'_>) {
+        let get = |w: &str| {
+            self.dev
+                .get(&self.dev_idx, &name(il, w))
+                .unwrap_or_else(|| panic!("layer {il} has no offload control tensor {w}"))
+        };
+        (get("ids"), get("mask"))
+    }
+}

@@ -1,0 +1,466 @@
+//! One forward pass through the offloaded experts: the scheduler stops after each offloaded
+//! layer's router ([`StepHook`] as ggml's eval callback); we read the selected expert ids, make
+//! the experts available (slot cache: admit misses, copy them in, remap ids to slots; staging:
+//! copy every used expert in, from its slot when cached), write the control tensors the layer's
+//! expert matmuls read, and let the graph continue.
+//!
+//! Invariant: when `computed` returns, every copy it queued has landed (the copy engine was
+//! waited on), so the expert matmuls that follow read complete weights.
+use super::offload::{Mode, Offload};
+use crate::ggml::{EvalHook, GgmlError, OwnedGraph};
+use std::collections::HashMap;
+
+/// An offloaded layer of a built graph, as the graph builder recorded it.
+#[derive(Debug, Clone)]
+pub struct MoeNode {
+    pub il: usize,
+    pub mode: Mode,
+    /// Name of the routing node the hook stops after (the final weights).
+    pub anchor: String,
+    /// Name of the selected ids, i32 [k, n_tokens].
+    pub selected: String,
+    /// Name of the FFN input, f32 [n_embd, n_tokens] (prefetch predicts from it).
+    pub input: String,
+    /// Name of the GPU experts' sum when the CPU channel adds its share after it.
+    pub gpu_out: Option<String>,
+    pub act: crate::graph::blocks::ExpertAct,
+}
+
+/// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
+pub struct GraphNodes {
+    by_anchor: HashMap<usize, (Stop, Resolved)>,
+}
+
+#[derive(Clone, Copy)]
+enum Stop {
+    Routing,
+    GpuOut,
+}
+
+#[derive(Clone, Copy)]
+struct Resolved {
+    il: usize,
+    mode: Mode,
+    sel_addr: usize,
+    w_addr: usize,
+    x_addr: usize,
+    act: crate::graph::blocks::ExpertAct,
+}
+
+impl GraphNodes {
+    /// Resolves names to node ids and data addresses; call after the graph is allocated.
+    pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
+        let mut by_anchor = HashMap::new();
+        for n in nodes {
+            let anchor = g.tensor(&n.anchor);
+            let r = Resolved {
+                il: n.il,
+                mode: n.mode,
+                sel_addr: g.tensor(&n.selected).data_addr(),
+                w_addr: anchor.data_addr(),
+                x_addr: g.tensor(&n.input).data_addr(),
+                act: n.act,
+            };
+            by_anchor.insert(anchor.id(), (Stop::Routing, r));
+            if let Some(o) = &n.gpu_out {
+                by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
+            }
+        }
+        Self { by_anchor }
+    }
+}
+
+/// The eval hook for one forward pass of `n_tokens`.
+pub struct StepHook<'a> {
+    pub off: &'a mut Offload,
+    pub nodes: &'a GraphNodes,
+    pub n_tokens: usize,
+}
+
+impl EvalHook for StepHook<'_> {
+    fn wants(&mut self, id: usize) -> bool {
+        self.nodes.by_anchor.contains_key(&id)
+    }
+
+    fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
+        let (stop, n) = self.nodes.by_anchor[&id];
+        match stop {
+            Stop::Routing => {
+                self.off.on_routing(&n, self.n_tokens)?;
+                if n.mode == Mode::Slots && self.off.opts.prefetch {
+                    self.off.prefetch_after(n.il, self.n_tokens)?;
+                }
+                Ok(())
+            }
+            Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),
+        }
+    }
+}
+
+impl Offload {
+    /// Starts a forward pass of `n_tokens` (advances the policies' clock).
+    pub fn begin_step(&mut self, n_tokens: usize) {
+        self.step += 1;
+        self.stats.steps += 1;
+        self.stats.tokens += n_tokens as u64;
+    }
+
+    /// Reads the routing of a step: `k * n_tokens` selected ids and their weights, and, for
+    /// slot steps, the FFN input [n_embd, n_tokens] (the CPU channel and prefetch use it) —
+    /// one wait for all.
+    fn read_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<Routing, GgmlError> {
+        let cnt = self.k * n_tokens;
+        let (sel_at, w_at) = (self.scratch, self.scratch + 4 * cnt.next_multiple_of(64));
+        let x_len = if n.mode == Mode::Slots {
+            self.n_embd * n_tokens
+        } else {
+            0
+        };
+        let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
+        assert!(w_at + 4 * cnt <= x_at, "routing read exceeds the scratch");
+        self.xfer.copy(sel_at, n.sel_addr, 4 * cnt)?;
+        self.xfer.copy(w_at, n.w_addr, 4 * cnt)?;
+        if x_len > 0 {
+            self.xfer.copy(x_at, n.x_addr, 4 * x_len)?;
+        }
+        self.xfer.wait()?;
+        // SAFETY: the three ranges lie in the live host scratch (asserted above), 4-aligned
+        // (ggml buffer bases are aligned), just written by the waited copies and not shared.
+        let (ids, weights, x) = unsafe {
+            (
+                std::slice::from_raw_parts(sel_at as *const i32, cnt),
+                std::slice::from_raw_parts(w_at as *const f32, cnt).to_vec(),
+                std::slice::from_raw_parts(x_at as *const f32, x_len).to_vec(),
+            )
+        };
+        let n_expert = self.n_expert as u32;
+        let sel = ids
+            .iter()
+            .map(|&e| {
+                u32::try_from(e)
+                    .ok()
+                    .filter(|&e| e < n_expert)
+                    .ok_or_else(|| GgmlError::Tensor {
+                        name: "ffn_moe_topk".into(),
+                        msg: format!("router selected expert {e}, outside 0..{n_expert}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Routing { sel, weights, x })
+    }
+
+    /// Per matrix: (store base, slot base, staging base, bytes per expert); `None` for a
+    /// matrix the model lacks.
+    fn bases(&self, il: usize) -> [Option<(usize, usize, usize, usize)>; 3] {
+        let layer = self.layers[il].as_ref().expect("offloaded layer");
+        std::array::from_fn(|m| {
+            let mat = layer.mats[m].as_ref()?;
+            Some((
+                self.store_tensor(il, m)?.data_addr(),
+                self.slot_tensor(il, m).map_or(0, |t| t.data_addr()),
+                self.staging_tensor(il, m)?.data_addr(),
+                mat.expert_bytes,
+            ))
+        })
+    }
+
+    fn on_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<(), GgmlError> {
+        let (il, mode) = (n.il, n.mode);
+        let routing = self.read_routing(n, n_tokens)?;
+        let sel = &routing.sel;
+        let mut used: Vec<u32> = Vec::with_capacity(sel.len());
+        for &e in sel {
+            if !used.contains(&e) {
+                used.push(e);
+            }
+        }
+        // Decode: split the misses between the copy engine and the CPU channel.
+        let on_cpu = if mode == Mode::Slots && n_tokens == 1 && self.cpu_enabled(il) {
+            self.plan_cpu(il, &used)
+        } else {
+            Vec::new()
+        };
+        let bases = self.bases(il);
+        let now = self.step;
+        let layer = self.layers[il].as_mut().expect("offloaded layer");
+        let st = &mut self.stats.layers[il];
+        st.used += used.len() as u64;
+        if mode == Mode::Slots {
+            st.prefetch_used += layer.prefetched.iter().filter(|e| used.contains(e)).count() as u64;
+            st.predicted_used += layer.predicted.iter().filter(|e| used.contains(e)).count() as u64;
+        }
+        layer.prefetched.clear();
+        layer.predicted.clear();
+        let mut h2d = 0u64;
+        match mode {
+            Mode::Staging => {
+                for &e in &used {
+                    let cached = layer.cache.slot(e);
+                    if cached.is_some() {
+                        st.hits += 1;
+                    } else {
+                        st.misses += 1;
+                        st.copies += 1;
+                    }
+                    for &(store, slot, stage, eb) in bases.iter().flatten() {
+                        let src = match cached {
+                            Some(s) => slot + s as usize * eb,
+                            None => {
+                                h2d += eb as u64;
+                                store + e as usize * eb
+                            }
+                        };
+                        self.xfer.copy(stage + e as usize * eb, src, eb)?;
+                    }
+                }
+                self.stats.h2d_bytes += h2d;
+                let t0 = std::time::Instant::now();
+                self.xfer.wait()?;
+                self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+            }
+            Mode::Slots => {
+                for &e in &used {
+                    if layer.cache.slot(e).is_some() {
+                        st.hits += 1;
+                        continue;
+                    }
+                    st.misses += 1;
+                    if on_cpu.contains(&e) {
+                        st.cpu += 1;
+                        continue;
+                    }
+                    st.copies += 1;
+                    let (slot, _) = layer
+                        .cache
+                        .admit(e, &|r| used.contains(&r), now)
+                        .ok_or_else(|| GgmlError::Tensor {
+                            name: format!("expert cache of layer {il}"),
+                            msg: format!(
+                                "{} experts needed at once, {} slots",
+                                used.len(),
+                                layer.cache.n_slots()
+                            ),
+                        })?;
+                    for &(store, slot_base, _, eb) in bases.iter().flatten() {
+                        self.xfer.copy(
+                            slot_base + slot as usize * eb,
+                            store + e as usize * eb,
+                            eb,
+                        )?;
+                        h2d += eb as u64;
+                    }
+                }
+                for &e in &used {
+                    layer.cache.touch(e, now);
+                }
+                self.stats.h2d_bytes += h2d;
+                // Control: slot ids and the mask; CPU experts point at slot 0 with weight 0.
+                let ids: Vec<i32> = sel
+                    .iter()
+                    .map(|&e| layer.cache.slot(e).map_or(0, |s| s as i32))
+                    .collect();
+                let mask: Vec<f32> = sel
+                    .iter()
+                    .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
+                    .collect();
+                if !on_cpu.is_empty() {
+                    let picks: Vec<(u32, f32)> = sel
+                        .iter()
+                        .zip(&routing.weights)
+                        .filter(|(e, _)| on_cpu.contains(e))
+                        .map(|(&e, &w)| (e, w))
+                        .collect();
+                    let bytes: usize = bases.iter().flatten().map(|b| b.3).sum();
+                    self.stats.cpu_bytes += (bytes * picks.len()) as u64;
+                    let cpu = self.cpu.as_mut().expect("CPU channel enabled");
+                    cpu.start(il, n.act, routing.x.clone(), picks);
+                }
+                let (t_ids, t_mask) = self.ctl(il);
+                let (ids_addr, mask_addr) = (t_ids.data_addr(), t_mask.data_addr());
+                let n = ids.len();
+                let ctl = self.scratch + 4 * n.next_multiple_of(64);
+                assert!(ctl + 8 * n <= self.scratch + self.scratch_len);
+                // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned,
+                // and no copy touching it is pending (the last read was waited on).
+                unsafe {
+                    let p = ctl as *mut i32;
+                    std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
+                    std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
+                }
+                self.xfer.copy(ids_addr, ctl, 4 * n)?;
+                self.xfer.copy(mask_addr, ctl + 4 * n, 4 * n)?;
+                let t0 = std::time::Instant::now();
+                self.xfer.wait()?;
+                self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Offload {
+    /// After layer `il`'s experts are in place: predicts the next offloaded layer's experts by
+    /// running its router on this layer's FFN input (at `x_addr`, [n_embd, n_tokens]) and queues
+    /// copies of the predicted experts that are not resident. Not waited for: the copies overlap
+    /// this layer's expert matmuls and the next layer's attention; the next layer's first copy
+    /// engine wait covers them.
+    fn prefetch_after(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
+        let Some(next) = (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some()) else {
+            return Ok(());
+        };
+        let n_expert = self.n_expert;
+        let n_embd = match &self.layers[next] {
+            Some(l) if !l.router.is_empty() => l.router.len() / n_expert,
+            _ => return Ok(()),
+        };
+        let n = n_embd * n_tokens;
+        let xs = self.scratch + self.scratch_len - 4 * n - 256;
+        // SAFETY: read_routing left this step's FFN input at [xs, xs + 4n) in the live host
+        // scratch (same layout), and nothing has been copied there since.
+        let x = unsafe { std::slice::from_raw_parts(xs as *const f32, n) }.to_vec();
+        let bases = self.bases(next);
+        let now = self.step;
+        let k = self.k;
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
+        let mut predicted: Vec<u32> = Vec::new();
+        for xt in x.chunks_exact(n_embd) {
+            let logits: Vec<f32> = layer
+                .router
+                .chunks_exact(n_embd)
+                .map(|w| dot(w, xt))
+                .collect();
+            for e in crate::synth::routing::top_k(&logits, k) {
+                if !predicted.contains(&(e as u32)) {
+                    predicted.push(e as u32);
+                }
+            }
+        }
+        let mut h2d = 0u64;
+        let mut fetched = Vec::new();
+        for &e in &predicted {
+            if layer.cache.slot(e).is_some() {
+                continue;
+            }
+            // Evict only experts not predicted; stop when the cache has none left to give.
+            let Some((slot, _)) = layer.cache.admit(e, &|r| predicted.contains(&r), now) else {
+                break;
+            };
+            for &(store, slot_base, _, eb) in bases.iter().flatten() {
+                self.xfer
+                    .copy(slot_base + slot as usize * eb, store + e as usize * eb, eb)?;
+                h2d += eb as u64;
+            }
+            fetched.push(e);
+        }
+        let st = &mut self.stats.layers[next];
+        st.prefetched += fetched.len() as u64;
+        st.copies += fetched.len() as u64;
+        self.stats.h2d_bytes += h2d;
+        layer.prefetched = fetched;
+        layer.predicted = predicted;
+        Ok(())
+    }
+}
+
+/// Dot product with 8 independent accumulators, so the compiler vectorises it (a plain
+/// iterator sum is sequential in f32 and runs ~10x slower; the prefetch router is 128-256 of
+/// these per layer per token).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dot_matches_the_plain_sum() {
+        let a: Vec<f32> = (0..2051)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let b: Vec<f32> = (0..2051)
+            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((super::dot(&a, &b) as f64 - plain).abs() < 1e-3);
+    }
+}
+
+/// What a step's router chose, read back to the host.
+struct Routing {
+    /// Expert per pick, [k * n_tokens].
+    sel: Vec<u32>,
+    /// Weight per pick.
+    weights: Vec<f32>,
+    /// FFN input [n_embd * n_tokens] (slot steps only).
+    x: Vec<f32>,
+}
+
+impl Offload {
+    /// Which of `used`'s misses the CPU computes: greedy, each miss to the channel that would
+    /// finish it first (copy engine at `pcie_bw`, CPU at `cpu_bw` plus a fixed start cost), so
+    /// both channels end at about the same time.
+    fn plan_cpu(&self, il: usize, used: &[u32]) -> Vec<u32> {
+        let layer = self.layers[il].as_ref().expect("offloaded layer");
+        let bytes: f64 = layer
+            .mats
+            .iter()
+            .flatten()
+            .map(|m| m.expert_bytes as f64)
+            .sum();
+        let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
+        let (mut t_pcie, mut t_cpu) = (0.0, CPU_START_S);
+        let mut on_cpu = Vec::new();
+        for &e in used.iter().filter(|&&e| layer.cache.slot(e).is_none()) {
+            if t_cpu + cc < t_pcie + cp {
+                t_cpu += cc;
+                on_cpu.push(e);
+            } else {
+                t_pcie += cp;
+            }
+        }
+        on_cpu
+    }
+
+    /// The GPU's experts of layer `il` are done: put the CPU channel's share (or zeros over a
+    /// stale one) in the tensor the graph adds next.
+    fn on_gpu_out(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
+        let n = self.n_embd * n_tokens;
+        let out = match self.cpu.as_mut() {
+            Some(cpu) if cpu.pending() == Some(il) => {
+                let t0 = std::time::Instant::now();
+                let r = cpu.finish().map_err(|msg| GgmlError::Tensor {
+                    name: format!("CPU experts of layer {il}"),
+                    msg,
+                })?;
+                self.stats.wait_cpu_s += t0.elapsed().as_secs_f64();
+                self.cpu_dirty[il] = true;
+                r
+            }
+            _ if self.cpu_dirty[il] => {
+                self.cpu_dirty[il] = false;
+                vec![0.0; n]
+            }
+            _ => return Ok(()),
+        };
+        assert_eq!(out.len(), n, "CPU result size");
+        // Through ggml's own (synchronous) upload, not the copy engine: waiting on the copy
+        // engine here would also wait for the next layer's prefetches.
+        self.ctl_cpu(il)
+            .write_bytes_at(0, bytemuck::cast_slice(&out))
+    }
+}
+
+/// Fixed cost of a CPU-channel job (thread wake-up, graph build), seconds.
+const CPU_START_S: f64 = 40e-6;

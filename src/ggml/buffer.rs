@@ -1,0 +1,174 @@
+//! Backend buffers a [`Context`] owns but the caller lays out: tensors placed at chosen offsets
+//! (several tensors may alias one range, e.g. the per-layer views of one staging area), host
+//! buffers that are page-locked when the device offers that (ggml-cuda's host buffer type), and
+//! the device memory query.
+//!
+//! Invariant: a [`BufferRef`] borrows its context, which frees the buffer when it drops, so a
+//! tensor placed in it never outlives its data.
+use super::{Backend, Context, GgmlError, Result, Tensor};
+use ggml_sys as sys;
+use std::marker::PhantomData;
+
+/// Which memory a new buffer lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Memory {
+    /// The backend's own memory (VRAM for a GPU backend).
+    Device,
+    /// Host memory the device reads fast: page-locked for CUDA; plain host memory for the CPU.
+    Host,
+}
+
+/// A buffer owned by a context (see [`Context::new_buffer`]).
+#[derive(Clone, Copy)]
+pub struct BufferRef<'ctx> {
+    ptr: sys::ggml_backend_buffer_t,
+    _ctx: PhantomData<&'ctx Context>,
+}
+
+impl Context {
+    /// Allocates a `size`-byte buffer of `backend` in `mem`, owned by this context.
+    pub fn new_buffer(&self, backend: &Backend, mem: Memory, size: usize) -> Result<BufferRef<'_>> {
+        // SAFETY: live backend; the device handle is static; a null host buffer type means the
+        // device has none and the CPU's is used instead.
+        let buft = unsafe {
+            match mem {
+                Memory::Device => sys::ggml_backend_get_default_buffer_type(backend.raw()),
+                Memory::Host => {
+                    let dev = sys::ggml_backend_get_device(backend.raw());
+                    let host = if dev.is_null() {
+                        std::ptr::null_mut()
+                    } else {
+                        sys::ggml_backend_dev_host_buffer_type(dev)
+                    };
+                    if host.is_null() {
+                        sys::ggml_backend_cpu_buffer_type()
+                    } else {
+                        host
+                    }
+                }
+            }
+        };
+        // SAFETY: valid buffer type; null on failure. ggml rounds a 0-byte request up.
+        let buf = unsafe { sys::ggml_backend_buft_alloc_buffer(buft, size.max(1)) };
+        if buf.is_null() {
+            return Err(GgmlError::Alloc {
+                backend: backend.name(),
+                what: format!("{mem:?} buffer"),
+                size,
+            });
+        }
+        self.adopt_buffer(buf);
+        Ok(BufferRef {
+            ptr: buf,
+            _ctx: PhantomData,
+        })
+    }
+}
+
+impl Context {
+    /// A CPU buffer over existing host memory `[addr, addr + size)`, owned (not the memory) by
+    /// this context: tensors placed in it read that memory directly.
+    ///
+    /// # Safety
+    /// The memory must stay valid, and not be freed, while this context lives.
+    pub unsafe fn wrap_host_memory(&self, addr: usize, size: usize) -> Result<BufferRef<'_>> {
+        // SAFETY: per the contract above; ggml does not free memory it did not allocate.
+        let buf =
+            unsafe { sys::ggml_backend_cpu_buffer_from_ptr(addr as *mut std::ffi::c_void, size) };
+        if buf.is_null() {
+            return Err(GgmlError::Alloc {
+                backend: "CPU".into(),
+                what: "buffer over host memory".into(),
+                size,
+            });
+        }
+        self.adopt_buffer(buf);
+        Ok(BufferRef {
+            ptr: buf,
+            _ctx: PhantomData,
+        })
+    }
+}
+
+impl<'ctx> BufferRef<'ctx> {
+    pub fn size(&self) -> usize {
+        // SAFETY: live buffer (owned by the context 'ctx borrows).
+        unsafe { sys::ggml_backend_buffer_get_size(self.ptr) }
+    }
+
+    /// Address of the first byte (host address for host buffers, device address otherwise).
+    pub fn base_addr(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { sys::ggml_backend_buffer_get_base(self.ptr) as usize }
+    }
+
+    /// Whether the host can read and write the memory directly.
+    pub fn is_host(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { sys::ggml_backend_buffer_is_host(self.ptr) }
+    }
+
+    /// Sets every byte to `value`.
+    pub fn clear(&self, value: u8) {
+        // SAFETY: as above.
+        unsafe { sys::ggml_backend_buffer_clear(self.ptr, value) };
+    }
+
+    /// Bytes `t` takes in this buffer (its data plus the backend's padding, e.g. ggml-cuda pads
+    /// the last row of quantised matrices to 512 columns).
+    pub fn alloc_size(&self, t: Tensor<'_>) -> usize {
+        // SAFETY: live buffer and tensor; a pure size query.
+        unsafe { sys::ggml_backend_buffer_get_alloc_size(self.ptr, t.raw()) }
+    }
+
+    /// Places `t` (a tensor of the same context, not yet allocated) at byte `offset`; returns
+    /// the offset just past it, aligned for the next tensor.
+    pub fn place(&self, t: Tensor<'ctx>, offset: usize) -> Result<usize> {
+        let need = offset + self.alloc_size(t);
+        if need > self.size() {
+            return Err(GgmlError::Tensor {
+                name: t.name(),
+                msg: format!(
+                    "does not fit in its buffer ({need} bytes needed, {} available)",
+                    self.size()
+                ),
+            });
+        }
+        // SAFETY: live buffer, unallocated tensor, and the range lies inside the buffer.
+        let status = unsafe {
+            sys::ggml_backend_tensor_alloc(
+                self.ptr,
+                t.raw(),
+                (self.base_addr() + offset) as *mut std::ffi::c_void,
+            )
+        };
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(GgmlError::Tensor {
+                name: t.name(),
+                msg: format!("could not be placed in its buffer (status {status})"),
+            });
+        }
+        Ok(need.next_multiple_of(256))
+    }
+}
+
+impl Backend {
+    /// (free, total) bytes of the backend's device, if it reports them.
+    pub fn memory(&self) -> Option<(usize, usize)> {
+        // SAFETY: live backend; the device handle is static.
+        unsafe {
+            let dev = sys::ggml_backend_get_device(self.raw());
+            if dev.is_null() {
+                return None;
+            }
+            let (mut free, mut total) = (0usize, 0usize);
+            sys::ggml_backend_dev_memory(dev, &mut free, &mut total);
+            Some((free, total))
+        }
+    }
+
+    /// Whether this is a CUDA backend.
+    pub fn is_cuda(&self) -> bool {
+        self.name().starts_with("CUDA")
+    }
+}

@@ -1,0 +1,173 @@
+//! `pocketmoe bench` end to end on the CPU with a tiny synthetic Qwen3-MoE: both engines run
+//! (ours in the process, llama.cpp in its child), and the output has the promised shape — the
+//! markdown columns and one row per test, the JSON fields, a PNG plot. Speed is not checked.
+use pocketmoe::cli::bench::report::{COLUMNS, SETTING_COLUMNS};
+use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn tiny() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("qwen3moe.gguf");
+    let opts = SynthOptions {
+        arch: "qwen3moe".into(),
+        preset: "tiny".into(),
+        quant: QuantMix::Q4KM,
+        routing_skew: 2.8,
+        seed: 5,
+        out: out.clone(),
+    };
+    synth::synth(&opts, &|_, _| {}).unwrap();
+    out
+}
+
+fn cells(line: &str) -> Vec<String> {
+    line.trim()
+        .trim_matches('|')
+        .split('|')
+        .map(|c| c.trim().to_string())
+        .collect()
+}
+
+/// `mean ± sd` with both numbers positive / non-negative.
+fn is_rate(cell: &str) -> bool {
+    let Some((m, s)) = cell.split_once(" ± ") else {
+        return false;
+    };
+    matches!((m.parse::<f64>(), s.parse::<f64>()), (Ok(m), Ok(s)) if m > 0.0 && s >= 0.0)
+}
+
+#[test]
+fn both_engines_table_json_and_plot() {
+    let model = tiny();
+    let dir = model.parent().unwrap();
+    let (json, png) = (dir.join("bench.json"), dir.join("bench.png"));
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args(["-p", "32,64", "-n", "8", "--depth", "0,32", "--reps", "2"])
+        .args(["--ubatch", "32,64", "--threads", "2", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&png)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The comparison table: its header, then one row per test, both engines measured.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let head = lines
+        .iter()
+        .position(|l| cells(l) == COLUMNS)
+        .unwrap_or_else(|| panic!("no comparison header in\n{stdout}"));
+    let tests = [
+        "pp32",
+        "pp64",
+        "tg8",
+        "pp32 @ d32",
+        "pp64 @ d32",
+        "tg8 @ d32",
+    ];
+    for (i, t) in tests.iter().enumerate() {
+        let c = cells(lines[head + 2 + i]);
+        assert_eq!(c.len(), COLUMNS.len(), "{c:?}");
+        assert_eq!((c[0].as_str(), c[1].as_str()), ("resident", *t));
+        assert!(is_rate(&c[2]) && is_rate(&c[3]), "rates: {c:?}");
+        assert!(c[4].ends_with('x'), "ratio: {c:?}");
+        assert!(c[5].starts_with("-ngl 0 -ub "), "setting: {c:?}");
+    }
+    // The settings table: ours, and llama.cpp at both micro-batches.
+    let head2 = lines
+        .iter()
+        .position(|l| cells(l) == SETTING_COLUMNS)
+        .expect("settings header");
+    let settings: Vec<Vec<String>> = lines[head2 + 2..]
+        .iter()
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| cells(l))
+        .collect();
+    for label in ["pocketmoe -ub 512", "-ngl 0 -ub 32", "-ngl 0 -ub 64"] {
+        assert!(
+            settings.iter().any(|s| s[2] == label && s[5] == "ran"),
+            "{label} not run: {settings:?}"
+        );
+    }
+
+    // JSON: the same rows with numbers, and every setting with its samples.
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["device"], "CPU");
+    assert_eq!(v["reps"], 2);
+    for k in [
+        "model",
+        "file_bytes",
+        "threads",
+        "bandwidths",
+        "settings",
+        "rows",
+    ] {
+        assert!(!v[k].is_null(), "JSON lacks {k}");
+    }
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), tests.len());
+    for (r, t) in rows.iter().zip(tests) {
+        assert_eq!(r["test"], t);
+        assert!(r["budget"].is_null());
+        for k in ["ours_tok_s", "llama_tok_s", "ratio"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{t}: {k} = {}", r[k]);
+        }
+        // On the CPU, decode has a bound (host bandwidth); prefill does not.
+        assert_eq!(r["bound_tok_s"].is_number(), t.starts_with("tg"), "{t}");
+        for k in [
+            "ours_std",
+            "llama_std",
+            "llama_setting",
+            "ours_vram_bytes",
+            "llama_vram_bytes",
+            "ours_rss_bytes",
+            "llama_rss_bytes",
+            "hit_rate",
+            "pcie_gbs",
+            "bound_fraction",
+            "depth",
+            "n_prompt",
+            "n_gen",
+        ] {
+            assert!(r.get(k).is_some(), "row lacks {k}");
+        }
+    }
+    for s in v["settings"].as_array().unwrap() {
+        assert!(s["engine"] == "pocketmoe" || s["engine"] == "llama.cpp");
+        assert_eq!(s["status"], "ran", "{s}");
+        assert!(s["host_rss_bytes"].as_u64().unwrap() > 0);
+        for m in s["results"].as_array().unwrap() {
+            assert_eq!(m["tok_s"].as_array().unwrap().len(), 2);
+            assert!(m["mean"].as_f64().unwrap() > 0.0);
+        }
+    }
+
+    // The plot: a PNG of 1400 x (360 per test size + 50).
+    let b = std::fs::read(&png).unwrap();
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
+    assert_eq!(&b[12..16], b"IHDR");
+    let be = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().unwrap());
+    assert_eq!((be(16), be(20)), (1400, 3 * 360 + 50));
+    assert_eq!(&b[b.len() - 8..b.len() - 4], b"IEND");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn budgets_need_a_gpu() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m", "/nonexistent.gguf", "--gpu-mem", "8GiB"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-mem budgets need --gpu"));
+}
