@@ -158,7 +158,8 @@ impl Engine {
                             .map_or(1, |n| n.get())
                             .saturating_sub(1)
                             .max(1),
-                        n => n,
+                        // The main thread waits on the GPU meanwhile: leave it a core.
+                        n => n.saturating_sub(1).max(1),
                     }
                 } else {
                     0

@@ -382,21 +382,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn dot_matches_the_plain_sum() {
-        let a: Vec<f32> = (0..2051)
-            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        let b: Vec<f32> = (0..2051)
-            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
-            .collect();
-        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        assert!((super::dot(&a, &b) as f64 - plain).abs() < 1e-3);
-    }
-}
-
 /// What a step's router chose, read back to the host.
 struct Routing {
     /// Expert per pick, [k * n_tokens].
@@ -464,3 +449,18 @@ impl Offload {
 
 /// Fixed cost of a CPU-channel job (thread wake-up, graph build), seconds.
 const CPU_START_S: f64 = 40e-6;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dot_matches_the_plain_sum() {
+        let a: Vec<f32> = (0..2051)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let b: Vec<f32> = (0..2051)
+            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((super::dot(&a, &b) as f64 - plain).abs() < 1e-3);
+    }
+}

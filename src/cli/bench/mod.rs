@@ -28,6 +28,9 @@ use std::path::PathBuf;
 /// pool), until measured: the search keeps this much headroom below the budget.
 const POOL_RESERVE: u64 = 128 << 20;
 
+/// Our micro-batch when offloading.
+const OFFLOAD_UBATCH: usize = 4096;
+
 /// A VRAM budget: `None` = resident (the whole device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget(pub Option<u64>);
@@ -233,6 +236,14 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         n_ctx: n_ctx_for(tests),
         n_threads: args.threads(),
         gpu_mem: budget.0,
+        // Offloaded prefill moves every used expert over PCIe once per micro-batch: large
+        // micro-batches amortise that (the planner sizes the expert cache around the larger
+        // compute buffer).
+        n_ubatch: if budget.0.is_some() {
+            OFFLOAD_UBATCH
+        } else {
+            512
+        },
         ..Default::default()
     };
     let mut s = Setting {
