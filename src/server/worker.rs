@@ -304,8 +304,10 @@ fn step<M: BatchModel, V: Vocab>(
                 .map(|s| s.send(Event::Error("the engine returned too few logits".into())));
             continue;
         };
-        generated += 1;
-        if let Some(reason) = sample(s, l, vocab, cfg.slot_len) {
+        let before = s.n_gen;
+        let finished = sample(s, l, vocab, cfg.slot_len);
+        generated += s.n_gen - before; // an end-of-generation token is not counted
+        if let Some(reason) = finished {
             let mut s = slot.take().expect("active");
             let tail = s.dec.finish();
             s.send(Event::Done { reason, tail });
