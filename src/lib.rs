@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod graph;
 pub mod model;
 pub mod selfcheck;
+pub mod server;
 pub mod synth;
 pub mod tokenizer;
 pub mod util;

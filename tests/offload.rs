@@ -166,7 +166,11 @@ fn check_arch(arch: &str) {
     // with per-expert biases (gpt-oss), whose experts always run on the GPU.
     let file = pocketmoe::gguf::GgufModel::open(&path).unwrap();
     let has_biases = file.tensors().any(|t| t.name.ends_with("_exps.bias"));
-    assert_eq!(cpu_uses > 0, !has_biases, "{arch}: CPU channel uses {cpu_uses}");
+    assert_eq!(
+        cpu_uses > 0,
+        !has_biases,
+        "{arch}: CPU channel uses {cpu_uses}"
+    );
 }
 
 #[test]

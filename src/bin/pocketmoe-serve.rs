@@ -1,23 +1,173 @@
-//! `pocketmoe-serve`: the OpenAI-compatible server (issue "pocketmoe-serve"). Not built yet: it
-//! says so and exits non-zero rather than pretending to serve.
+//! `pocketmoe-serve`: the OpenAI-compatible server. Binds first (so `/health` answers 503 while
+//! the model loads, with a progress bar on a terminal), logs one line with the URL once the
+//! model is ready, and exits 0 after SIGINT/SIGTERM once running requests have finished or the
+//! grace period has ended them. A model that fails to load exits 1 with the reason.
+use anyhow::{Context as _, Result};
 use clap::Parser;
+use pocketmoe::engine::{Device, EngineOptions};
+use pocketmoe::server::{self, Engine, Health, LocalEngine, LocalOptions, ServerConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
     name = "pocketmoe-serve",
     version,
-    about = "OpenAI-compatible server for PocketMoE (not implemented yet)"
+    about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model",
+    long_about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model.\n\n\
+        Endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE), \
+        GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus).\n\n\
+        Concurrency: up to --parallel requests are decoded together in one batch; further \
+        requests wait in a bounded FIFO queue of --queue entries, and a request that finds the \
+        queue full is answered 429 (Retry-After: 1)."
 )]
 struct Args {
-    /// GGUF model to serve.
+    /// The GGUF model (any shard of a split bundle).
+    #[arg(long, short)]
+    model: PathBuf,
+    /// Address to listen on (loopback by default; use 0.0.0.0 to serve the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Run on GPU N (needs a CUDA build); the CPU otherwise.
     #[arg(long)]
-    model: Option<std::path::PathBuf>,
+    gpu: Option<usize>,
+    /// Memory budget on the GPU (bytes; K/M/G/KiB/MiB/GiB suffixes); routed experts that do not
+    /// fit are offloaded.
+    #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
+    gpu_mem: Option<u64>,
+    /// Context length of each request (prompt + completion); the KV cache holds
+    /// ctx × parallel positions.
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+    /// Requests decoded together (continuous batching).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Requests that may wait for a free slot; when full, new requests get 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Require `Authorization: Bearer KEY` (all routes but /health).
+    #[arg(long, env = "POCKETMOE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The model name clients use (default: the file name without .gguf).
+    #[arg(long)]
+    alias: Option<String>,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Tokens per forward pass (prompt chunks and decode tokens of all requests together).
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Largest request body (bytes; suffixes as --gpu-mem).
+    #[arg(long, default_value = "8MiB", value_parser = pocketmoe::cli::inspect::parse_bytes)]
+    max_body: u64,
+    /// Batch-invariant CPU kernels: each request gets exactly the tokens it would get alone,
+    /// whatever it is batched with (ggml otherwise picks CPU kernels by batch shape, which moves
+    /// the last bits of the logits). Slower CPU prompt processing; CUDA kernels are unaffected.
+    #[arg(long)]
+    batch_invariant: bool,
+    /// Seconds running requests may go on after SIGINT/SIGTERM before they are ended.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace: u64,
 }
 
 fn main() {
-    let _ = Args::parse();
-    eprintln!(
-        "error: pocketmoe-serve is not implemented yet; `pocketmoe self-check` is what works today"
-    );
-    std::process::exit(2);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(args: Args) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
+        .with_context(|| format!("binding {addr}"))?;
+    let local = listener.local_addr()?;
+    let size = std::fs::metadata(&args.model).map_or(0, |m| m.len());
+    let pb = pocketmoe::cli::byte_progress(size, "loading");
+    let pb2 = pb.clone();
+    let opts = LocalOptions {
+        model: args.model.clone(),
+        engine: EngineOptions {
+            device: args.gpu.map_or(Device::Cpu, Device::Cuda),
+            n_ctx: args.ctx,
+            n_threads: args.threads,
+            n_ubatch: args.batch,
+            gpu_mem: args.gpu_mem,
+            ..Default::default()
+        },
+        parallel: args.parallel,
+        max_queue: args.queue,
+        alias: args.alias.clone(),
+        batch_invariant: args.batch_invariant,
+    };
+    let engine = Arc::new(LocalEngine::start(
+        opts,
+        Box::new(move |done, _| pb2.set_position(done)),
+    )?);
+    let cfg = ServerConfig {
+        api_key: args.api_key.clone(),
+        max_body: args.max_body.min(usize::MAX as u64) as usize,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+    };
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    // Watches the load: one line with the URL when ready, or the reason it failed.
+    {
+        let engine = engine.clone();
+        let (id, parallel, ctx) = (engine.card().id.clone(), args.parallel, args.ctx);
+        rt.spawn(async move {
+            loop {
+                match engine.health() {
+                    Health::Loading { .. } => tokio::time::sleep(Duration::from_millis(50)).await,
+                    Health::Ready => {
+                        pb.finish_and_clear();
+                        tracing::info!(
+                            "serving {id} at http://{local}/v1 ({parallel} parallel, {ctx} tokens of context each)"
+                        );
+                        return;
+                    }
+                    Health::Failed(e) => {
+                        pb.finish_and_clear();
+                        let _ = failed_tx.send(e);
+                        return;
+                    }
+                    Health::ShuttingDown => return,
+                }
+            }
+        });
+    }
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let failed2 = failed.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = server::shutdown_signal() => {},
+            Ok(e) = failed_rx => { *failed2.lock().unwrap_or_else(|p| p.into_inner()) = Some(e); },
+        }
+    };
+    let dyn_engine: Arc<dyn Engine> = engine.clone();
+    rt.block_on(server::serve(listener, dyn_engine, cfg, shutdown))?;
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        anyhow::bail!("loading {}: {e}", args.model.display());
+    }
+    engine.join();
+    tracing::info!("stopped");
+    Ok(0)
 }

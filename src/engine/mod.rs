@@ -3,6 +3,7 @@
 //!
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
+pub mod batch;
 pub mod kv;
 pub mod sampling;
 pub mod weights;
@@ -83,6 +84,8 @@ pub struct Engine {
     /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape and its
     /// offloaded layers.
     graph: Option<((usize, usize, bool), OwnedGraph, GraphNodes)>,
+    /// The last multi-sequence graph (`batch`), likewise.
+    batch_graph: Option<(batch::GraphKey, OwnedGraph, GraphNodes)>,
     offload: Option<Offload>,
     sched: Sched,
     kv: kv::KvCache,
@@ -180,6 +183,7 @@ impl Engine {
             hp,
             opts,
             graph: None,
+            batch_graph: None,
             offload: off,
             sched,
             kv,
@@ -206,7 +210,7 @@ impl Engine {
         let (fixed, per_slot) = loop {
             let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
             let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
-            let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false)?;
+            let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false, 0)?;
             self.sched.reserve(&g.graph())?;
             drop(g);
             let compute = self.sched.buffer_size(0) as u64;
@@ -340,12 +344,14 @@ impl Engine {
     }
 
     /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
+    /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
     fn build_graph(
         &self,
         n: usize,
         n_past: usize,
         n_kv: usize,
         last_only: bool,
+        n_out: usize,
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
         let window = self.hp.sliding_window as usize;
@@ -369,6 +375,10 @@ impl Engine {
             } else {
                 None
             };
+            let t_out = match n_out {
+                0 => None,
+                k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
+            };
             let batch = BatchInputs {
                 tokens: t_tok,
                 pos: t_pos,
@@ -379,6 +389,7 @@ impl Engine {
                 n_past,
                 n_kv,
                 last_only,
+                out_ids: t_out,
             };
             let g = GraphBuilder {
                 ctx,
@@ -407,6 +418,9 @@ impl Engine {
             if t_mask_swa.is_some() {
                 keep.push("attn_inp_kq_mask_swa".into());
             }
+            if t_out.is_some() {
+                keep.push("inp_out_ids".into());
+            }
             nodes = g.moe_nodes.take();
             for n in &nodes {
                 keep.push(n.anchor.clone());
@@ -432,7 +446,7 @@ impl Engine {
         let key = (n, n_kv, last_only);
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.graph = None;
-            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only)?;
+            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.graph = Some((key, g, nodes));

@@ -154,6 +154,20 @@ impl Backend {
         cstr(unsafe { sys::ggml_backend_name(self.raw()) })
     }
 
+    /// On a CPU backend, switches ggml's reference kernels on or off: no llamafile sgemm, no
+    /// tiled or KV-split flash attention, so each output row is computed the same way whatever
+    /// the batch shape (slower prompt processing). Returns false (and does nothing) elsewhere.
+    pub fn set_cpu_reference_kernels(&self, on: bool) -> bool {
+        // SAFETY: live backend; the setter is only called on a CPU backend.
+        unsafe {
+            if !sys::ggml_backend_is_cpu(self.raw()) {
+                return false;
+            }
+            sys::ggml_backend_cpu_set_use_ref(self.raw(), on);
+        }
+        true
+    }
+
     /// Whether this backend can run the op that produced `t`.
     pub fn supports_op(&self, t: Tensor<'_>) -> bool {
         // SAFETY: live backend and tensor.

@@ -34,6 +34,9 @@ pub struct BatchInputs<'a> {
     pub n_kv: usize,
     /// Compute logits for the last position only (prompt processing).
     pub last_only: bool,
+    /// i32 [n_outputs]: compute logits for these batch positions only (multi-sequence batches,
+    /// `engine::batch`); overrides `last_only`.
+    pub out_ids: Option<Tensor<'a>>,
 }
 
 /// Granularity of the attended cache length (llama.cpp pads the same way).

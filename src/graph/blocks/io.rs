@@ -14,8 +14,10 @@ impl<'a> GraphBuilder<'a> {
     /// Final norm and output projection (tied to `token_embd` when `output` is absent)
     /// -> [n_vocab, n_tokens].
     pub fn output(&self, x: Tensor<'a>) -> Tensor<'a> {
-        // Only the last position's logits are wanted: drop the other columns first.
-        let x = if self.batch.last_only && self.batch.n_tokens > 1 {
+        // Only some positions' logits are wanted: drop the other columns first.
+        let x = if let Some(ids) = self.batch.out_ids {
+            self.ctx.get_rows(x, ids) // [n_embd, n_outputs]
+        } else if self.batch.last_only && self.batch.n_tokens > 1 {
             let ne0 = x.ne()[0];
             let row = ne0 as usize * 4;
             self.ctx

@@ -1,0 +1,170 @@
+//! The narrow boundary between the HTTP layer and whatever generates tokens (DESIGN.md §3.7,
+//! after TGI's router/backend split): the server only calls [`Engine`]. [`super::LocalEngine`]
+//! is the real one (a GGUF on one engine thread with continuous batching); tests plug in mocks.
+//!
+//! Contract: `submit` validates and queues without blocking on generation and answers errors as
+//! values (prompt too long, queue full, still loading); the returned receiver then yields
+//! one `Token` per generated token and exactly one final `Done` or `Error`. Dropping the receiver cancels the request:
+//! the engine frees its sequence at its next step.
+use super::error::ApiError;
+use crate::engine::sampling::SamplerParams;
+use crate::tokenizer::ChatMessage;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// How a model marks reasoning and tool calls in its output (picked from its chat template).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Plain text.
+    Plain,
+    /// `<think>…</think>` reasoning (DeepSeek-R1, GLM, …), no tool-call syntax we parse.
+    Think,
+    /// Qwen3 / Hermes: `<think>…</think>` and `<tool_call>{"name", "arguments"}</tool_call>`.
+    Qwen3,
+    /// OpenAI harmony (gpt-oss): `<|channel|>analysis|commentary|final<|message|>…<|end|>`,
+    /// tool calls as `commentary to=functions.NAME … <|message|>{args}<|call|>`.
+    Harmony,
+}
+
+impl OutputFormat {
+    /// The format a chat template implies.
+    pub fn from_template(source: &str) -> Self {
+        if source.contains("<|channel|>") {
+            OutputFormat::Harmony
+        } else if source.contains("<tool_call>") {
+            OutputFormat::Qwen3
+        } else if source.contains("<think>") {
+            OutputFormat::Think
+        } else {
+            OutputFormat::Plain
+        }
+    }
+
+    /// Whether control tokens must reach the parser as text (harmony's markers are control
+    /// tokens; elsewhere they are hidden, as llama.cpp's server hides them).
+    pub fn needs_special_tokens(self) -> bool {
+        self == OutputFormat::Harmony
+    }
+}
+
+/// What `/v1/models` says about the served model.
+#[derive(Debug, Clone)]
+pub struct ModelCard {
+    /// The name clients pass as `model`.
+    pub id: String,
+    /// Other names accepted as `model` (the GGUF file name, ...).
+    pub aliases: Vec<String>,
+    /// Unix seconds.
+    pub created: u64,
+    /// Context length of one sequence (prompt + completion).
+    pub n_ctx: usize,
+    pub n_vocab: usize,
+    pub format: OutputFormat,
+    /// Whether chat requests can be served (the model has a chat template).
+    pub has_chat_template: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Health {
+    Loading { fraction: f64 },
+    Ready,
+    Failed(String),
+    ShuttingDown,
+}
+
+/// The prompt of a request, before the engine renders and tokenizes it.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat {
+        messages: Vec<ChatMessage>,
+        /// Template variables: `tools`, `chat_template_kwargs` (e.g. `enable_thinking`), ...
+        template_vars: serde_json::Map<String, serde_json::Value>,
+    },
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt: Prompt,
+    pub sampling: SamplerParams,
+    /// `None`: until the context is full.
+    pub max_tokens: Option<usize>,
+    /// `Some(n)`: report each token's log-probability and its `n` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Added to the logits before sampling.
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// A token's log-probability and the most likely alternatives (from the raw logits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token (or, in the server, a stop string).
+    Stop,
+    /// `max_tokens` or the context ran out.
+    Length,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token's text (complete UTF-8 only: empty while a character is unfinished).
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end. `tail`: text still held by the UTF-8 decoder (an unfinished character, as
+    /// U+FFFD); usually empty.
+    Done {
+        reason: FinishReason,
+        tail: String,
+    },
+    Error(String),
+}
+
+/// A queued generation.
+pub struct Generation {
+    pub prompt_tokens: usize,
+    /// The rendered prompt leaves a reasoning block open (a template that starts the assistant
+    /// turn with `<think>`), so the output starts inside it.
+    pub opens_reasoning: bool,
+    pub events: UnboundedReceiver<Event>,
+}
+
+/// Figures for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub active: usize,
+    pub parallel: usize,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    /// Forward passes, and the tokens they carried.
+    pub steps: u64,
+    pub batch_tokens: u64,
+    /// Generated tokens per second over the last few seconds.
+    pub recent_tok_s: f64,
+    pub cancelled: u64,
+    /// Expert-offload counters, when the model offloads experts.
+    pub offload: Option<crate::experts::Stats>,
+}
+
+pub trait Engine: Send + Sync + 'static {
+    fn card(&self) -> &ModelCard;
+    fn health(&self) -> Health;
+    /// Renders, tokenizes, checks against the context and queues `req` (may take a while for a
+    /// long prompt: call it off the async runtime).
+    fn submit(&self, req: GenRequest) -> Result<Generation, ApiError>;
+    fn stats(&self) -> EngineStats;
+    /// Stops taking work: queued requests end with an error now, running ones may finish
+    /// within `grace` and are ended after it. Returns at once.
+    fn shutdown(&self, grace: Duration);
+    /// Waits until the engine has stopped (after [`Engine::shutdown`]).
+    fn join(&self) {}
+}

@@ -1,0 +1,347 @@
+//! [`LocalEngine`]: the real [`Engine`] — a GGUF model loaded on a dedicated thread that owns
+//! it (the ggml engine is not `Send`), driven by the scheduler of `worker`. Request threads
+//! render the chat template and tokenize (tokenizer and template are shared, read-only), check
+//! the prompt against the context, and hand the job over a channel; a bounded queue answers 429
+//! when full.
+//!
+//! Invariants: the per-sequence context is `--ctx`; the KV cache holds `ctx × parallel` rows;
+//! `prompt + max_tokens <= ctx` for every job sent to the worker.
+use super::api::{
+    Engine, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat, Prompt,
+};
+use super::error::ApiError;
+use super::parse::prompt_opens_reasoning;
+use super::worker::{self, Config, Job, Msg, Shared};
+use crate::engine::{Engine as Model, EngineOptions};
+use crate::gguf::GgufModel;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+use anyhow::Context as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    pub model: PathBuf,
+    /// `n_ctx` is the context of one sequence.
+    pub engine: EngineOptions,
+    pub parallel: usize,
+    /// Requests that may wait for a slot before new ones get 429.
+    pub max_queue: usize,
+    /// The model name clients use (default: the file name without `.gguf`).
+    pub alias: Option<String>,
+    /// Batch-invariant CPU kernels (`Engine::set_batch_invariant`): a request's tokens do not
+    /// depend on what it is batched with.
+    pub batch_invariant: bool,
+}
+
+/// Load progress and outcome, shared with the loading thread.
+#[derive(Default)]
+struct LoadState {
+    done: AtomicU64,
+    total: AtomicU64,
+    outcome: Mutex<Option<Result<(), String>>>,
+    shutting_down: std::sync::atomic::AtomicBool,
+}
+
+pub struct LocalEngine {
+    card: ModelCard,
+    tok: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    tx: Mutex<Sender<Msg>>,
+    shared: Arc<Shared>,
+    state: Arc<LoadState>,
+    max_queue: usize,
+    parallel: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl LocalEngine {
+    /// Reads the tokenizer and chat template, then loads the model on its own thread
+    /// (`progress(done, total)` in weight bytes); [`Engine::health`] says when it is ready.
+    pub fn start(
+        opts: LocalOptions,
+        progress: Box<dyn Fn(u64, u64) + Send>,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(opts.parallel >= 1, "--parallel must be at least 1");
+        anyhow::ensure!(opts.engine.n_ctx >= 2, "--ctx must be at least 2");
+        anyhow::ensure!(
+            opts.engine.n_ubatch >= opts.parallel,
+            "--parallel {} is more than the {} tokens of a micro-batch",
+            opts.parallel,
+            opts.engine.n_ubatch
+        );
+        let file = GgufModel::open(&opts.model)
+            .with_context(|| format!("reading {}", opts.model.display()))?;
+        let tok = Arc::new(Tokenizer::from_gguf(&file)?);
+        let template = match ChatTemplate::from_gguf(&file) {
+            Ok(t) => Some(t),
+            Err(e) if file.get_str("tokenizer.chat_template").is_none() => {
+                tracing::warn!("no chat template ({e}): /v1/chat/completions is off");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        drop(file);
+        let stem = opts
+            .model
+            .file_stem()
+            .map_or("model".to_string(), |s| s.to_string_lossy().into_owned());
+        let file_name = opts
+            .model
+            .file_name()
+            .map_or(String::new(), |s| s.to_string_lossy().into_owned());
+        let id = opts.alias.clone().unwrap_or_else(|| stem.clone());
+        let card = ModelCard {
+            aliases: [stem, file_name]
+                .into_iter()
+                .filter(|a| *a != id && !a.is_empty())
+                .collect(),
+            id,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            n_ctx: opts.engine.n_ctx,
+            n_vocab: tok.n_vocab(),
+            format: template.as_ref().map_or(OutputFormat::Plain, |t| {
+                OutputFormat::from_template(t.source())
+            }),
+            has_chat_template: template.is_some(),
+        };
+        let shared = Arc::new(Shared::default());
+        let state = Arc::new(LoadState::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cfg = Config {
+            parallel: opts.parallel,
+            slot_len: opts.engine.n_ctx,
+            n_batch: opts.engine.n_ubatch,
+        };
+        let thread = {
+            let (shared, state, tok) = (shared.clone(), state.clone(), tok.clone());
+            let mut eopts = opts.engine.clone();
+            eopts.n_ctx = opts.engine.n_ctx * opts.parallel;
+            let path = opts.model.clone();
+            let batch_invariant = opts.batch_invariant;
+            std::thread::Builder::new()
+                .name("engine".into())
+                .spawn(move || {
+                    let report = |done, total| {
+                        state.done.store(done, Relaxed);
+                        state.total.store(total, Relaxed);
+                        progress(done, total);
+                    };
+                    let mut model = match Model::load(&path, eopts, &report) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            *state.outcome.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    if batch_invariant && !model.set_batch_invariant(true) {
+                        tracing::warn!("--batch-invariant: no CPU backend to switch");
+                    }
+                    *state.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
+                    worker::run(&mut model, &*tok, cfg, rx, &shared);
+                })?
+        };
+        Ok(Self {
+            card,
+            tok,
+            template,
+            tx: Mutex::new(tx),
+            shared,
+            state,
+            max_queue: opts.max_queue,
+            parallel: opts.parallel,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    fn context_error(msg: String, param: &str) -> ApiError {
+        ApiError::Invalid {
+            msg,
+            param: Some(param.to_string()),
+            code: Some("context_length_exceeded"),
+        }
+    }
+}
+
+impl Engine for LocalEngine {
+    fn card(&self) -> &ModelCard {
+        &self.card
+    }
+
+    fn health(&self) -> Health {
+        if self.state.shutting_down.load(Relaxed) {
+            return Health::ShuttingDown;
+        }
+        match &*self.state.outcome.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Ok(())) => Health::Ready,
+            Some(Err(e)) => Health::Failed(e.clone()),
+            None => {
+                let (d, t) = (
+                    self.state.done.load(Relaxed),
+                    self.state.total.load(Relaxed),
+                );
+                Health::Loading {
+                    fraction: if t == 0 { 0.0 } else { d as f64 / t as f64 },
+                }
+            }
+        }
+    }
+
+    fn submit(&self, req: GenRequest) -> Result<Generation, ApiError> {
+        match self.health() {
+            Health::Ready => {}
+            Health::Loading { fraction } => {
+                return Err(ApiError::Loading {
+                    percent: fraction * 100.0,
+                })
+            }
+            Health::Failed(e) => {
+                return Err(ApiError::Internal(format!("the model failed to load: {e}")))
+            }
+            Health::ShuttingDown => return Err(ApiError::ShuttingDown),
+        }
+        let format = self.card.format;
+        let (prompt, opens_reasoning, special) = match req.prompt {
+            Prompt::Chat {
+                messages,
+                template_vars,
+            } => {
+                let t = self.template.as_ref().ok_or_else(|| {
+                    ApiError::bad("the model has no chat template: use /v1/completions")
+                })?;
+                let text = t
+                    .apply(&messages, true, serde_json::Value::Object(template_vars))
+                    .map_err(|e| {
+                        ApiError::bad(format!("the chat template refused these messages: {e}"))
+                    })?;
+                let toks = self.tok.encode(&text, true, true);
+                let open = prompt_opens_reasoning(format, &text);
+                (toks, open, format.needs_special_tokens())
+            }
+            Prompt::Text(s) => (self.tok.encode(&s, true, true), false, false),
+            Prompt::Tokens(t) => (t, false, false),
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt is empty: send some text",
+            ));
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= self.card.n_vocab) {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "token id {id} is outside the vocabulary (0..{})",
+                    self.card.n_vocab
+                ),
+            ));
+        }
+        let n_ctx = self.card.n_ctx;
+        if prompt.len() >= n_ctx {
+            return Err(Self::context_error(
+                format!(
+                    "the prompt is {} tokens, but the context holds {n_ctx} per request (prompt and completion together): shorten the prompt, or restart the server with a larger --ctx",
+                    prompt.len()
+                ),
+                "messages",
+            ));
+        }
+        let room = n_ctx - prompt.len();
+        let max_tokens = match req.max_tokens {
+            None => room,
+            Some(m) if m > room => {
+                return Err(Self::context_error(
+                    format!(
+                        "the prompt ({} tokens) plus max_tokens ({m}) is more than the context of {n_ctx} tokens: ask for at most {room} tokens",
+                        prompt.len()
+                    ),
+                    "max_tokens",
+                ))
+            }
+            Some(m) => m,
+        };
+        let queued = self.shared.queued.fetch_add(1, Relaxed);
+        if queued >= self.max_queue {
+            self.shared.queued.fetch_sub(1, Relaxed);
+            return Err(ApiError::QueueFull {
+                queued,
+                limit: self.max_queue,
+            });
+        }
+        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        let n_prompt = prompt.len();
+        let job = Job {
+            prompt,
+            sampling: req.sampling,
+            max_tokens,
+            logprobs: req.logprobs,
+            logit_bias: req.logit_bias,
+            special,
+            events: etx,
+        };
+        let sent = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Job(job));
+        if sent.is_err() {
+            self.shared.queued.fetch_sub(1, Relaxed);
+            return Err(ApiError::ShuttingDown);
+        }
+        Ok(Generation {
+            prompt_tokens: n_prompt,
+            opens_reasoning,
+            events: erx,
+        })
+    }
+
+    fn stats(&self) -> EngineStats {
+        let s = &self.shared;
+        EngineStats {
+            queued: s.queued.load(Relaxed),
+            active: s.active.load(Relaxed),
+            parallel: self.parallel,
+            prompt_tokens: s.prompt_tokens.load(Relaxed),
+            generated_tokens: s.generated.load(Relaxed),
+            steps: s.steps.load(Relaxed),
+            batch_tokens: s.batch_tokens.load(Relaxed),
+            recent_tok_s: s.recent_tok_s(),
+            cancelled: s.cancelled.load(Relaxed),
+            offload: s.offload.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
+
+    fn shutdown(&self, grace: Duration) {
+        self.state.shutting_down.store(true, Relaxed);
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Shutdown(grace));
+    }
+
+    /// Waits for the engine thread, unless the model is still loading (a load cannot be
+    /// interrupted; the process may exit without it).
+    fn join(&self) {
+        if self
+            .state
+            .outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            return;
+        }
+        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! From a request body to a [`GenRequest`] and the server-side output options ([`Plan`]), or a
+//! 4xx [`ApiError`] that names the field and says what to send instead.
+//!
+//! Parsing is two-step: the body becomes a `serde_json::Value` (syntax errors, invalid UTF-8 and
+//! nesting deeper than serde_json's 128 levels are refused there, without recursion trouble),
+//! then typed structs are read from it with `serde_path_to_error`, so a wrong type is reported
+//! as `temperature: invalid type: string "hot", expected f32`. Sampling defaults are
+//! llama.cpp's (`SamplerParams::default`), with a fresh random seed when none is given.
+use super::api::{GenRequest, ModelCard, Prompt};
+use super::error::ApiError;
+use super::types::{ChatRequest, Common, CompletionRequest, PromptInput, Seed, Stop};
+use crate::engine::sampling::SamplerParams;
+use crate::tokenizer::MessageContent;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+/// What the server does with the output, besides generating it.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub gen: GenRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub stops: Vec<String>,
+}
+
+/// Parses `bytes` as a JSON object and reads the shared fields and the endpoint's own.
+pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<(Common, T), ApiError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad(format!(
+            "the request body must be a JSON object, not {}",
+            kind_of(&v)
+        )));
+    }
+    Ok((typed(&v)?, typed(&v)?))
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.inner().to_string();
+        let hint = if inner.contains("untagged enum") {
+            match path.as_str() {
+                "stop" => ": send a string or a list of strings",
+                "prompt" => ": send a string, a list of one string, or a list of token ids",
+                p if p.ends_with(".content") => ": send a string or a list of content parts",
+                _ => "",
+            }
+        } else {
+            ""
+        };
+        if path == "." {
+            ApiError::bad(inner)
+        } else {
+            ApiError::invalid(&path, format!("{path}: {inner}{hint}"))
+        }
+    })
+}
+
+/// Checks `model` names the served model (absent is accepted, as llama.cpp does).
+pub fn check_model(common: &Common, card: &ModelCard) -> Result<(), ApiError> {
+    match &common.model {
+        Some(m) if *m != card.id && !card.aliases.contains(m) => Err(ApiError::UnknownModel {
+            asked: m.clone(),
+            served: card.id.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+fn sampling(c: &Common) -> Result<SamplerParams, ApiError> {
+    let d = SamplerParams::default();
+    let p = SamplerParams {
+        temperature: c.temperature.unwrap_or(d.temperature),
+        top_k: c.top_k.map_or(d.top_k, |k| k.min(u32::MAX as u64) as usize),
+        top_p: c.top_p.unwrap_or(d.top_p),
+        min_p: c.min_p.unwrap_or(d.min_p),
+        repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty),
+        presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
+        seed: c.seed.as_ref().map_or_else(random_seed, Seed::as_u64),
+        ..d
+    };
+    p.validate().map_err(|msg| {
+        let field = msg.split_whitespace().next().unwrap_or("").to_string();
+        ApiError::invalid(&field, msg)
+    })?;
+    Ok(p)
+}
+
+fn stops(c: &Common) -> Result<Vec<String>, ApiError> {
+    let v = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if v.len() > 16 {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("{} stop strings given; send at most 16", v.len()),
+        ));
+    }
+    if let Some(s) = v.iter().find(|s| s.len() > 512) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "a stop string of {} bytes; send stop strings of at most 512 bytes",
+                s.len()
+            ),
+        ));
+    }
+    Ok(v)
+}
+
+fn logit_bias(c: &Common, card: &ModelCard) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &c.logit_bias else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id = k
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < card.n_vocab);
+        let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+        match (id, bias) {
+            (Some(id), Some(b)) => out.push((id, b as f32)),
+            (None, _) => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "logit_bias key {k:?} is not a token id (0..{})",
+                        card.n_vocab
+                    ),
+                ))
+            }
+            (_, None) => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias[{k:?}] = {v} must be a number in -100..=100"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks and converts what both endpoints share.
+fn common_plan(
+    c: &Common,
+    card: &ModelCard,
+    prompt: Prompt,
+    max_tokens: Option<u64>,
+    logprobs: Option<usize>,
+) -> Result<Plan, ApiError> {
+    check_model(c, card)?;
+    if let Some(n) = c.n.filter(|&n| n != 1) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("n = {n}: only n = 1 is supported; send {n} requests instead"),
+        ));
+    }
+    if !is_text_format(c) {
+        return Err(ApiError::invalid(
+            "response_format",
+            "only {\"type\": \"text\"} is supported (this server has no constrained decoding)",
+        ));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "max_tokens = 0: ask for at least 1 token",
+        ));
+    }
+    let max_tokens = max_tokens.map(|m| m.min(usize::MAX as u64) as usize);
+    if let Some(m) = max_tokens.filter(|&m| m > card.n_ctx) {
+        return Err(ApiError::Invalid {
+            msg: format!(
+                "max_tokens = {m} is more than the context length of {} tokens: lower it",
+                card.n_ctx
+            ),
+            param: Some("max_tokens".into()),
+            code: Some("context_length_exceeded"),
+        });
+    }
+    let stream = c.stream.unwrap_or(false);
+    let include_usage = c
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    if c.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options is only allowed with stream: true",
+        ));
+    }
+    Ok(Plan {
+        gen: GenRequest {
+            prompt,
+            sampling: sampling(c)?,
+            max_tokens,
+            logprobs,
+            logit_bias: logit_bias(c, card)?,
+        },
+        stream,
+        include_usage,
+        stops: stops(c)?,
+    })
+}
+
+fn is_text_format(c: &Common) -> bool {
+    c.response_format
+        .as_ref()
+        .is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text"))
+}
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, ApiError> {
+    check_model(c, card)?;
+    if !card.has_chat_template {
+        return Err(ApiError::bad(
+            "the model has no chat template: use /v1/completions with a prompt you format yourself",
+        ));
+    }
+    if r.messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages is empty: send at least one message",
+        ));
+    }
+    let mut r = r;
+    for (i, m) in r.messages.iter_mut().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role = {:?}: use one of {}",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        if let Some(MessageContent::Parts(parts)) = &m.content {
+            for (j, p) in parts.iter().enumerate() {
+                let ty = p.get("type").and_then(Value::as_str);
+                if ty != Some("text") || !p.get("text").is_some_and(Value::is_string) {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].content[{j}]"),
+                        format!(
+                            "messages[{i}].content[{j}]: only {{\"type\": \"text\", \"text\": \"...\"}} parts are supported (got type {})",
+                            ty.map_or("none".to_string(), |t| format!("{t:?}"))
+                        ),
+                    ));
+                }
+            }
+            // Text parts become one string: templates that only take strings (most) work.
+            m.content = Some(MessageContent::Text(m.text()));
+        }
+    }
+    let mut vars: Map<String, Value> = r.chat_template_kwargs.clone().unwrap_or_default();
+    let tools_off = match &r.tool_choice {
+        None => false,
+        Some(Value::String(s)) if s == "auto" => false,
+        Some(Value::String(s)) if s == "none" => true,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "only \"auto\" and \"none\" are supported for tool_choice",
+            ))
+        }
+    };
+    if let Some(tools) = &r.tools {
+        for (i, t) in tools.iter().enumerate() {
+            let ok = t.get("type").and_then(Value::as_str) == Some("function")
+                && t.pointer("/function/name").is_some_and(Value::is_string);
+            if !ok {
+                return Err(ApiError::invalid(
+                    &format!("tools[{i}]"),
+                    format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}}"),
+                ));
+            }
+        }
+        if !tools_off && !tools.is_empty() {
+            vars.insert("tools".into(), Value::Array(tools.clone()));
+        }
+    }
+    if let Some(e) = &r.reasoning_effort {
+        vars.insert("reasoning_effort".into(), Value::String(e.clone()));
+    }
+    let logprobs = match (r.logprobs, r.top_logprobs) {
+        (Some(true), n) => Some(n.unwrap_or(0)),
+        (_, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        _ => None,
+    };
+    if let Some(n) = logprobs.filter(|&n| n > 20) {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs = {n}: use 0..=20"),
+        ));
+    }
+    let prompt = Prompt::Chat {
+        messages: r.messages,
+        template_vars: vars,
+    };
+    let max = r.max_completion_tokens.or(c.max_tokens);
+    common_plan(c, card, prompt, max, logprobs.map(|n| n as usize))
+}
+
+pub fn completion_plan(
+    c: &Common,
+    r: CompletionRequest,
+    card: &ModelCard,
+) -> Result<Plan, ApiError> {
+    let one = "send one prompt per request (a string, a list of one string, or token ids)";
+    let prompt = match r.prompt {
+        PromptInput::Text(s) => Prompt::Text(s),
+        PromptInput::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
+        PromptInput::Tokens(v) if !v.is_empty() => Prompt::Tokens(v),
+        PromptInput::TokenLists(mut v) if v.len() == 1 && !v[0].is_empty() => {
+            Prompt::Tokens(v.remove(0))
+        }
+        _ => return Err(ApiError::invalid("prompt", one)),
+    };
+    if let Prompt::Tokens(t) = &prompt {
+        if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "token id {id} is outside the vocabulary (0..{})",
+                    card.n_vocab
+                ),
+            ));
+        }
+    }
+    if r.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if r.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix", "suffix is not supported"));
+    }
+    if let Some(b) = r.best_of.filter(|&b| b != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("best_of = {b}: only 1 is supported"),
+        ));
+    }
+    if let Some(n) = r.logprobs.filter(|&n| n > 5) {
+        return Err(ApiError::invalid(
+            "logprobs",
+            format!("logprobs = {n}: use 0..=5"),
+        ));
+    }
+    // OpenAI's default for the legacy endpoint.
+    let max = Some(c.max_tokens.unwrap_or(16));
+    common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::api::OutputFormat;
+
+    fn card() -> ModelCard {
+        ModelCard {
+            id: "m".into(),
+            aliases: vec!["m.gguf".into()],
+            created: 0,
+            n_ctx: 100,
+            n_vocab: 50,
+            format: OutputFormat::Plain,
+            has_chat_template: true,
+        }
+    }
+
+    fn chat(body: &str) -> Result<Plan, ApiError> {
+        let (c, r) = parse_body::<ChatRequest>(body.as_bytes())?;
+        chat_plan(&c, r, &card())
+    }
+
+    fn param(e: ApiError) -> Option<String> {
+        match e {
+            ApiError::Invalid { param, .. } => param,
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("temperature"));
+        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#);
+        assert_eq!(
+            param(e.unwrap_err()).as_deref(),
+            Some("messages[0].content[0]")
+        );
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "stop": ["ab", 3]}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
+        let long = "s".repeat(600);
+        let e = chat(&format!(
+            r#"{{"messages": [{{"role": "user", "content": "x"}}], "stop": "{long}"}}"#
+        ));
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
+        let e = chat(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#);
+        assert!(matches!(e.unwrap_err(), ApiError::UnknownModel { .. }));
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn accepts_what_clients_send() {
+        let p = chat(
+            r#"{"model": "m.gguf", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                "seed": 18446744073709551615, "stop": "x", "stream": true, "stream_options": {"include_usage": true},
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "logprobs": true, "top_logprobs": 2,
+                "chat_template_kwargs": {"enable_thinking": false}, "user": "ignored"}"#,
+        )
+        .unwrap();
+        assert!(p.stream && p.include_usage);
+        assert_eq!(p.stops, vec!["x".to_string()]);
+        assert_eq!(p.gen.sampling.seed, u64::MAX);
+        assert_eq!(p.gen.logprobs, Some(2));
+        let Prompt::Chat {
+            messages,
+            template_vars,
+        } = p.gen.prompt
+        else {
+            panic!("chat prompt");
+        };
+        assert_eq!(messages[0].text(), "a\nb");
+        assert!(matches!(messages[0].content, Some(MessageContent::Text(_))));
+        assert!(
+            template_vars.contains_key("tools") && template_vars.contains_key("enable_thinking")
+        );
+        let (c, r) = parse_body::<CompletionRequest>(br#"{"prompt": ["hi"]}"#).unwrap();
+        let p = completion_plan(&c, r, &card()).unwrap();
+        assert_eq!(p.gen.max_tokens, Some(16));
+        assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
+    }
+}

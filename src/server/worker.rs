@@ -1,0 +1,575 @@
+//! The engine thread's scheduler: continuous batching of up to `parallel` sequences over one
+//! shared KV cache (each sequence owns one slot of `slot_len` cache rows), fed from a FIFO queue.
+//!
+//! Every step runs one forward pass holding one decode token of every generating sequence plus
+//! prompt chunks of admitted sequences, up to `n_batch` tokens; the prefill budget goes round
+//! robin over the sequences still reading their prompt, so a long prompt cannot stall the
+//! others' decoding for more than one micro-batch. Fairness: first come, first admitted; every
+//! admitted sequence advances every step.
+//!
+//! Invariants: the thread never panics on a request (engine errors and panics in a step end the
+//! requests of that step with an error event and the loop goes on); a request whose receiver is
+//! gone (client disconnected, stop string reached) is dropped at the next step and its slot
+//! reused; `Shared::queued` counts the jobs sent but not yet admitted or dropped.
+use super::api::{Event, FinishReason, TokenLogprob};
+use crate::engine::batch::{BatchModel, SeqChunk};
+use crate::engine::sampling::{Sampler, SamplerParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What the scheduler needs of a tokenizer.
+pub trait Vocab {
+    fn is_eog(&self, id: u32) -> bool;
+    /// The bytes of `id`; control tokens are empty unless `special`.
+    fn piece(&self, id: u32, special: bool) -> Vec<u8>;
+}
+
+impl Vocab for Tokenizer {
+    fn is_eog(&self, id: u32) -> bool {
+        Tokenizer::is_eog(self, id)
+    }
+    fn piece(&self, id: u32, special: bool) -> Vec<u8> {
+        Tokenizer::piece(self, id, special).to_vec()
+    }
+}
+
+/// A request, tokenized and checked against the context.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerParams,
+    /// At least 1; `prompt.len() + max_tokens <= slot_len`.
+    pub max_tokens: usize,
+    pub logprobs: Option<usize>,
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Render control tokens as text.
+    pub special: bool,
+    pub events: UnboundedSender<Event>,
+}
+
+pub enum Msg {
+    Job(Job),
+    /// Stop: queued jobs end now, running ones after the grace period.
+    Shutdown(Duration),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub parallel: usize,
+    /// Cache rows per sequence (its context length).
+    pub slot_len: usize,
+    /// Tokens per forward pass (>= parallel).
+    pub n_batch: usize,
+}
+
+/// Counters the HTTP side reads.
+#[derive(Default)]
+pub struct Shared {
+    pub queued: AtomicUsize,
+    pub active: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub generated: AtomicU64,
+    pub steps: AtomicU64,
+    pub batch_tokens: AtomicU64,
+    pub cancelled: AtomicU64,
+    /// (when, tokens generated) of recent steps, for a tok/s gauge.
+    pub recent: Mutex<VecDeque<(Instant, usize)>>,
+    pub offload: Mutex<Option<crate::experts::Stats>>,
+}
+
+/// The window of the tok/s gauge.
+pub const RECENT: Duration = Duration::from_secs(10);
+
+impl Shared {
+    /// Generated tokens per second over the last [`RECENT`].
+    pub fn recent_tok_s(&self) -> f64 {
+        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while r.front().is_some_and(|(t, _)| now - *t > RECENT) {
+            r.pop_front();
+        }
+        let n: usize = r.iter().map(|x| x.1).sum();
+        n as f64 / RECENT.as_secs_f64()
+    }
+}
+
+struct Seq {
+    job: Job,
+    /// Prompt and generated tokens; the last generated one is not in the cache yet.
+    all: Vec<u32>,
+    n_prompt: usize,
+    cached: usize,
+    n_gen: usize,
+    sampler: Sampler,
+    dec: StreamDecoder,
+}
+
+impl Seq {
+    fn new(job: Job) -> Self {
+        let mut sampler = Sampler::new(job.sampling.clone());
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        Self {
+            all: job.prompt.clone(),
+            n_prompt: job.prompt.len(),
+            cached: 0,
+            n_gen: 0,
+            sampler,
+            dec: StreamDecoder::new(),
+            job,
+        }
+    }
+
+    fn send(&self, e: Event) {
+        let _ = self.job.events.send(e);
+    }
+}
+
+/// Runs the scheduler until shut down (or every sender is gone) and idle.
+pub fn run<M: BatchModel, V: Vocab>(
+    model: &mut M,
+    vocab: &V,
+    cfg: Config,
+    rx: Receiver<Msg>,
+    shared: &Shared,
+) {
+    let mut slots: Vec<Option<Seq>> = (0..cfg.parallel).map(|_| None).collect();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut deadline: Option<Instant> = None;
+    let mut disconnected = false;
+    let mut rr = 0usize;
+    let shutting = |j: Job| {
+        let _ = j
+            .events
+            .send(Event::Error("the server is shutting down".into()));
+        shared.queued.fetch_sub(1, Relaxed);
+    };
+    loop {
+        // Intake: block only when there is nothing to do.
+        let idle = slots.iter().all(Option::is_none) && waiting.is_empty();
+        if idle && (deadline.is_some() || disconnected) {
+            break;
+        }
+        let mut msgs = Vec::new();
+        if idle {
+            match rx.recv() {
+                Ok(m) => msgs.push(m),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(m) => msgs.push(m),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    disconnected = true;
+                    break;
+                }
+            }
+        }
+        for m in msgs {
+            match m {
+                Msg::Job(j) if deadline.is_some() => shutting(j),
+                Msg::Job(j) => waiting.push_back(j),
+                Msg::Shutdown(grace) => {
+                    deadline = Some(Instant::now() + grace);
+                    waiting.drain(..).for_each(shutting);
+                }
+            }
+        }
+        // Cancellations, and the end of the shutdown grace period.
+        let over = deadline.is_some_and(|d| Instant::now() >= d);
+        for slot in slots.iter_mut() {
+            if slot.as_ref().is_some_and(|s| s.job.events.is_closed()) {
+                *slot = None;
+                shared.cancelled.fetch_add(1, Relaxed);
+            } else if over {
+                if let Some(s) = slot.take() {
+                    s.send(Event::Error(
+                        "the server shut down before the request finished".into(),
+                    ));
+                }
+            }
+        }
+        waiting.retain(|j| {
+            let keep = !j.events.is_closed();
+            if !keep {
+                shared.queued.fetch_sub(1, Relaxed);
+                shared.cancelled.fetch_add(1, Relaxed);
+            }
+            keep
+        });
+        // Admission, lowest free slot first (keeps the attended cache short).
+        for slot in slots.iter_mut().filter(|s| s.is_none()) {
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            shared.queued.fetch_sub(1, Relaxed);
+            shared
+                .prompt_tokens
+                .fetch_add(job.prompt.len() as u64, Relaxed);
+            *slot = Some(Seq::new(job));
+        }
+        shared.active.store(slots.iter().flatten().count(), Relaxed);
+        step(model, vocab, cfg, &mut slots, &mut rr, shared);
+    }
+    shared.active.store(0, Relaxed);
+}
+
+/// One forward pass over the active sequences, then sampling for those that got logits.
+fn step<M: BatchModel, V: Vocab>(
+    model: &mut M,
+    vocab: &V,
+    cfg: Config,
+    slots: &mut [Option<Seq>],
+    rr: &mut usize,
+    shared: &Shared,
+) {
+    // (slot, tokens taken, wants logits)
+    let mut plan: Vec<(usize, usize, bool)> = Vec::new();
+    for (i, s) in slots.iter().enumerate() {
+        if let Some(s) = s.as_ref().filter(|s| s.cached >= s.n_prompt) {
+            plan.push((i, s.all.len() - s.cached, true));
+        }
+    }
+    let mut budget = cfg.n_batch.saturating_sub(plan.len());
+    let n = slots.len();
+    for k in 0..n {
+        let i = (*rr + k) % n;
+        let Some(s) = slots[i].as_ref().filter(|s| s.cached < s.n_prompt) else {
+            continue;
+        };
+        let take = (s.n_prompt - s.cached).min(budget);
+        if take > 0 {
+            plan.push((i, take, s.cached + take == s.n_prompt));
+            budget -= take;
+        }
+    }
+    *rr = (*rr + 1) % n.max(1);
+    if plan.is_empty() {
+        return;
+    }
+    let result = {
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .map(|&(i, take, logits)| {
+                let s = slots[i].as_ref().expect("planned slots are active");
+                SeqChunk {
+                    kv_base: i * cfg.slot_len,
+                    pos: s.cached,
+                    tokens: &s.all[s.cached..s.cached + take],
+                    logits,
+                }
+            })
+            .collect();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            model.forward_batch(&chunks)
+        }))
+    };
+    let logits = match result {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => return fail(slots, &plan, &format!("the engine failed: {e}")),
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            return fail(slots, &plan, &format!("the engine panicked: {msg}"));
+        }
+    };
+    if let Some(stats) = model.offload_stats() {
+        *shared.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+    shared.steps.fetch_add(1, Relaxed);
+    let n_tokens: usize = plan.iter().map(|p| p.1).sum();
+    shared.batch_tokens.fetch_add(n_tokens as u64, Relaxed);
+    let mut generated = 0;
+    let mut rows = logits.into_iter();
+    for &(i, take, wants) in &plan {
+        let slot = &mut slots[i];
+        let s = slot.as_mut().expect("planned slots are active");
+        s.cached += take;
+        if !wants {
+            continue;
+        }
+        let Some(l) = rows.next() else {
+            let _ = slot
+                .take()
+                .map(|s| s.send(Event::Error("the engine returned too few logits".into())));
+            continue;
+        };
+        let before = s.n_gen;
+        let finished = sample(s, l, vocab, cfg.slot_len);
+        generated += s.n_gen - before; // an end-of-generation token is not counted
+        if let Some(reason) = finished {
+            let mut s = slot.take().expect("active");
+            let tail = s.dec.finish();
+            s.send(Event::Done { reason, tail });
+        }
+    }
+    shared.generated.fetch_add(generated as u64, Relaxed);
+    let mut r = shared.recent.lock().unwrap_or_else(|e| e.into_inner());
+    r.push_back((Instant::now(), generated));
+    if r.len() > 100_000 {
+        r.pop_front();
+    }
+}
+
+/// Ends the requests of a failed step.
+fn fail(slots: &mut [Option<Seq>], plan: &[(usize, usize, bool)], msg: &str) {
+    tracing::error!("{msg}");
+    for &(i, _, _) in plan {
+        if let Some(s) = slots[i].take() {
+            s.send(Event::Error(msg.to_string()));
+        }
+    }
+}
+
+/// Samples the next token of `s` from `logits`, emits it, and says whether `s` is finished.
+fn sample<V: Vocab>(
+    s: &mut Seq,
+    logits: Vec<f32>,
+    vocab: &V,
+    slot_len: usize,
+) -> Option<FinishReason> {
+    let next = if s.job.logit_bias.is_empty() {
+        s.sampler.sample(&logits)
+    } else {
+        let mut l = logits.clone();
+        for &(id, b) in &s.job.logit_bias {
+            if let Some(x) = l.get_mut(id as usize) {
+                *x += b;
+            }
+        }
+        s.sampler.sample(&l)
+    };
+    if vocab.is_eog(next) {
+        return Some(FinishReason::Stop);
+    }
+    s.sampler.accept(next);
+    s.all.push(next);
+    s.n_gen += 1;
+    let bytes = vocab.piece(next, s.job.special);
+    let text = s.dec.push(&bytes);
+    let logprob = s
+        .job
+        .logprobs
+        .map(|n| logprob(&logits, next, n, vocab, s.job.special));
+    s.send(Event::Token { text, logprob });
+    (s.n_gen >= s.job.max_tokens || s.all.len() > slot_len).then_some(FinishReason::Length)
+}
+
+/// Log-probability of `id` under the model's distribution (raw logits, temperature 1), with
+/// the `n` most likely tokens.
+fn logprob<V: Vocab>(logits: &[f32], id: u32, n: usize, vocab: &V, special: bool) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+    let lp = |i: usize| logits.get(i).map_or(f32::NEG_INFINITY, |&x| x - lse);
+    let mut top = Vec::new();
+    if n > 0 {
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        let k = n.min(idx.len());
+        let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        if k < idx.len() {
+            idx.select_nth_unstable_by(k, cmp);
+        }
+        idx.truncate(k);
+        idx.sort_by(cmp);
+        top = idx
+            .into_iter()
+            .map(|i| (vocab.piece(i as u32, special), lp(i)))
+            .collect();
+    }
+    TokenLogprob {
+        bytes: vocab.piece(id, special),
+        logprob: lp(id as usize),
+        top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineError;
+
+    /// A model whose "KV cache" is the token of each row and whose logits point at a hash of
+    /// the sequence's rows 0..=pos: any slip in slots, positions or rows changes the output.
+    struct Fake {
+        rows: Vec<Option<u32>>,
+        steps: Vec<usize>,
+    }
+
+    const N_VOCAB: usize = 64;
+
+    impl BatchModel for Fake {
+        fn kv_rows(&self) -> usize {
+            self.rows.len()
+        }
+        fn n_vocab(&self) -> usize {
+            N_VOCAB
+        }
+        fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+            let mut out = Vec::new();
+            self.steps.push(chunks.iter().map(|c| c.tokens.len()).sum());
+            for c in chunks {
+                for (t, &id) in c.tokens.iter().enumerate() {
+                    self.rows[c.kv_base + c.pos + t] = Some(id);
+                }
+                if c.logits {
+                    let end = c.kv_base + c.pos + c.tokens.len();
+                    let mut h = 0xcbf29ce484222325u64;
+                    for r in &self.rows[c.kv_base..end] {
+                        let id = r.expect("every row up to pos was written");
+                        h = (h ^ id as u64).wrapping_mul(0x100000001b3);
+                    }
+                    let mut l = vec![0.0; N_VOCAB];
+                    l[1 + (h % (N_VOCAB as u64 - 1)) as usize] = 1.0;
+                    out.push(l);
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    struct Names;
+    impl Vocab for Names {
+        fn is_eog(&self, id: u32) -> bool {
+            id == 0
+        }
+        fn piece(&self, id: u32, _special: bool) -> Vec<u8> {
+            format!("<{id}>").into_bytes()
+        }
+    }
+
+    fn job(i: u32, tx: UnboundedSender<Event>) -> Job {
+        Job {
+            prompt: (0..3 + 5 * i).map(|t| 1 + (t * 7 + i) % 60).collect(),
+            sampling: SamplerParams {
+                temperature: 0.0,
+                ..Default::default()
+            },
+            max_tokens: 4 + i as usize,
+            logprobs: None,
+            logit_bias: Vec::new(),
+            special: false,
+            events: tx,
+        }
+    }
+
+    /// Runs `jobs` (sent at once) through a scheduler; returns each job's text.
+    fn serve(ids: &[u32], parallel: usize, n_batch: usize) -> (Vec<String>, Vec<usize>) {
+        let cfg = Config {
+            parallel,
+            slot_len: 64,
+            n_batch,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut outs = Vec::new();
+        let shared = Shared::default();
+        for &i in ids {
+            let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+            shared.queued.fetch_add(1, Relaxed);
+            tx.send(Msg::Job(job(i, etx))).unwrap();
+            outs.push(erx);
+        }
+        drop(tx);
+        let mut model = Fake {
+            rows: vec![None; parallel * 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.queued.load(Relaxed), 0);
+        let texts = outs
+            .into_iter()
+            .map(|mut rx| {
+                let mut s = String::new();
+                while let Ok(e) = rx.try_recv() {
+                    match e {
+                        Event::Token { text, .. } => s.push_str(&text),
+                        Event::Done { .. } => s.push('|'),
+                        Event::Error(e) => panic!("{e}"),
+                    }
+                }
+                s
+            })
+            .collect();
+        (texts, model.steps)
+    }
+
+    #[test]
+    fn batched_equals_alone_and_budget_holds() {
+        let ids: Vec<u32> = (0..7).collect();
+        let alone: Vec<String> = ids
+            .iter()
+            .map(|&i| serve(&[i], 1, 512).0.remove(0))
+            .collect();
+        // 3 slots for 7 jobs (slots are reused), and a 8-token budget that splits prompts.
+        let (together, steps) = serve(&ids, 3, 8);
+        assert_eq!(together, alone);
+        assert!(
+            alone.iter().all(|s| s.ends_with('|') && s.len() > 4),
+            "{alone:?}"
+        );
+        assert!(steps.iter().all(|&n| n <= 8), "{steps:?}");
+    }
+
+    #[test]
+    fn dropped_receivers_free_their_slot() {
+        let cfg = Config {
+            parallel: 1,
+            slot_len: 64,
+            n_batch: 16,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Shared::default();
+        let (gone, gone_rx) = tokio::sync::mpsc::unbounded_channel();
+        drop(gone_rx);
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        for j in [job(3, gone), job(1, etx)] {
+            shared.queued.fetch_add(1, Relaxed);
+            tx.send(Msg::Job(j)).unwrap();
+        }
+        drop(tx);
+        let mut model = Fake {
+            rows: vec![None; 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.cancelled.load(Relaxed), 1);
+        let mut n = 0;
+        while let Ok(e) = erx.try_recv() {
+            n += 1;
+            assert!(!matches!(e, Event::Error(_)), "{e:?}");
+        }
+        assert!(n >= 2, "the second job ran");
+    }
+
+    #[test]
+    fn shutdown_ends_queued_jobs_with_an_error() {
+        let cfg = Config {
+            parallel: 1,
+            slot_len: 64,
+            n_batch: 16,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = Shared::default();
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        shared.queued.fetch_add(1, Relaxed);
+        tx.send(Msg::Job(job(2, etx))).unwrap();
+        tx.send(Msg::Shutdown(Duration::from_secs(60))).unwrap();
+        let mut model = Fake {
+            rows: vec![None; 64],
+            steps: Vec::new(),
+        };
+        run(&mut model, &Names, cfg, rx, &shared);
+        assert_eq!(shared.queued.load(Relaxed), 0);
+        assert!(matches!(erx.try_recv(), Ok(Event::Error(e)) if e.contains("shutting down")));
+        assert!(model.steps.is_empty());
+    }
+}

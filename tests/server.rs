@@ -1,0 +1,544 @@
+//! `pocketmoe-serve` end to end, on the CPU with a tiny synth model:
+//! - `openai_client_real_engine`: the real `openai` Python client (PyPI, in a venv under the
+//!   target dir) drives chat, completions, streaming, usage, logprobs, stop strings and errors
+//!   (tests/server/openai_client.py asserts the specifics), then 16 concurrent streaming
+//!   requests with fixed seeds must each equal the same request run alone; SIGTERM exits 0.
+//! - `openai_client_tool_calls`: the same client against scripted engines behind the same HTTP
+//!   layer (Qwen3 and harmony output formats): `tool_calls` and `reasoning_content`, streamed
+//!   and not.
+//! - `adversarial_bodies`: malformed, oversized, deeply nested, mistyped and invalid-UTF-8 bodies
+//!   and a few hundred random mutations of a valid one each get a 4xx (never a 5xx or a dropped
+//!   connection), and the server still serves afterwards.
+
+use pocketmoe::server::{
+    self, ApiError, Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health,
+    ModelCard, OutputFormat, Prompt, ServerConfig,
+};
+use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const OPENAI_VERSION: &str = "3.57.0";
+const KEY: &str = "test-key";
+
+/// A venv with the pinned `openai` client; built once per target dir.
+fn python() -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{OPENAI_VERSION}"));
+    let py = venv.join("bin/python");
+    let ok = |py: &Path| {
+        Command::new(py)
+            .args([
+                "-c",
+                &format!("import openai; assert openai.__version__ == '{OPENAI_VERSION}'"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ok(&py) {
+        let st = Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv)
+            .status()
+            .expect(
+                "python3 is needed for the server tests (apt-get install python3 python3-venv)",
+            );
+        assert!(st.success(), "python3 -m venv {} failed", venv.display());
+        let st = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("openai=={OPENAI_VERSION}"))
+            .status()
+            .expect("running pip");
+        assert!(st.success(), "pip install openai=={OPENAI_VERSION} failed");
+        assert!(
+            ok(&py),
+            "openai {OPENAI_VERSION} does not import after installing"
+        );
+    }
+    py
+}
+
+fn run_script(args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/openai_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("running the Python client");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    eprintln!("{so}{se}");
+    assert!(
+        out.status.success(),
+        "openai_client.py {args:?} failed:\n{so}\n{se}"
+    );
+}
+
+fn tiny_model(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-server-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{name}.gguf"));
+    let opts = SynthOptions {
+        arch: "qwen3moe".into(),
+        preset: "tiny".into(),
+        quant: QuantMix::Q8_0,
+        routing_skew: 1.0,
+        seed: 21,
+        out: out.clone(),
+    };
+    synth::synth(&opts, &|_, _| {}).unwrap();
+    out
+}
+
+/// The server binary on a free port; killed (SIGKILL) on drop if still running.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pocketmoe-serve"))
+            .arg("--model")
+            .arg(model)
+            .args(["--port", "0", "--threads", "2", "--api-key", KEY])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting pocketmoe-serve");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[serve] {line}");
+                if let Some(p) = line.find("http://") {
+                    if let Some(t) = tx.take() {
+                        let url = line[p..].split_whitespace().next().unwrap().to_string();
+                        let _ = t.send(url);
+                    }
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("pocketmoe-serve did not report its URL");
+        Server { child, url }
+    }
+
+    fn addr(&self) -> String {
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1")
+            .to_string()
+    }
+
+    /// SIGTERM, then the exit status within 30 s.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn openai_client_real_engine() {
+    let model = tiny_model("tiny-real");
+    let srv = Server::start(
+        &model,
+        &[
+            "--parallel",
+            "8",
+            "--alias",
+            "tiny",
+            "--ctx",
+            "256",
+            "--batch-invariant",
+        ],
+    );
+    run_script(&["real", &srv.url, "tiny", KEY]);
+    run_script(&["load", &srv.url, "tiny", KEY]);
+    let st = srv.stop();
+    assert!(
+        st.success(),
+        "pocketmoe-serve exited with {st} after SIGTERM"
+    );
+    let _ = std::fs::remove_file(model);
+}
+
+/// One raw HTTP/1.1 exchange; returns the status and body.
+fn http(addr: &str, head: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let req = format!("{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body); // the server may answer (413) and close before reading it all
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no HTTP status in {text:?} (request {head:?} {:?})",
+                String::from_utf8_lossy(body)
+            )
+        });
+    let body = text.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    (status, body)
+}
+
+fn post(addr: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}",
+        body.len()
+    );
+    http(addr, &head, body)
+}
+
+#[test]
+fn adversarial_bodies() {
+    let model = tiny_model("tiny-fuzz");
+    let srv = Server::start(
+        &model,
+        &[
+            "--max-body",
+            "65536",
+            "--parallel",
+            "2",
+            "--queue",
+            "2",
+            "--alias",
+            "tiny",
+            "--ctx",
+            "64",
+        ],
+    );
+    let addr = srv.addr();
+    let chat = "/v1/chat/completions";
+    let deep = |n: usize| format!("{{\"messages\": {}{}}}", "[".repeat(n), "]".repeat(n));
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("empty body", chat, vec![]),
+        ("not json", chat, b"hello".to_vec()),
+        ("truncated", chat, br#"{"messages": [{"role": "user", "content": "hi"#.to_vec()),
+        ("array", chat, b"[1, 2]".to_vec()),
+        ("null", chat, b"null".to_vec()),
+        ("nested 60k", chat, "[".repeat(60_000).into_bytes()),
+        ("nested messages", chat, deep(5000).into_bytes()),
+        ("nested content", chat, format!(r#"{{"messages": [{{"role": "user", "content": {}"x"{}}}]}}"#, "[".repeat(3000), "]".repeat(3000)).into_bytes()),
+        ("invalid utf-8", chat, b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\xc3\"}]}".to_vec()),
+        ("invalid utf-8 key", chat, b"{\"mess\xffages\": []}".to_vec()),
+        ("lone surrogate", chat, br#"{"messages": [{"role": "user", "content": "\ud800"}]}"#.to_vec()),
+        ("messages string", chat, br#"{"messages": "hi"}"#.to_vec()),
+        ("no messages", chat, br#"{"model": "tiny"}"#.to_vec()),
+        ("content number", chat, br#"{"messages": [{"role": "user", "content": 5}]}"#.to_vec()),
+        ("role missing", chat, br#"{"messages": [{"content": "x"}]}"#.to_vec()),
+        ("temperature string", chat, br#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#.to_vec()),
+        ("temperature nan-ish", chat, br#"{"messages": [{"role": "user", "content": "x"}], "temperature": 1e999}"#.to_vec()),
+        ("max_tokens negative", chat, br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}"#.to_vec()),
+        ("max_tokens huge", chat, br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 18446744073709551615}"#.to_vec()),
+        ("max_tokens float", chat, br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}"#.to_vec()),
+        ("max_tokens zero", chat, br#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#.to_vec()),
+        ("n=3", chat, br#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#.to_vec()),
+        ("stream string", chat, br#"{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}"#.to_vec()),
+        ("stop number", chat, br#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#.to_vec()),
+        ("top_p 2", chat, br#"{"messages": [{"role": "user", "content": "x"}], "top_p": 2}"#.to_vec()),
+        ("logit_bias key", chat, br#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}"#.to_vec()),
+        ("logit_bias value", chat, br#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": "x"}}"#.to_vec()),
+        ("tools wrong", chat, br#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}"#.to_vec()),
+        ("tools not a list", chat, br#"{"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}"#.to_vec()),
+        ("top_logprobs alone", chat, br#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#.to_vec()),
+        ("kwargs not a map", chat, br#"{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}"#.to_vec()),
+        ("unknown model", chat, br#"{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}"#.to_vec()),
+        ("prompt object", "/v1/completions", br#"{"prompt": {"a": 1}}"#.to_vec()),
+        ("prompt empty", "/v1/completions", br#"{"prompt": ""}"#.to_vec()),
+        ("prompt bad token", "/v1/completions", br#"{"prompt": [4000000000]}"#.to_vec()),
+        ("prompt negative token", "/v1/completions", br#"{"prompt": [-1]}"#.to_vec()),
+        ("prompt too long", "/v1/completions", format!(r#"{{"prompt": "{}"}}"#, "word ".repeat(2000)).into_bytes()),
+        ("max_tokens past ctx", "/v1/completions", br#"{"prompt": "hi", "max_tokens": 64}"#.to_vec()),
+        ("over the body limit", chat, format!(r#"{{"messages": [{{"role": "user", "content": "{}"}}]}}"#, "a".repeat(70_000)).into_bytes()),
+    ];
+    for (what, path, body) in &cases {
+        let (status, text) = post(&addr, path, body);
+        assert!(
+            (400..500).contains(&status),
+            "{what}: status {status}: {text}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{what}: error body is not JSON ({e}): {text}"));
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        assert!(!msg.is_empty(), "{what}: no error message: {text}");
+        eprintln!("{what}: {status} {msg}");
+    }
+    // Headers: a huge claimed length, the wrong content type, no key, the wrong method or path.
+    let huge = format!("POST {chat} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 10000000000");
+    assert_eq!(http(&addr, &huge, b"{").0, 413);
+    let form = format!("POST {chat} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: text/plain\r\nContent-Length: 2");
+    assert_eq!(http(&addr, &form, b"{}").0, 415);
+    let nokey =
+        format!("POST {chat} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 2");
+    assert_eq!(http(&addr, &nokey, b"{}").0, 401);
+    let get = format!("GET {chat} HTTP/1.1\r\nAuthorization: Bearer {KEY}");
+    assert_eq!(http(&addr, &get, b"").0, 405);
+    let nope = format!("GET /v2/nothing HTTP/1.1\r\nAuthorization: Bearer {KEY}");
+    assert_eq!(http(&addr, &nope, b"").0, 404);
+
+    // Random mutations of a valid request: byte flips, truncations, insertions. Each answer is
+    // a 2xx or a 4xx with a JSON error; the server never fails or hangs.
+    let valid = br#"{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "temperature": 0.5, "seed": 1, "stop": ["x"]}"#;
+    let mut rng = pocketmoe::util::Rng::new(7);
+    let junk = [
+        b'{', b'}', b'[', b']', b'"', b',', b':', b'\\', 0xff, 0x00, b'-', b'9', b'e', b'n',
+    ];
+    let mut ok = 0;
+    for i in 0..200 {
+        let mut b = valid.to_vec();
+        for _ in 0..1 + rng.next_u64() % 4 {
+            let p = (rng.next_u64() as usize) % b.len();
+            match rng.next_u64() % 3 {
+                0 => b[p] = junk[(rng.next_u64() as usize) % junk.len()],
+                1 => b.truncate(p.max(1)),
+                _ => b.insert(p, junk[(rng.next_u64() as usize) % junk.len()]),
+            }
+        }
+        let (status, text) = post(&addr, chat, &b);
+        assert!(
+            (200..300).contains(&status) || (400..500).contains(&status),
+            "mutation {i} {:?}: status {status}: {text}",
+            String::from_utf8_lossy(&b)
+        );
+        if status < 300 {
+            ok += 1;
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert!(v["error"]["message"].is_string(), "mutation {i}: {text}");
+        }
+    }
+    eprintln!("mutations: {ok} of 200 still valid");
+
+    // Still up and serving.
+    let (status, text) = post(&addr, chat, valid);
+    assert_eq!(status, 200, "{text}");
+    let health = http(&addr, "GET /health HTTP/1.1", b"");
+    assert_eq!(health.0, 200, "{}", health.1);
+
+    // Overload: 2 slots and 2 queue places; 8 requests at once -> the rest get 429.
+    let long = br#"{"messages": [{"role": "user", "content": "hello"}], "max_tokens": 24, "temperature": 0}"#;
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || post(&addr, chat, long))
+        })
+        .collect();
+    let answers: Vec<(u16, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let n429 = answers.iter().filter(|a| a.0 == 429).count();
+    let n200 = answers.iter().filter(|a| a.0 == 200).count();
+    assert!(n429 >= 1 && n200 >= 2 && n429 + n200 == 8, "{answers:?}");
+    let busy = answers.iter().find(|a| a.0 == 429).unwrap();
+    assert!(busy.1.contains("rate_limit_exceeded"), "{}", busy.1);
+
+    // SIGTERM with a stream in flight: the stream ends properly ([DONE] within the grace
+    // period, or an error event after it), and the server exits 0.
+    let streaming = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            post(
+                &addr,
+                chat,
+                br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": true}"#,
+            )
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = srv.stop();
+    assert!(st.success(), "exit status {st}");
+    let (status, text) = streaming.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("data: [DONE]") || text.contains("\"error\""),
+        "stream cut off: {text}"
+    );
+    let _ = std::fs::remove_file(model);
+}
+
+#[test]
+fn health_503_while_loading() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut engine = Scripted::new(OutputFormat::Plain);
+    engine.loading = true;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let served = rt.spawn(server::serve(
+        listener,
+        Arc::new(engine),
+        ServerConfig::default(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let (status, body) = http(&addr, "GET /health HTTP/1.1", b"");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"loading\""), "{body}");
+    let req = br#"{"messages":[{"role":"user","content":"hi"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}",
+        req.len()
+    );
+    let (status, body) = http(&addr, &head, req);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("loading (42% done)"), "{body}");
+    let (status, body) = http(&addr, "GET /metrics HTTP/1.1", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("pocketmoe_model_ready 0")
+            && body.contains("pocketmoe_model_load_progress 0.42"),
+        "{body}"
+    );
+    let _ = tx.send(());
+    rt.block_on(served).unwrap().unwrap();
+}
+
+/// An engine that replays a script: tool calls for a question about the weather, a short
+/// answer otherwise, in the output format of the template it pretends to have.
+struct Scripted {
+    card: ModelCard,
+    loading: bool,
+}
+
+impl Scripted {
+    fn new(format: OutputFormat) -> Self {
+        Scripted {
+            card: ModelCard {
+                id: "mock".into(),
+                aliases: vec![],
+                created: 0,
+                n_ctx: 4096,
+                n_vocab: 1000,
+                format,
+                has_chat_template: true,
+            },
+            loading: false,
+        }
+    }
+
+    fn script(&self, weather: bool) -> &'static str {
+        match (self.card.format, weather) {
+            (OutputFormat::Harmony, true) => "<|channel|>analysis<|message|>The user asks about the weather in Paris.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+            (OutputFormat::Harmony, false) => "<|channel|>analysis<|message|>Greet back.<|end|><|start|>assistant<|channel|>final<|message|>Hello! How can I help?",
+            (_, true) => "<think>\nThe user asks about the weather in Paris.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            (_, false) => "<think>\nGreet back.\n</think>\n\nHello! How can I help?",
+        }
+    }
+}
+
+impl Engine for Scripted {
+    fn card(&self) -> &ModelCard {
+        &self.card
+    }
+    fn health(&self) -> Health {
+        if self.loading {
+            Health::Loading { fraction: 0.42 }
+        } else {
+            Health::Ready
+        }
+    }
+    fn submit(&self, req: GenRequest) -> Result<Generation, ApiError> {
+        if self.loading {
+            return Err(ApiError::Loading { percent: 42.0 });
+        }
+        let Prompt::Chat {
+            messages,
+            template_vars,
+        } = &req.prompt
+        else {
+            return Err(ApiError::bad("chat only"));
+        };
+        let weather = messages.iter().any(|m| m.text().contains("weather"));
+        assert_eq!(
+            weather,
+            template_vars.contains_key("tools"),
+            "tools reach the template"
+        );
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let chars: Vec<char> = self.script(weather).chars().collect();
+        for piece in chars.chunks(3) {
+            let text: String = piece.iter().collect();
+            let _ = tx.send(Event::Token {
+                text,
+                logprob: None,
+            });
+        }
+        let _ = tx.send(Event::Done {
+            reason: FinishReason::Stop,
+            tail: String::new(),
+        });
+        Ok(Generation {
+            prompt_tokens: 10,
+            opens_reasoning: false,
+            events: rx,
+        })
+    }
+    fn stats(&self) -> EngineStats {
+        EngineStats::default()
+    }
+    fn shutdown(&self, _grace: Duration) {}
+}
+
+#[test]
+fn openai_client_tool_calls() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut urls = Vec::new();
+    let mut stops = Vec::new();
+    for format in [OutputFormat::Qwen3, OutputFormat::Harmony] {
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        urls.push(format!("http://{}/v1", listener.local_addr().unwrap()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        stops.push(tx);
+        let engine: Arc<dyn Engine> = Arc::new(Scripted::new(format));
+        rt.spawn(server::serve(
+            listener,
+            engine,
+            ServerConfig::default(),
+            async {
+                let _ = rx.await;
+            },
+        ));
+    }
+    run_script(&["mock", &urls[0], &urls[1]]);
+    for s in stops {
+        let _ = s.send(());
+    }
+}
