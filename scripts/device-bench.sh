@@ -9,20 +9,21 @@
 #
 # Writes OUTDIR/bench.md (the markdown tables), bench.json (rewritten after each budget, so a run
 # cut short still leaves its figures), bench.png (the plot) and bench.log (progress, llama.cpp's
-# settings search). REPS (default 3), BUDGETS (default resident,12GiB,8GiB) and PRESET (default
-# qwen3-30b-a3b; `tiny` for a dry run of the plumbing) override the matrix.
+# settings search). REPS (default 3), BUDGETS (default resident,12GiB,8GiB), PRESET (default
+# qwen3-30b-a3b; `tiny` for a dry run of the plumbing) and SKEW (synth --routing-skew; default the
+# synth default, 0 = uniform routing) override the matrix.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PRESET="${PRESET:-qwen3-30b-a3b}"
-MODEL="/tmp/pmoe-models/$PRESET-q4_k_m.gguf"
+MODEL="/tmp/pmoe-models/$PRESET-q4_k_m${SKEW:+-skew$SKEW}.gguf"
 start=$(date +%s)
 if [ ! -s "$MODEL" ]; then
   mkdir -p "$(dirname "$MODEL")"
   scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset "$PRESET" --quant q4_k_m \
-    -o "$MODEL" || exit 1
+    ${SKEW:+--routing-skew "$SKEW"} -o "$MODEL" || exit 1
 fi
 echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"
 # Through device-run.sh's `exec` for its environment; stdout (the table) goes to bench.md, stderr

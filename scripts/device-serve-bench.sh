@@ -18,7 +18,8 @@ for _ in $(seq 600); do
   sleep 0.5
 done
 curl -sf "localhost:$PORT/health" > /dev/null || { echo "server did not come up"; tail -20 "$OUTDIR/serve.log"; exit 1; }
-body='{"model":"x","prompt":"Once upon a time, in a land far away,","max_tokens":128,"temperature":0}'
+name=$(basename "$MODEL" .gguf)
+body='{"model":"'"$name"'","prompt":"Once upon a time, in a land far away,","max_tokens":128,"temperature":0}'
 # Warm-up.
 curl -s "localhost:$PORT/v1/completions" -H 'content-type: application/json' -d "$body" > /dev/null
 for n in 1 4 16; do

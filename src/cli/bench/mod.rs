@@ -260,10 +260,13 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
     };
     measure::reset_peak_rss();
     let mut vram = VramPeak::start(args.gpu);
-    let run = |vram: &mut VramPeak| -> Result<Vec<measure::Measurement>> {
+    let run = |vram: &mut VramPeak, s: &mut Setting| -> Result<Vec<measure::Measurement>> {
         let mut eng = Engine::load(&args.model, opts.clone(), &|_, _| {})
             .with_context(|| format!("loading {}", args.model.display()))?;
         vram.sample();
+        // The offload planner may have lowered the micro-batch to leave the cache room.
+        s.n_ubatch = eng.n_ubatch();
+        s.label = format!("pocketmoe -ub {}", eng.n_ubatch());
         let n_vocab = eng.hp.n_vocab;
         let r = run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
             vram.sample();
@@ -278,7 +281,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         }
         Ok(r)
     };
-    match run(&mut vram) {
+    match run(&mut vram, &mut s) {
         Ok(r) => s.results = r,
         Err(e) => s.status = Status::Failed(format!("{e:#}")),
     }
