@@ -8,29 +8,15 @@
 //! last bits depending on what shares its forward pass; the test prints that difference for the
 //! default kernels and asserts exact equality with the reference kernels, covering all three
 //! switches (92 prompt tokens in one pass; a lone sequence in the last slot).
+mod common;
+use common::argmax;
 use pocketmoe::engine::batch::{BatchModel, SeqChunk};
 use pocketmoe::engine::{Engine, EngineOptions};
-use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
+use pocketmoe::synth::quantmix::QuantMix;
 use std::path::PathBuf;
 
 fn tiny(arch: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}.gguf"));
-    let opts = SynthOptions {
-        arch: arch.into(),
-        preset: "tiny".into(),
-        quant: QuantMix::Q8_0,
-        routing_skew: 1.0,
-        seed: 5,
-        out: out.clone(),
-    };
-    synth::synth(&opts, &|_, _| {}).unwrap();
-    out
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    pocketmoe::engine::sampling::argmax(v)
+    common::synth_tiny("batch", arch, QuantMix::Q8_0, 1.0, 5)
 }
 
 const SLOT: usize = 256;

@@ -4,43 +4,15 @@
 //! positions and 16 greedy decode steps — and the engine stays within its budget. On a CPU-only
 //! machine the CPU backend plays the GPU: slots, staging and copies are the same code with
 //! host memory, so the cache logic itself is what is tested.
+mod common;
+use common::{argmax, cosine};
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
-use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
+use pocketmoe::synth::quantmix::QuantMix;
 use std::path::{Path, PathBuf};
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        ab += x as f64 * y as f64;
-        aa += (x as f64).powi(2);
-        bb += (y as f64).powi(2);
-    }
-    ab / (aa.sqrt() * bb.sqrt())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
-}
-
 fn tiny(arch: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-offload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}.gguf"));
-    let opts = SynthOptions {
-        arch: arch.into(),
-        preset: "tiny".into(),
-        quant: QuantMix::Q4KM,
-        routing_skew: 2.8,
-        seed: 5,
-        out: out.clone(),
-    };
-    synth::synth(&opts, &|_, _| {}).unwrap();
-    out
+    common::synth_tiny("offload", arch, QuantMix::Q4KM, 2.8, 5)
 }
 
 fn device() -> Device {

@@ -1,6 +1,8 @@
 //! Logit parity with libllama (same GGUF, same ggml): for each built architecture's `tiny`
 //! synth preset, our logits at every prompt position have cosine similarity >= 0.999 with
 //! libllama's, and 32 greedy tokens (decoded one at a time through the KV cache) are identical.
+mod common;
+use common::{argmax, cosine};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
@@ -8,26 +10,8 @@ use std::path::PathBuf;
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog. 12345 tokens of text!";
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        ab += x as f64 * y as f64;
-        aa += (x as f64).powi(2);
-        bb += (y as f64).powi(2);
-    }
-    ab / (aa.sqrt() * bb.sqrt())
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
-}
-
 fn tiny(arch: &str) -> PathBuf {
-    synth_preset(arch, "tiny")
+    common::synth_tiny("parity", arch, QuantMix::Q8_0, 1.0, 11)
 }
 
 fn synth_preset(arch: &str, preset: &str) -> PathBuf {

