@@ -84,6 +84,9 @@ pub(super) struct Layer {
     /// Experts prefetched for this layer's next step, and all experts predicted for it.
     pub prefetched: Vec<u32>,
     pub predicted: Vec<u32>,
+    /// Prefill: the step whose experts were all staged ahead of this layer's router (see
+    /// `Offload::stage_ahead`), if any.
+    pub staged_ahead: Option<u64>,
 }
 
 pub struct Offload {
@@ -170,6 +173,7 @@ impl Offload {
                     router,
                     prefetched: Vec::new(),
                     predicted: Vec::new(),
+                    staged_ahead: None,
                 })
             } else {
                 None
@@ -221,13 +225,24 @@ impl Offload {
         let n_embd = hp.n_embd as usize;
         let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
         let n_moe = layers.iter().flatten().count();
-        let stage_buf = dev.new_buffer(backend, Memory::Device, stage_bytes)?;
+        // Two staging areas, alternating between consecutive offloaded layers, so the next
+        // layer's experts can be copied in while this one computes.
+        let stage_bufs = [
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+        ];
         let ctl_buf =
             dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
         ctl_buf.clear(0);
         let mut ctl_off = 0;
-        for (il, l) in layers.iter().enumerate() {
+        for (i_moe, (il, l)) in layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_some())
+            .enumerate()
+        {
             let Some(l) = l else { continue };
+            let stage_buf = stage_bufs[i_moe % 2];
             let mut off = 0;
             for (m, mat) in l.mats.iter().enumerate() {
                 let Some(mat) = mat else { continue };
@@ -300,7 +315,7 @@ impl Offload {
             xfer: transfer::for_backend(backend)?,
             stats: Stats::new(n_layer),
             step: 0,
-            dev_bytes: stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
+            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
             host_bytes,
             n_slots: 0,
             n_embd,
