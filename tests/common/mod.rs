@@ -4,8 +4,16 @@ use std::path::{Path, PathBuf};
 
 /// Test fixtures from registry packages (vocab-only GGUFs and chat templates from the
 /// llama-cpp-python sdist), fetched once by scripts/fetch-fixtures.sh into target/fixtures.
+///
+/// Once per test binary: tests run in parallel threads, and two concurrent runs of the script
+/// race on the same files (`cp: cannot create regular file ...: File exists`).
 pub fn fixtures() -> PathBuf {
+    static ONCE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut done = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return root.join("target/fixtures");
+    }
     let out = std::process::Command::new("bash")
         .arg(root.join("scripts/fetch-fixtures.sh"))
         .arg(root.join("target/fixtures"))
@@ -16,6 +24,7 @@ pub fn fixtures() -> PathBuf {
         "fetch-fixtures failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    *done = true;
     root.join("target/fixtures")
 }
 
