@@ -151,7 +151,7 @@ impl Offload {
 
     /// Per matrix: (store base, slot base, staging base, bytes per expert); `None` for a
     /// matrix the model lacks.
-    fn bases(&self, il: usize) -> [Option<(usize, usize, usize, usize)>; 3] {
+    fn bases(&self, il: usize) -> Bases {
         let layer = self.layers[il].as_ref().expect("offloaded layer");
         std::array::from_fn(|m| {
             let mat = layer.mats[m].as_ref()?;
@@ -207,16 +207,7 @@ impl Offload {
                         // Already copied in while the previous layer ran.
                         continue;
                     }
-                    for &(store, slot, stage, eb) in bases.iter().flatten() {
-                        let src = match cached {
-                            Some(s) => slot + s as usize * eb,
-                            None => {
-                                h2d += eb as u64;
-                                store + e as usize * eb
-                            }
-                        };
-                        self.xfer.copy(stage + e as usize * eb, src, eb)?;
-                    }
+                    h2d += stage_expert(self.xfer.as_mut(), &bases, e, cached)?;
                 }
                 self.stats.h2d_bytes += h2d;
                 let t0 = std::time::Instant::now();
@@ -313,7 +304,7 @@ impl Offload {
     /// this layer's expert matmuls and the next layer's attention; the next layer's first copy
     /// engine wait covers them.
     fn prefetch_after(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
-        let Some(next) = (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some()) else {
+        let Some(next) = self.next_offloaded(il) else {
             return Ok(());
         };
         let n_expert = self.n_expert;
@@ -461,6 +452,38 @@ impl Offload {
 /// Fixed cost of a CPU-channel job (thread wake-up, graph build), seconds.
 const CPU_START_S: f64 = 40e-6;
 
+/// Per matrix of a layer: (store base, slot base, staging base, bytes per expert).
+type Bases = [Option<(usize, usize, usize, usize)>; 3];
+
+/// Queues the copy of expert `e` into its place in the staging area: from slot `cached` when the
+/// cache holds it (device to device), else from the host store. Returns the bytes that cross PCIe.
+fn stage_expert(
+    xfer: &mut dyn super::transfer::Transfer,
+    bases: &Bases,
+    e: u32,
+    cached: Option<u32>,
+) -> Result<u64, GgmlError> {
+    let mut h2d = 0;
+    for &(store, slot, stage, eb) in bases.iter().flatten() {
+        let src = match cached {
+            Some(s) => slot + s as usize * eb,
+            None => {
+                h2d += eb as u64;
+                store + e as usize * eb
+            }
+        };
+        xfer.copy(stage + e as usize * eb, src, eb)?;
+    }
+    Ok(h2d)
+}
+
+impl Offload {
+    /// The first offloaded layer after `il`.
+    fn next_offloaded(&self, il: usize) -> Option<usize> {
+        (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some())
+    }
+}
+
 /// Prefill micro-batches with at least this many expert picks per expert use practically every
 /// expert ((1 - k/n)^(picks) ~ e^-4 unused), so the next layer's are staged whole, ahead.
 const STAGE_AHEAD_PICKS: usize = 4;
@@ -471,7 +494,7 @@ impl Offload {
     /// two), from its slot when cached, without waiting — they overlap this layer's expert
     /// matmuls and the next layer's attention. The next layer's routing read waits for them.
     fn stage_ahead(&mut self, il: usize) -> Result<(), GgmlError> {
-        let Some(next) = (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some()) else {
+        let Some(next) = self.next_offloaded(il) else {
             return Ok(());
         };
         let bases = self.bases(next);
@@ -482,16 +505,7 @@ impl Offload {
         for e in 0..self.n_expert as u32 {
             let cached = layer.cache.slot(e);
             copied += u64::from(cached.is_none());
-            for &(store, slot, stage, eb) in bases.iter().flatten() {
-                let src = match cached {
-                    Some(s) => slot + s as usize * eb,
-                    None => {
-                        h2d += eb as u64;
-                        store + e as usize * eb
-                    }
-                };
-                self.xfer.copy(stage + e as usize * eb, src, eb)?;
-            }
+            h2d += stage_expert(self.xfer.as_mut(), &bases, e, cached)?;
         }
         layer.staged_ahead = Some(now);
         self.stats.layers[next].copies += copied;
