@@ -37,8 +37,9 @@ pub fn check_parity(arch: &str, device: Device) {
 /// [`check_parity`] on another synth preset of `arch` (a variant of its tiny one).
 pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
     if device != Device::Cpu {
-        // Before libllama's first CUDA graph compute: the switch is process-wide.
-        pocketmoe::ggml::disable_cuda_graph_replay();
+        // Before libllama's first CUDA kernel: the switches are process-wide, and both engines
+        // run under the same ones.
+        pocketmoe::ggml::configure_cuda();
     }
     let path = synth_preset(arch, preset);
     let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();

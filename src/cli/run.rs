@@ -156,7 +156,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                 eng.device_bytes() as f64 / (1u64 << 30) as f64
             );
         }
-        gen.run(&mut eng)?;
+        match std::env::var_os("POCKETMOE_TRACE") {
+            Some(path) => gen.run(&mut Trace::new(&mut eng, path.into())?)?,
+            None => gen.run(&mut eng)?,
+        }
         if let (true, Some(st)) = (args.verbose, eng.offload_stats()) {
             eprintln!("{}", st.summary());
         }
@@ -212,5 +215,77 @@ impl Generation<'_> {
             n_gen as f64 / t_gen.max(1e-9)
         );
         Ok(())
+    }
+}
+
+/// `POCKETMOE_TRACE=FILE pocketmoe run ...` (a diagnosis aid, e.g. for CUDA-graph replay vs
+/// direct runs): writes one line per step with the argmax and a checksum of the logits, and with
+/// `POCKETMOE_TRACE_NODES=NAME,...` (`*` = all) one line per named f32 node (name, sum, first values). Two traces
+/// diff line by line; the first differing node is where two runs part.
+struct Trace<'e> {
+    eng: &'e mut Engine,
+    cap: Option<Box<crate::ggml::capture::Capture>>,
+    out: std::io::BufWriter<std::fs::File>,
+    step: usize,
+}
+
+impl<'e> Trace<'e> {
+    fn new(eng: &'e mut Engine, path: PathBuf) -> Result<Self> {
+        let out = std::io::BufWriter::new(
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+        );
+        let mut cap = std::env::var("POCKETMOE_TRACE_NODES")
+            .ok()
+            .map(|names| crate::ggml::capture::Capture::new(names.split(',')));
+        eng.set_capture(cap.as_deref_mut());
+        Ok(Self {
+            eng,
+            cap,
+            out,
+            step: 0,
+        })
+    }
+
+    fn record(&mut self, logits: &[f32]) -> Result<()> {
+        let argmax = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+            .0;
+        let sum: f64 = logits.iter().map(|&v| v as f64).sum();
+        writeln!(self.out, "step {} argmax {argmax} sum {sum:.6e}", self.step)?;
+        if let Some(cap) = self.cap.as_mut() {
+            let mut names: Vec<_> = cap.got.keys().cloned().collect();
+            names.sort();
+            for n in names {
+                let v = &cap.got[&n];
+                let s: f64 = v.iter().map(|&x| x as f64).sum();
+                let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.6e}")).collect();
+                writeln!(self.out, "  {n} n={} sum={s:.6e} head={}", v.len(), head.join(","))?;
+            }
+            cap.got.clear();
+        }
+        self.step += 1;
+        Ok(())
+    }
+}
+
+impl Decoder for Trace<'_> {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let l = self.eng.prefill(tokens)?;
+        self.record(&l)?;
+        Ok(l)
+    }
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let l = self.eng.step(token)?;
+        self.record(&l)?;
+        Ok(l)
+    }
+}
+
+impl Drop for Trace<'_> {
+    fn drop(&mut self) {
+        self.eng.set_capture(None);
+        let _ = self.out.flush();
     }
 }

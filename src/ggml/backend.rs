@@ -68,14 +68,43 @@ impl Device {
     }
 }
 
-/// Sets `GGML_CUDA_DISABLE_GRAPHS` unless the user chose otherwise (see [`Backend::cuda`]). Must
-/// run before the first CUDA graph compute of the process.
-pub fn disable_cuda_graph_replay() {
-    if std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_none()
-        && std::env::var_os("POCKETMOE_CUDA_GRAPHS").is_none()
-    {
-        std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
-    }
+/// ggml-cuda settings PocketMoE chooses for its own process, applied by [`configure_cuda`];
+/// the variables it set (and not the user) are listed here, so that a child process running
+/// the llama.cpp baseline can drop them (`pocketmoe bench`).
+static CUDA_ENV_SET: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+
+/// Chooses ggml-cuda's process-wide switches before its first kernel launch (they are read
+/// once): CUDA-graph replay stays on, and programmatic dependent launch (PDL) goes off.
+///
+/// Why PDL: with PDL, ggml-cuda launches kernels that may start before their predecessor ends
+/// and rely on every kernel of a chain waiting (`cudaGridDependencySynchronize`) before it
+/// exits. Replayed back to back from a CUDA graph, our decode graph — whose token-embedding
+/// `get_rows` runs on the GPU and is read again by the first residual `add` many kernels later
+/// — read a stale embedding at that `add` (first differing node `ffn_inp-0`, found by stopping
+/// the graph at each node in turn with `POCKETMOE_TRACE`). With `GGML_CUDA_PDL=0`, replay is
+/// bit-identical to direct execution on the qwen3moe, gpt-oss and deepseek2 tiny presets.
+///
+/// `POCKETMOE_CUDA_GRAPHS=0` switches replay off instead (PDL then stays as ggml chooses).
+/// Variables the user set are left alone.
+pub fn configure_cuda() {
+    CUDA_ENV_SET.get_or_init(|| {
+        let graphs_off = std::env::var("POCKETMOE_CUDA_GRAPHS").is_ok_and(|v| v == "0");
+        let (var, val) = if graphs_off {
+            ("GGML_CUDA_DISABLE_GRAPHS", "1")
+        } else {
+            ("GGML_CUDA_PDL", "0")
+        };
+        if std::env::var_os(var).is_some() {
+            return Vec::new();
+        }
+        std::env::set_var(var, val);
+        vec![var]
+    });
+}
+
+/// The ggml-cuda variables [`configure_cuda`] set for this process (not set by the user).
+pub fn cuda_env_set_by_us() -> &'static [&'static str] {
+    CUDA_ENV_SET.get().map_or(&[], Vec::as_slice)
 }
 
 /// An initialised ggml backend (a stream of work on one device).
@@ -103,14 +132,11 @@ impl Backend {
 
     /// The CUDA backend on GPU `device`.
     ///
-    /// ggml-cuda's CUDA-graph replay is switched off for the whole process (it is a process-wide
-    /// switch, read once): replaying graphs that PocketMoE rebuilds every step gave wrong decode
-    /// logits from the third step on (parity test on the H200; correct with replay off). Until
-    /// the cause is found, `pocketmoe bench` runs the llama.cpp baseline in a child process that
-    /// keeps replay on, so the baseline is not slowed by our workaround.
+    /// Applies [`configure_cuda`] first (process-wide ggml-cuda switches: CUDA graphs on, PDL
+    /// off); `pocketmoe bench` runs the llama.cpp baseline in a child process without them.
     #[cfg(feature = "cuda")]
     pub fn cuda(device: usize) -> Result<Self> {
-        disable_cuda_graph_replay();
+        configure_cuda();
         // SAFETY: plain query.
         let n = unsafe { sys::ggml_backend_cuda_get_device_count() } as usize;
         if device >= n {

@@ -6,7 +6,8 @@ use ggml_sys as sys;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
-/// Which tensors to keep, and what was kept (f32 tensors only, as flat vectors).
+/// Which tensors to keep (`"*"` keeps every node), and what was kept (f32 tensors only, as
+/// flat vectors).
 #[derive(Debug, Default)]
 pub struct Capture {
     pub wanted: HashSet<String>,
@@ -35,7 +36,7 @@ pub unsafe extern "C" fn capture_cb(
     let (cap, t) = unsafe { (&mut *(user as *mut Capture), &*t) };
     let name = cstr(t.name.as_ptr());
     if ask {
-        return cap.wanted.contains(&name);
+        return cap.wanted.contains(&name) || cap.wanted.contains("*");
     }
     if t.type_ == sys::GGML_TYPE_F32 && !t.buffer.is_null() {
         // SAFETY: the tensor is computed and has a buffer; we copy exactly its bytes.

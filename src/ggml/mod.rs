@@ -20,7 +20,7 @@ pub mod quant;
 pub mod refquant;
 mod types;
 
-pub use backend::{disable_cuda_graph_replay, Backend, Device, DeviceKind, EvalHook, Sched};
+pub use backend::{configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Sched};
 pub use buffer::{BufferRef, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;

@@ -185,7 +185,6 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
 fn baseline_in_child(
     args: &BenchArgs,
     budget: Budget,
-    user_disabled_graphs: bool,
 ) -> Result<Vec<Setting>> {
     let exe = std::env::current_exe().context("locating the pocketmoe binary")?;
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
@@ -216,8 +215,9 @@ fn baseline_in_child(
     if let Some(g) = args.gpu {
         cmd.args(["--gpu", &g.to_string()]);
     }
-    if !user_disabled_graphs {
-        cmd.env_remove("GGML_CUDA_DISABLE_GRAPHS");
+    // llama.cpp runs as it would for the user: without the switches our backend set.
+    for var in crate::ggml::cuda_env_set_by_us() {
+        cmd.env_remove(var);
     }
     let out = cmd
         .stderr(std::process::Stdio::inherit())
@@ -293,8 +293,6 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    // As the user set it, before our CUDA backend sets it for this process.
-    let user_disabled_graphs = std::env::var_os("GGML_CUDA_DISABLE_GRAPHS").is_some();
     if args.baseline_child {
         return baseline_child(&args);
     }
@@ -355,7 +353,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         settings.push(ours(&args, Budget(b), &tests));
         if !args.no_baseline {
             eprintln!("bench: llama.cpp at {}", report::budget_name(b));
-            match baseline_in_child(&args, Budget(b), user_disabled_graphs) {
+            match baseline_in_child(&args, Budget(b)) {
                 Ok(v) => settings.extend(v),
                 Err(e) => settings.push(Setting {
                     engine: "llama.cpp".into(),
