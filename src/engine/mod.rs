@@ -425,7 +425,9 @@ impl Engine {
             for n in &nodes {
                 keep.push(n.anchor.clone());
                 keep.push(n.selected.clone());
+                keep.push(n.weights.clone());
                 keep.push(n.input.clone());
+                keep.extend(n.pred.clone());
                 keep.extend(n.gpu_out.clone());
             }
             Ok::<_, EngineError>(keep)

@@ -20,6 +20,7 @@ use super::Stats;
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorIndex};
 use crate::gguf::GgufModel;
 use crate::model::Hparams;
+use std::rc::Rc;
 
 /// The routed-expert matrices, in the order the graph uses them.
 pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
@@ -79,8 +80,6 @@ pub(super) struct Layer {
     /// `None` where the model has no such matrix (e.g. no gate).
     pub mats: [Option<Mat>; 3],
     pub cache: LayerCache,
-    /// The router [n_embd, n_expert] as f32 on the host, for prefetch prediction.
-    pub router: Vec<f32>,
     /// Experts prefetched for this layer's next step, and all experts predicted for it.
     pub prefetched: Vec<u32>,
     pub predicted: Vec<u32>,
@@ -93,7 +92,7 @@ pub struct Offload {
     pub(super) n_expert: usize,
     pub(super) k: usize,
     pub(super) layers: Vec<Option<Layer>>,
-    pub(super) opts: OffloadOptions,
+    pub(crate) opts: OffloadOptions,
     /// Host store (+ scratch), device staging + control, device slots.
     store: Context,
     store_idx: TensorIndex,
@@ -104,6 +103,8 @@ pub struct Offload {
     pub(super) scratch: usize,
     pub(super) scratch_len: usize,
     pub(super) xfer: Box<dyn Transfer>,
+    /// The compute backend: miss copies and control writes queue on its stream.
+    pub(super) backend: Rc<Backend>,
     pub stats: Stats,
     pub(super) step: u64,
     /// Device bytes of staging + control + slots.
@@ -132,7 +133,7 @@ impl Offload {
     pub fn load(
         file: &GgufModel,
         hp: &Hparams,
-        backend: &Backend,
+        backend: &Rc<Backend>,
         opts: OffloadOptions,
         progress: &dyn Fn(u64, u64),
     ) -> Result<Self, GgmlError> {
@@ -159,18 +160,9 @@ impl Offload {
                 pairs.push((st, t));
             }
             layers.push(if mats.iter().any(Option::is_some) {
-                let router = match file.tensor(&format!("blk.{il}.ffn_gate_inp.weight")) {
-                    Some(t) if opts.prefetch => crate::ggml::quant::dequantize(
-                        t.ty,
-                        file.tensor_data(t),
-                        (t.ne[0] * t.ne[1]) as usize,
-                    )?,
-                    _ => Vec::new(),
-                };
                 Some(Layer {
                     mats,
                     cache: LayerCache::new(il, n_expert, 0, &opts.policy),
-                    router,
                     prefetched: Vec::new(),
                     predicted: Vec::new(),
                     staged_ahead: None,
@@ -198,10 +190,13 @@ impl Offload {
             progress(done, total);
         }
         drop(pairs);
-        // Scratch: selected ids + weights (k per token, whole micro-batch) and control (ids +
-        // mask, k per token of a slot micro-batch).
+        // Scratch (see `step::ScratchLayout`): selected ids + weights (k per token, whole
+        // micro-batch), the prefetch prediction and control (ids + mask) of a slot micro-batch,
+        // and its FFN input.
         let t_max = opts.max_slot_tokens;
-        let scratch_len = 4 * k * (2 * opts.n_ubatch.max(t_max) + 2 * t_max)
+        let scratch_len = 4 * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
+            + (n_expert * t_max).next_multiple_of(64)
+            + 2 * (k * t_max).next_multiple_of(64))
             + 4 * hp.n_embd as usize * t_max
             + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
@@ -313,6 +308,7 @@ impl Offload {
             scratch,
             scratch_len,
             xfer: transfer::for_backend(backend)?,
+            backend: backend.clone(),
             stats: Stats::new(n_layer),
             step: 0,
             dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,

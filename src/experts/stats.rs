@@ -37,6 +37,10 @@ pub struct Stats {
     /// Seconds the host waited for copies and for the CPU experts.
     pub wait_copy_s: f64,
     pub wait_cpu_s: f64,
+    /// Graph stops (the step hook's callbacks) and the seconds the host spent in them, during
+    /// which the GPU has nothing queued: the per-layer overhead of decode.
+    pub stops: u64,
+    pub hook_s: f64,
     /// Tokens and forward passes (micro-batches) seen.
     pub tokens: u64,
     pub steps: u64,
@@ -93,7 +97,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -103,6 +107,8 @@ impl Stats {
             self.h2d_bytes as f64 / 1e9,
             self.wait_copy_s,
             self.wait_cpu_s,
+            self.stops,
+            1e6 * self.hook_s / self.stops.max(1) as f64,
             self.prefetch_precision(),
             self.prefetch_recall(),
         );
@@ -131,6 +137,8 @@ impl Stats {
         d.cpu_bytes -= earlier.cpu_bytes;
         d.wait_copy_s -= earlier.wait_copy_s;
         d.wait_cpu_s -= earlier.wait_cpu_s;
+        d.stops -= earlier.stops;
+        d.hook_s -= earlier.hook_s;
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d

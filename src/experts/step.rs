@@ -1,11 +1,17 @@
 //! One forward pass through the offloaded experts: the scheduler stops after each offloaded
-//! layer's router ([`StepHook`] as ggml's eval callback); we read the selected expert ids, make
-//! the experts available (slot cache: admit misses, copy them in, remap ids to slots; staging:
-//! copy every used expert in, from its slot when cached), write the control tensors the layer's
-//! expert matmuls read, and let the graph continue.
+//! layer's router ([`StepHook`] as ggml's eval callback); we read the selected expert ids (and
+//! the next layer's predicted router logits), make the experts available (slot cache: admit
+//! misses, queue their copies and the remapped ids on the compute stream; staging: copy every
+//! used expert in, from its slot when cached), queue prefetches for the next layer on our copy
+//! stream, and let the graph continue. A second stop joins the CPU channel's share, only in
+//! layers that gave it work.
 //!
-//! Invariant: when `computed` returns, every copy it queued has landed (the copy engine was
-//! waited on), so the expert matmuls that follow read complete weights.
+//! Invariants:
+//! - Slots: everything the layer's expert matmuls read (miss copies, ids, mask) is queued on
+//!   the compute stream before they are, so it lands first without the host waiting.
+//! - Prefetches run on the copy stream; the next stop's routing read waits on that stream, so
+//!   they have landed before any later slot write or matmul.
+//! - Staging: when `computed` returns, every staging copy of the layer has landed.
 use super::offload::{Mode, Offload};
 use crate::ggml::{EvalHook, GgmlError, OwnedGraph};
 use std::collections::HashMap;
@@ -15,12 +21,17 @@ use std::collections::HashMap;
 pub struct MoeNode {
     pub il: usize,
     pub mode: Mode,
-    /// Name of the routing node the hook stops after (the final weights).
+    /// Name of the node the hook stops after: the last of the routing nodes below.
     pub anchor: String,
     /// Name of the selected ids, i32 [k, n_tokens].
     pub selected: String,
-    /// Name of the FFN input, f32 [n_embd, n_tokens] (prefetch predicts from it).
+    /// Name of their final weights, f32 [1, k, n_tokens].
+    pub weights: String,
+    /// Name of the FFN input, f32 [n_embd, n_tokens] (the CPU channel computes on it).
     pub input: String,
+    /// Name of the prefetch prediction: the next offloaded layer's router logits on this
+    /// layer's FFN input, f32 [n_expert, n_tokens].
+    pub pred: Option<String>,
     /// Name of the GPU experts' sum when the CPU channel adds its share after it.
     pub gpu_out: Option<String>,
     pub act: crate::graph::blocks::ExpertAct,
@@ -44,6 +55,8 @@ struct Resolved {
     sel_addr: usize,
     w_addr: usize,
     x_addr: usize,
+    /// The prefetch prediction's address, when the graph computes one.
+    pred_addr: Option<usize>,
     act: crate::graph::blocks::ExpertAct,
 }
 
@@ -52,16 +65,16 @@ impl GraphNodes {
     pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
         let mut by_anchor = HashMap::new();
         for n in nodes {
-            let anchor = g.tensor(&n.anchor);
             let r = Resolved {
                 il: n.il,
                 mode: n.mode,
                 sel_addr: g.tensor(&n.selected).data_addr(),
-                w_addr: anchor.data_addr(),
+                w_addr: g.tensor(&n.weights).data_addr(),
                 x_addr: g.tensor(&n.input).data_addr(),
+                pred_addr: n.pred.as_ref().map(|p| g.tensor(p).data_addr()),
                 act: n.act,
             };
-            by_anchor.insert(anchor.id(), (Stop::Routing, r));
+            by_anchor.insert(g.tensor(&n.anchor).id(), (Stop::Routing, r));
             if let Some(o) = &n.gpu_out {
                 by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
             }
@@ -79,21 +92,27 @@ pub struct StepHook<'a> {
 
 impl EvalHook for StepHook<'_> {
     fn wants(&mut self, id: usize) -> bool {
-        self.nodes.by_anchor.contains_key(&id)
+        match self.nodes.by_anchor.get(&id) {
+            Some((Stop::Routing, _)) => true,
+            // Asked after this layer's routing stop: only a layer whose misses went to the CPU
+            // channel stops again.
+            Some((Stop::GpuOut, n)) => {
+                self.off.cpu.as_ref().and_then(|c| c.pending()) == Some(n.il)
+            }
+            None => false,
+        }
     }
 
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
+        let t0 = std::time::Instant::now();
         let (stop, n) = self.nodes.by_anchor[&id];
-        match stop {
-            Stop::Routing => {
-                self.off.on_routing(&n, self.n_tokens)?;
-                if n.mode == Mode::Slots && self.off.opts.prefetch {
-                    self.off.prefetch_after(n.il, self.n_tokens)?;
-                }
-                Ok(())
-            }
+        let r = match stop {
+            Stop::Routing => self.off.on_routing(&n, self.n_tokens),
             Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),
-        }
+        };
+        self.off.stats.stops += 1;
+        self.off.stats.hook_s += t0.elapsed().as_secs_f64();
+        r
     }
 }
 
@@ -105,31 +124,42 @@ impl Offload {
         self.stats.tokens += n_tokens as u64;
     }
 
-    /// Reads the routing of a step: `k * n_tokens` selected ids and their weights, and, for
-    /// slot steps, the FFN input [n_embd, n_tokens] (the CPU channel and prefetch use it) —
-    /// one wait for all.
+    /// Reads the routing of a step — `k * n_tokens` selected ids and their weights, the
+    /// prefetch prediction when the graph has one, and the FFN input [n_embd, n_tokens] when the
+    /// CPU channel may take misses — with one wait (which also covers every queued prefetch).
     fn read_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<Routing, GgmlError> {
         let cnt = self.k * n_tokens;
-        let (sel_at, w_at) = (self.scratch, self.scratch + 4 * cnt.next_multiple_of(64));
-        let x_len = if n.mode == Mode::Slots {
+        let n_pred = if n.pred_addr.is_some() {
+            self.n_expert * n_tokens
+        } else {
+            0
+        };
+        let x_len = if self.cpu_candidate(n, n_tokens) {
             self.n_embd * n_tokens
         } else {
             0
         };
+        let lay = ScratchLayout::new(self.scratch, cnt, n_pred);
         let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
-        assert!(w_at + 4 * cnt <= x_at, "routing read exceeds the scratch");
-        self.xfer.copy(sel_at, n.sel_addr, 4 * cnt)?;
-        self.xfer.copy(w_at, n.w_addr, 4 * cnt)?;
+        assert!(lay.end <= x_at, "routing read exceeds the scratch");
+        self.xfer.copy(lay.sel, n.sel_addr, 4 * cnt)?;
+        self.xfer.copy(lay.w, n.w_addr, 4 * cnt)?;
+        if let Some(p) = n.pred_addr {
+            self.xfer.copy(lay.pred, p, 4 * n_pred)?;
+        }
         if x_len > 0 {
             self.xfer.copy(x_at, n.x_addr, 4 * x_len)?;
         }
+        let t0 = std::time::Instant::now();
         self.xfer.wait()?;
-        // SAFETY: the three ranges lie in the live host scratch (asserted above), 4-aligned
-        // (ggml buffer bases are aligned), just written by the waited copies and not shared.
-        let (ids, weights, x) = unsafe {
+        self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+        // SAFETY: the ranges lie in the live host scratch (asserted above), 4-aligned (ggml
+        // buffer bases are aligned), just written by the waited copies and not shared.
+        let (ids, weights, pred, x) = unsafe {
             (
-                std::slice::from_raw_parts(sel_at as *const i32, cnt),
-                std::slice::from_raw_parts(w_at as *const f32, cnt).to_vec(),
+                std::slice::from_raw_parts(lay.sel as *const i32, cnt),
+                std::slice::from_raw_parts(lay.w as *const f32, cnt).to_vec(),
+                std::slice::from_raw_parts(lay.pred as *const f32, n_pred).to_vec(),
                 std::slice::from_raw_parts(x_at as *const f32, x_len).to_vec(),
             )
         };
@@ -146,7 +176,17 @@ impl Offload {
                     })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Routing { sel, weights, x })
+        Ok(Routing {
+            sel,
+            weights,
+            pred,
+            x,
+        })
+    }
+
+    /// Whether the CPU channel may take some of this step's misses in layer `n.il`.
+    fn cpu_candidate(&self, n: &Resolved, n_tokens: usize) -> bool {
+        n.mode == Mode::Slots && n_tokens == 1 && self.cpu_enabled(n.il)
     }
 
     /// Per matrix: (store base, slot base, staging base, bytes per expert); `None` for a
@@ -175,12 +215,13 @@ impl Offload {
             }
         }
         // Decode: split the misses between the copy engine and the CPU channel.
-        let on_cpu = if mode == Mode::Slots && n_tokens == 1 && self.cpu_enabled(il) {
+        let on_cpu = if self.cpu_candidate(n, n_tokens) {
             self.plan_cpu(il, &used)
         } else {
             Vec::new()
         };
         let bases = self.bases(il);
+        let backend = self.backend.clone();
         let now = self.step;
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
@@ -218,6 +259,7 @@ impl Offload {
                 }
             }
             Mode::Slots => {
+                let mut copies = Vec::new();
                 for &e in &used {
                     if layer.cache.slot(e).is_some() {
                         st.hits += 1;
@@ -240,14 +282,8 @@ impl Offload {
                                 layer.cache.n_slots()
                             ),
                         })?;
-                    for &(store, slot_base, _, eb) in bases.iter().flatten() {
-                        self.xfer.copy(
-                            slot_base + slot as usize * eb,
-                            store + e as usize * eb,
-                            eb,
-                        )?;
-                        h2d += eb as u64;
-                    }
+                    copies.push((slot, e));
+                    h2d += bases.iter().flatten().map(|b| b.3 as u64).sum::<u64>();
                 }
                 for &e in &used {
                     layer.cache.touch(e, now);
@@ -262,6 +298,20 @@ impl Offload {
                     .iter()
                     .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
                     .collect();
+                for (slot, e) in copies {
+                    for (m, b) in bases.iter().enumerate() {
+                        let (Some((store, _, _, eb)), Some(t)) = (*b, self.slot_tensor(il, m))
+                        else {
+                            continue;
+                        };
+                        // SAFETY: the store is page-locked host memory that lives, unchanged,
+                        // as long as the engine; the slot tensor lies in the compute backend's
+                        // buffer.
+                        unsafe {
+                            t.write_async(&backend, slot as usize * eb, store + e as usize * eb, eb)
+                        }?;
+                    }
+                }
                 if !on_cpu.is_empty() {
                     let picks: Vec<(u32, f32)> = sel
                         .iter()
@@ -273,62 +323,80 @@ impl Offload {
                     self.stats.cpu_bytes += (bytes * picks.len()) as u64;
                     let cpu = self.cpu.as_mut().expect("CPU channel enabled");
                     cpu.start(il, n.act, routing.x.clone(), picks);
+                } else if self.cpu_dirty[il] {
+                    // The CPU-result tensor still holds an earlier step's share: zero it.
+                    self.cpu_dirty[il] = false;
+                    let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
+                    self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
                 }
                 let (t_ids, t_mask) = self.ctl(il);
-                let (ids_addr, mask_addr) = (t_ids.data_addr(), t_mask.data_addr());
                 let n = ids.len();
-                let ctl = self.scratch + 4 * n.next_multiple_of(64);
-                assert!(ctl + 8 * n <= self.scratch + self.scratch_len);
-                // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned,
-                // and no copy touching it is pending (the last read was waited on).
+                let lay = ScratchLayout::new(self.scratch, n, routing.pred.len());
+                assert!(lay.end <= self.scratch + self.scratch_len);
+                // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned;
+                // no copy reading it is pending (every stop follows a synchronisation of the
+                // compute stream), and nothing writes it again before the next stop, so the
+                // queued copies read it unchanged.
                 unsafe {
-                    let p = ctl as *mut i32;
+                    let p = lay.ctl as *mut i32;
                     std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
                     std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
+                    t_ids.write_async(&backend, 0, lay.ctl, 4 * n)?;
+                    t_mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
                 }
-                self.xfer.copy(ids_addr, ctl, 4 * n)?;
-                self.xfer.copy(mask_addr, ctl + 4 * n, 4 * n)?;
-                let t0 = std::time::Instant::now();
-                self.xfer.wait()?;
-                self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+                if !routing.pred.is_empty() {
+                    self.prefetch_after(il, &routing.pred)?;
+                }
             }
         }
         Ok(())
     }
 }
 
+/// Where a stop's reads and control writes go in the host scratch (byte addresses).
+struct ScratchLayout {
+    sel: usize,
+    w: usize,
+    pred: usize,
+    ctl: usize,
+    end: usize,
+}
+
+impl ScratchLayout {
+    /// For `picks` selected experts (k per token) and `n_pred` predicted logits.
+    fn new(base: usize, picks: usize, n_pred: usize) -> Self {
+        let p = 4 * picks.next_multiple_of(64);
+        let sel = base;
+        let w = sel + p;
+        let pred = w + p;
+        let ctl = pred + 4 * n_pred.next_multiple_of(64);
+        Self {
+            sel,
+            w,
+            pred,
+            ctl,
+            end: ctl + 2 * p,
+        }
+    }
+}
+
 impl Offload {
-    /// After layer `il`'s experts are in place: predicts the next offloaded layer's experts by
-    /// running its router on this layer's FFN input (at `x_addr`, [n_embd, n_tokens]) and queues
-    /// copies of the predicted experts that are not resident. Not waited for: the copies overlap
-    /// this layer's expert matmuls and the next layer's attention; the next layer's first copy
-    /// engine wait covers them.
-    fn prefetch_after(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
+    /// After layer `il`'s experts are queued: takes the next offloaded layer's predicted router
+    /// logits `pred` [n_expert, n_tokens] (computed by the graph on this layer's FFN input),
+    /// and queues copies of the predicted experts that are not resident on the copy stream.
+    /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
+    /// attention; the next stop's routing read waits for them.
+    fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
         let Some(next) = self.next_offloaded(il) else {
             return Ok(());
         };
-        let n_expert = self.n_expert;
-        let n_embd = match &self.layers[next] {
-            Some(l) if !l.router.is_empty() => l.router.len() / n_expert,
-            _ => return Ok(()),
-        };
-        let n = n_embd * n_tokens;
-        let xs = self.scratch + self.scratch_len - 4 * n - 256;
-        // SAFETY: read_routing left this step's FFN input at [xs, xs + 4n) in the live host
-        // scratch (same layout), and nothing has been copied there since.
-        let x = unsafe { std::slice::from_raw_parts(xs as *const f32, n) }.to_vec();
         let bases = self.bases(next);
         let now = self.step;
         let k = self.k;
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut predicted: Vec<u32> = Vec::new();
-        for xt in x.chunks_exact(n_embd) {
-            let logits: Vec<f32> = layer
-                .router
-                .chunks_exact(n_embd)
-                .map(|w| dot(w, xt))
-                .collect();
-            for e in crate::synth::routing::top_k(&logits, k) {
+        for logits in pred.chunks_exact(self.n_expert) {
+            for e in crate::synth::routing::top_k(logits, k) {
                 if !predicted.contains(&(e as u32)) {
                     predicted.push(e as u32);
                 }
@@ -361,33 +429,16 @@ impl Offload {
     }
 }
 
-/// Dot product with 8 independent accumulators, so the compiler vectorises it (a plain
-/// iterator sum is sequential in f32 and runs ~10x slower; the prefetch router is 128-256 of
-/// these per layer per token).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// What a step's router chose, read back to the host.
 struct Routing {
     /// Expert per pick, [k * n_tokens].
     sel: Vec<u32>,
     /// Weight per pick.
     weights: Vec<f32>,
-    /// FFN input [n_embd * n_tokens] (slot steps only).
+    /// The next offloaded layer's predicted router logits [n_expert * n_tokens] (empty without
+    /// prefetch).
+    pred: Vec<f32>,
+    /// FFN input [n_embd * n_tokens] (when the CPU channel may take misses).
     x: Vec<f32>,
 }
 
@@ -420,27 +471,18 @@ impl Offload {
         on_cpu
     }
 
-    /// The GPU's experts of layer `il` are done: put the CPU channel's share (or zeros over a
-    /// stale one) in the tensor the graph adds next.
+    /// The GPU's experts of layer `il` are done (a stop made only when the CPU channel has this
+    /// layer's job): put the CPU channel's share in the tensor the graph adds next.
     fn on_gpu_out(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
         let n = self.n_embd * n_tokens;
-        let out = match self.cpu.as_mut() {
-            Some(cpu) if cpu.pending() == Some(il) => {
-                let t0 = std::time::Instant::now();
-                let r = cpu.finish().map_err(|msg| GgmlError::Tensor {
-                    name: format!("CPU experts of layer {il}"),
-                    msg,
-                })?;
-                self.stats.wait_cpu_s += t0.elapsed().as_secs_f64();
-                self.cpu_dirty[il] = true;
-                r
-            }
-            _ if self.cpu_dirty[il] => {
-                self.cpu_dirty[il] = false;
-                vec![0.0; n]
-            }
-            _ => return Ok(()),
-        };
+        let cpu = self.cpu.as_mut().expect("a CPU job is pending");
+        let t0 = std::time::Instant::now();
+        let out = cpu.finish().map_err(|msg| GgmlError::Tensor {
+            name: format!("CPU experts of layer {il}"),
+            msg,
+        })?;
+        self.stats.wait_cpu_s += t0.elapsed().as_secs_f64();
+        self.cpu_dirty[il] = true;
         assert_eq!(out.len(), n, "CPU result size");
         // Through ggml's own (synchronous) upload, not the copy engine: waiting on the copy
         // engine here would also wait for the next layer's prefetches.
@@ -479,7 +521,7 @@ fn stage_expert(
 
 impl Offload {
     /// The first offloaded layer after `il`.
-    fn next_offloaded(&self, il: usize) -> Option<usize> {
+    pub(crate) fn next_offloaded(&self, il: usize) -> Option<usize> {
         (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some())
     }
 }
@@ -511,20 +553,5 @@ impl Offload {
         self.stats.layers[next].copies += copied;
         self.stats.h2d_bytes += h2d;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn dot_matches_the_plain_sum() {
-        let a: Vec<f32> = (0..2051)
-            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
-            .collect();
-        let b: Vec<f32> = (0..2051)
-            .map(|i| ((i * 53) % 97) as f32 / 48.0 - 1.0)
-            .collect();
-        let plain: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-        assert!((super::dot(&a, &b) as f64 - plain).abs() < 1e-3);
     }
 }

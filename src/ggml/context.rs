@@ -684,6 +684,45 @@ impl<'ctx> Tensor<'ctx> {
         Ok(())
     }
 
+    /// Queues a copy of `n` bytes from host address `src` into the tensor at `offset` on
+    /// `backend`'s compute stream (ggml's `tensor_set_async`): ordered before the work that
+    /// backend runs next, without waiting here. Backends without async copies (the CPU) copy
+    /// at once.
+    ///
+    /// # Safety
+    /// `[src, src + n)` must be readable host memory that stays unchanged until the backend has
+    /// run the copy (the next synchronisation of its stream), and the tensor must live in one of
+    /// `backend`'s buffers.
+    pub unsafe fn write_async(
+        self,
+        backend: &super::Backend,
+        offset: usize,
+        src: usize,
+        n: usize,
+    ) -> Result<()> {
+        let t = self.get();
+        if t.buffer.is_null() || t.data.is_null() {
+            return Err(self.err("has no backend buffer".into()));
+        }
+        if offset + n > self.n_bytes() {
+            return Err(self.err(format!(
+                "write of {n} bytes at {offset} overruns its {} bytes",
+                self.n_bytes()
+            )));
+        }
+        // SAFETY: the range was checked against the tensor's size; the source per the contract.
+        unsafe {
+            sys::ggml_backend_tensor_set_async(
+                backend.raw(),
+                self.raw(),
+                src as *const std::ffi::c_void,
+                offset,
+                n,
+            )
+        };
+        Ok(())
+    }
+
     pub fn n_elements(&self) -> i64 {
         self.get().ne.iter().product()
     }

@@ -184,10 +184,28 @@ impl<'a> GraphBuilder<'a> {
             mode,
             anchor: weights.name(),
             selected: r.selected.name(),
+            weights: weights.name(),
             input: x.name(),
+            pred: None,
             gpu_out: None,
             act: opts.act,
         };
+        // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
+        // right after this router, so the hook's one stop reads the prediction with the routing.
+        if let Some(next) = (mode == Mode::Slots && off.opts.prefetch)
+            .then(|| off.next_offloaded(il))
+            .flatten()
+        {
+            let pred = self.cb(
+                ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
+                "ffn_moe_pred_logits",
+                il as i32,
+            ); // [n_expert, nt]
+            ctx.set_output(pred);
+            self.graph.build_forward(pred);
+            node.anchor = pred.name();
+            node.pred = Some(pred.name());
+        }
         let out = match mode {
             Mode::Staging => {
                 let w = std::array::from_fn(|m| off.staging_tensor(il, m));
