@@ -11,7 +11,8 @@
 # cut short still leaves its figures), bench.png (the plot) and bench.log (progress, llama.cpp's
 # settings search). REPS (default 3), BUDGETS (default resident,12GiB,8GiB), PRESET (default
 # qwen3-30b-a3b; `tiny` for a dry run of the plumbing) and SKEW (synth --routing-skew; default the
-# synth default, 0 = uniform routing) override the matrix.
+# synth default, 0 = uniform routing), PROMPTS (default 512,4096) and DEPTHS (default 0,8192)
+# override the matrix.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
@@ -30,7 +31,7 @@ echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"
 # (progress) to the log. `timeout` keeps the whole run inside the device tool's 10 minutes.
 scripts/device-run.sh exec bash -c '
   timeout 540 pocketmoe bench -m "$1" --gpu 0 --gpu-mem "$3" \
-    -p 512,4096 -n 128 --depth 0,8192 --reps "$4" \
+    -p "${PROMPTS:-512,4096}" -n 128 --depth "${DEPTHS:-0,8192}" --reps "$4" \
     --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
 ' _ "$MODEL" "$OUTDIR" "${BUDGETS:-resident,12GiB,8GiB}" "${REPS:-3}" 2>&1 | tee -a "$OUTDIR/bench.log"
 rc=${PIPESTATUS[0]}

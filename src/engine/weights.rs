@@ -35,6 +35,7 @@ impl Weights {
         let mut done = 0;
         for (tensor, info) in &pairs {
             tensor.write_bytes(model.tensor_data(info))?;
+            model.release(info);
             done += info.n_bytes;
             progress(done, total);
         }

@@ -186,6 +186,7 @@ impl Offload {
         let mut done = 0;
         for (t, info) in &pairs {
             t.write_bytes(file.tensor_data(info))?;
+            file.release(info);
             done += info.n_bytes;
             progress(done, total);
         }

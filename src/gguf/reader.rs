@@ -133,6 +133,25 @@ impl GgufFile {
             .unwrap_or_else(|| panic!("tensor {:?} is not in {}", t.name, self.path().display()))
     }
 
+    /// Lets the kernel drop this process's pages of `t`'s bytes (after they were copied into
+    /// backend buffers), so that a loaded model does not hold the file twice in its resident
+    /// set. The map stays valid: a later read faults the pages in again from the file.
+    pub fn release(&self, t: &TensorInfo) {
+        let (Ok(off), Ok(len)) = (usize::try_from(t.offset), usize::try_from(t.n_bytes)) else {
+            return;
+        };
+        if len == 0 || off.checked_add(len).is_none_or(|end| end > self.map.len()) {
+            return;
+        }
+        // SAFETY: the map is private and read-only, so dropping its pages loses nothing (they
+        // are re-read from the file on the next access); no Rust reference into these bytes is
+        // alive across this call by the callers' use (they copy the slice first).
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len)
+        };
+    }
+
     fn meta_header(&self) -> &GgufHeader {
         &self.header
     }
@@ -298,6 +317,12 @@ impl GgufModel {
         match self.shards.get(t.shard) {
             Some(s) => s.tensor_data(t),
             None => panic!("tensor {:?}: no shard {} in this model", t.name, t.shard),
+        }
+    }
+    /// [`GgufFile::release`] in `t`'s shard.
+    pub fn release(&self, t: &TensorInfo) {
+        if let Some(s) = self.shards.get(t.shard) {
+            s.release(t);
         }
     }
     /// The bytes of the tensor called `name`.

@@ -82,14 +82,21 @@ impl Planned {
 }
 
 /// Value statistics for a tensor: (mean, std).
-fn init_stats(spec: &TensorSpec, name: &str, shape: &[u64]) -> (f32, f32) {
+fn init_stats(spec: &TensorSpec, name: &str, shape: &[u64], n_layer: usize) -> (f32, f32) {
     let fan_in = shape[0] as f32;
     match spec.role {
         Role::Norm if !name.ends_with(".bias") => (1.0, 0.05),
         _ if name.ends_with(".bias") || name.contains("exp_probs_b") || name.contains("sinks") => {
             (0.0, 0.02)
         }
-        Role::Embedding => (0.0, 1.0),
+        // Token-dominated hidden states: every block adds outputs of about unit RMS that vary
+        // little from token to token (random attention averages the context), so with unit
+        // embeddings the residual stream — and with it every router's choice — would barely
+        // change between decode steps (a 19% expert cache then hit 91% even without skew).
+        // Embeddings of RMS ~sqrt(2 n_layer) keep the token's share of the stream at every
+        // depth, so consecutive tokens route about as independently as the skew calibration
+        // assumes (`routing::simulate_lru_hit_rate`).
+        Role::Embedding => (0.0, (2.0 * n_layer as f32).sqrt().max(1.0)),
         // Peaked output logits: std of a logit ~ 4 for unit-RMS hidden states.
         Role::Output => (0.0, 4.0 / fan_in.sqrt()),
         // Decisive routers (logit std ~4): top-k choices are far from ties, so two correct
@@ -115,7 +122,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
             )));
         }
         let ty = quantmix::tensor_type(mix, &name, spec.role, &shape, block, h.n_layer);
-        let (mean, std) = init_stats(spec, &name, &shape);
+        let (mean, std) = init_stats(spec, &name, &shape, h.n_layer);
         let row_scale = (spec.role == Role::Router && name.ends_with("ffn_gate_inp.weight"))
             .then(|| routing::multipliers(shape[1] as usize, skew, &mut router_rng));
         out.push(Planned {

@@ -30,6 +30,9 @@ const POOL_RESERVE: u64 = 128 << 20;
 
 /// Our micro-batch when offloading.
 const OFFLOAD_UBATCH: usize = 4096;
+/// Our micro-batch fully resident (llama.cpp's best on the H200 is -ub 2048 for pp4096; the
+/// baseline searches 512/2048/4096, we run one).
+const RESIDENT_UBATCH: usize = 2048;
 
 /// A VRAM budget: `None` = resident (the whole device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +245,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         n_ubatch: if budget.0.is_some() {
             OFFLOAD_UBATCH
         } else {
-            512
+            RESIDENT_UBATCH
         },
         ..Default::default()
     };
