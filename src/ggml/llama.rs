@@ -339,6 +339,11 @@ impl<'m> LlamaContext<'m> {
             p.n_ubatch = n_ctx.min(512);
             p.n_threads = n_threads;
             p.n_threads_batch = n_threads;
+            // The oracle computes where its weights are: with op offload (llama.cpp's default)
+            // a CUDA build runs a CPU model's large-batch matmuls on the GPU, whose rounding
+            // then flips near-tie routing against our CPU engine (the "CPU parity fails only in
+            // the CUDA build" of sessions 1-2).
+            p.op_offload = false;
             if let Some(t) = kv {
                 p.type_k = t.raw();
                 p.type_v = t.raw();
