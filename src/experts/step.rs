@@ -141,7 +141,8 @@ impl Offload {
         };
         let lay = ScratchLayout::new(self.scratch, cnt, n_pred);
         let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
-        assert!(lay.end <= x_at, "routing read exceeds the scratch");
+        // The reads end where the control area starts (used by slot steps only, sized for them).
+        assert!(lay.ctl <= x_at, "routing read exceeds the scratch");
         self.xfer.copy(lay.sel, n.sel_addr, 4 * cnt)?;
         self.xfer.copy(lay.w, n.w_addr, 4 * cnt)?;
         if let Some(p) = n.pred_addr {
