@@ -179,3 +179,37 @@ fn offloaded_equals_resident_on_every_built_arch() {
         check_arch(arch);
     }
 }
+
+/// Prefill micro-batches far larger than the slot micro-batch (every used expert staged,
+/// stage-ahead on): a 600-token prompt in micro-batches of 512 matches the resident engine.
+#[test]
+fn long_prefill_micro_batches_match_resident() {
+    let path = tiny("qwen3moe");
+    let opts = |gpu_mem| EngineOptions {
+        device: device(),
+        n_ctx: 1024,
+        n_threads: 2,
+        n_ubatch: 512,
+        gpu_mem,
+        ..Default::default()
+    };
+    let need = match Engine::load(&path, opts(Some(1)), &|_, _| {}) {
+        Err(EngineError::BudgetTooSmall { need, .. }) => need,
+        Err(e) => panic!("wrong error for a tiny budget: {e}"),
+        Ok(_) => panic!("a 1-byte budget was accepted"),
+    };
+    let mut off = Engine::load(&path, opts(Some(need)), &|_, _| {}).unwrap();
+    assert_eq!(off.expert_slots(), Some(0));
+    assert_eq!(off.n_ubatch(), 512);
+    let mut resident = Engine::load(&path, opts(None), &|_, _| {}).unwrap();
+    let prompt: Vec<u32> = (0..600).map(|i| (i * 13 + 5) % 200).collect();
+    let want = resident.forward(&prompt).unwrap();
+    let got = off.forward(&prompt).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
+        let c = cosine(g, w);
+        assert!(c >= 0.999, "prompt cosine {c} at {pos}");
+    }
+    let st = off.offload_stats().unwrap();
+    assert!(st.h2d_bytes > 0, "nothing was staged");
+}

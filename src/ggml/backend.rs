@@ -378,14 +378,38 @@ unsafe extern "C" fn hook_cb(
 ) -> bool {
     // SAFETY: `user` is the `HookCall` set by compute_hooked, alive during compute.
     let call = unsafe { &mut *(user as *mut HookCall<'_>) };
-    if ask {
-        return call.hook.wants(t as usize);
+    if call.error.is_some() {
+        // Stop at the next node: ask for it, then refuse to go on.
+        return ask;
     }
-    match call.hook.computed(t as usize) {
-        Ok(()) => true,
-        Err(e) => {
+    // A panic must not unwind into C (that aborts the process): it becomes the compute's error,
+    // and the graph stops.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if ask {
+            Ok(call.hook.wants(t as usize))
+        } else {
+            call.hook.computed(t as usize).map(|()| true)
+        }
+    }));
+    match r {
+        Ok(Ok(go_on)) => go_on,
+        Ok(Err(e)) => {
             call.error = Some(e);
             false
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            call.error = Some(GgmlError::Compute {
+                backend: format!("step hook panicked: {msg}"),
+                status: sys::GGML_STATUS_FAILED,
+            });
+            // Returning false from an `ask` would not stop ggml: ask for the node instead, and
+            // the call after it (not `ask`) returns false.
+            ask
         }
     }
 }
