@@ -153,7 +153,8 @@ impl Engine {
             let o = OffloadOptions {
                 policy: opts.policy.clone(),
                 max_slot_tokens: MAX_SLOT_TOKENS,
-                n_ubatch: opts.n_ubatch.min(opts.n_ctx),
+                // Sizes the host scratch for a micro-batch of up to the whole context.
+                n_ubatch: opts.n_ctx.max(1),
                 prefetch: opts.prefetch,
                 bandwidths: opts.offload_bandwidths,
                 cpu_threads: if opts.cpu_experts {

@@ -38,7 +38,7 @@ pub struct OffloadOptions {
     pub policy: PolicyKind,
     /// Largest micro-batch decoded through the slot cache; larger ones use staging.
     pub max_slot_tokens: usize,
-    /// Largest micro-batch (sizes the host scratch).
+    /// Largest micro-batch (sizes the host scratch: 16 B per expert pick).
     pub n_ubatch: usize,
     /// FATE-style prefetch: predict layer L+1's experts from layer L's FFN input.
     pub prefetch: bool,

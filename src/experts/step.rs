@@ -142,7 +142,18 @@ impl Offload {
         let lay = ScratchLayout::new(self.scratch, cnt, n_pred);
         let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
         // The reads end where the control area starts (used by slot steps only, sized for them).
-        assert!(lay.ctl <= x_at, "routing read exceeds the scratch");
+        if lay.ctl > x_at {
+            return Err(GgmlError::Tensor {
+                name: format!("offload scratch of layer {}", n.il),
+                msg: format!(
+                    "{n_tokens} tokens x {} experts, {n_pred} predicted logits and {x_len} inputs \
+                     need {} B, the scratch has {} B",
+                    self.k,
+                    lay.ctl - self.scratch + 4 * x_len + 256,
+                    self.scratch_len
+                ),
+            });
+        }
         self.xfer.copy(lay.sel, n.sel_addr, 4 * cnt)?;
         self.xfer.copy(lay.w, n.w_addr, 4 * cnt)?;
         if let Some(p) = n.pred_addr {
