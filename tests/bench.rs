@@ -93,7 +93,7 @@ fn both_engines_table_json_and_plot() {
         .take_while(|l| l.starts_with('|'))
         .map(|l| cells(l))
         .collect();
-    for label in ["pocketmoe -ub 512", "-ngl 0 -ub 32", "-ngl 0 -ub 64"] {
+    for label in ["pocketmoe -ub 2048", "-ngl 0 -ub 32", "-ngl 0 -ub 64"] {
         assert!(
             settings.iter().any(|s| s[2] == label && s[5] == "ran"),
             "{label} not run: {settings:?}"

@@ -238,12 +238,30 @@ pub struct Sched {
 impl Sched {
     pub fn new(backends: &[Rc<Backend>], graph_size: usize, op_offload: bool) -> Result<Self> {
         let mut raw: Vec<_> = backends.iter().map(|b| b.raw()).collect();
+        // As llama.cpp: with a GPU, the CPU backend's intermediates and graph inputs live in
+        // the GPU's page-locked host memory, so their uploads (e.g. a deep context's causal
+        // mask, tens of MB per micro-batch) run at PCIe speed, not through a pageable bounce.
+        // SAFETY: live backends; device handles are static; null = no such buffer type.
+        let mut bufts: Vec<_> = unsafe {
+            let gpu_host = backends
+                .iter()
+                .filter(|b| b.is_cuda())
+                .map(|b| sys::ggml_backend_dev_host_buffer_type(sys::ggml_backend_get_device(b.raw())))
+                .find(|t| !t.is_null());
+            backends
+                .iter()
+                .map(|b| match gpu_host {
+                    Some(h) if !b.is_cuda() => h,
+                    _ => sys::ggml_backend_get_default_buffer_type(b.raw()),
+                })
+                .collect()
+        };
         // SAFETY: `raw` holds live backends, kept alive by `backends` (Rc) as long as the
-        // scheduler; null bufts = each backend's default.
+        // scheduler; `bufts` one valid buffer type per backend.
         let ptr = unsafe {
             sys::ggml_backend_sched_new(
                 raw.as_mut_ptr(),
-                std::ptr::null_mut(),
+                bufts.as_mut_ptr(),
                 raw.len() as i32,
                 graph_size,
                 false,

@@ -189,13 +189,19 @@ pub fn run_tests(
             s.append(&tokens[..t.depth])?;
             filled = Some(t.depth);
         }
-        let run = |s: &mut dyn Subject, n_gen: usize| -> Result<f64> {
+        // Fresh random tokens for every run, as llama-bench draws them: replaying the same
+        // tokens would let an expert cache learn exactly their routing (warm-up included).
+        let mut run = |s: &mut dyn Subject, n_gen: usize| -> Result<f64> {
             s.truncate(t.depth);
+            let n = if t.is_pp() { t.n_prompt } else { n_gen };
+            let fresh: Vec<u32> = (0..n)
+                .map(|_| (rng.next_u64() % n_vocab.max(1)) as u32)
+                .collect();
             let t0 = Instant::now();
             if t.is_pp() {
-                s.append(&tokens[..t.n_prompt])?;
+                s.append(&fresh)?;
             } else {
-                for tok in tokens.iter().cycle().take(n_gen) {
+                for tok in &fresh {
                     s.append(std::slice::from_ref(tok))?;
                 }
             }
