@@ -312,6 +312,20 @@ pub fn all() -> Vec<Preset> {
                 ..olmoe()
             },
         ),
+        // Deep but narrow (~20 MB): 24 blocks, for tests of what depth does to routing.
+        p(
+            "deep-tiny",
+            "qwen3moe-deep-tiny",
+            Hparams {
+                n_vocab: v,
+                n_embd: 256,
+                n_layer: 24,
+                n_expert: 32,
+                n_expert_used: 4,
+                n_ff_exp: 128,
+                ..attn(qwen3moe(), 4, 2, 64)
+            },
+        ),
         // Tiny: same structure, a few MB; 256-multiple widths so every quant type applies.
         p(
             "tiny",
