@@ -61,7 +61,9 @@ fn deep_synthetic_decode_routes_about_as_independently_as_calibrated() {
         eng.hp.n_expert as usize,
         eng.hp.n_expert_used as usize,
     );
-    let names: Vec<String> = (0..n_layer).map(|il| format!("ffn_moe_probs-{il}")).collect();
+    let names: Vec<String> = (0..n_layer)
+        .map(|il| format!("ffn_moe_probs-{il}"))
+        .collect();
     let mut cap = Capture::new(names.clone());
     let mut rng = pocketmoe::util::Rng::new(5);
     let n_vocab = eng.hp.n_vocab;

@@ -250,7 +250,10 @@ impl<'e> Trace<'e> {
         let argmax = logits
             .iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |m, (i, &v)| if v > m.1 { (i, v) } else { m },
+            )
             .0;
         let sum: f64 = logits.iter().map(|&v| v as f64).sum();
         writeln!(self.out, "step {} argmax {argmax} sum {sum:.6e}", self.step)?;
@@ -261,7 +264,12 @@ impl<'e> Trace<'e> {
                 let v = &cap.got[&n];
                 let s: f64 = v.iter().map(|&x| x as f64).sum();
                 let head: Vec<String> = v.iter().take(4).map(|x| format!("{x:.6e}")).collect();
-                writeln!(self.out, "  {n} n={} sum={s:.6e} head={}", v.len(), head.join(","))?;
+                writeln!(
+                    self.out,
+                    "  {n} n={} sum={s:.6e} head={}",
+                    v.len(),
+                    head.join(",")
+                )?;
             }
             cap.got.clear();
         }

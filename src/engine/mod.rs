@@ -460,11 +460,18 @@ impl Engine {
         g.tensor("inp_pos")
             .write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
         g.tensor("attn_inp_kq_mask")
-            .write_bytes(bytemuck::cast_slice(&causal_mask_f16(n_past, n, n_kv, usize::MAX)))?;
+            .write_bytes(bytemuck::cast_slice(&causal_mask_f16(
+                n_past,
+                n,
+                n_kv,
+                usize::MAX,
+            )))?;
         if g.has("attn_inp_kq_mask_swa") {
             let window = self.hp.sliding_window as usize;
             g.tensor("attn_inp_kq_mask_swa")
-                .write_bytes(bytemuck::cast_slice(&causal_mask_f16(n_past, n, n_kv, window)))?;
+                .write_bytes(bytemuck::cast_slice(&causal_mask_f16(
+                    n_past, n, n_kv, window,
+                )))?;
         }
         g.tensor("inp_kv_idxs")
             .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
@@ -542,8 +549,16 @@ mod tests {
             for t in 0..n {
                 for j in 0..n_kv {
                     let p = n_past + t;
-                    let want = if j <= p && p - j < window { zero } else { neg_inf };
-                    assert_eq!(m[t * n_kv + j], want, "{n_past} {n} {n_kv} {window}: ({t}, {j})");
+                    let want = if j <= p && p - j < window {
+                        zero
+                    } else {
+                        neg_inf
+                    };
+                    assert_eq!(
+                        m[t * n_kv + j],
+                        want,
+                        "{n_past} {n} {n_kv} {window}: ({t}, {j})"
+                    );
                 }
             }
         }

@@ -195,9 +195,10 @@ impl Offload {
         // micro-batch), the prefetch prediction and control (ids + mask) of a slot micro-batch,
         // and its FFN input.
         let t_max = opts.max_slot_tokens;
-        let scratch_len = 4 * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
-            + (n_expert * t_max).next_multiple_of(64)
-            + 2 * (k * t_max).next_multiple_of(64))
+        let scratch_len = 4
+            * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
+                + (n_expert * t_max).next_multiple_of(64)
+                + 2 * (k * t_max).next_multiple_of(64))
             + 4 * hp.n_embd as usize * t_max
             + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;

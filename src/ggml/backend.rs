@@ -246,7 +246,9 @@ impl Sched {
             let gpu_host = backends
                 .iter()
                 .filter(|b| b.is_cuda())
-                .map(|b| sys::ggml_backend_dev_host_buffer_type(sys::ggml_backend_get_device(b.raw())))
+                .map(|b| {
+                    sys::ggml_backend_dev_host_buffer_type(sys::ggml_backend_get_device(b.raw()))
+                })
                 .find(|t| !t.is_null());
             backends
                 .iter()

@@ -20,7 +20,9 @@ pub mod quant;
 pub mod refquant;
 mod types;
 
-pub use backend::{configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Sched};
+pub use backend::{
+    configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Sched,
+};
 pub use buffer::{BufferRef, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;

@@ -185,10 +185,7 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
 }
 
 /// Runs the baseline child for `budget` and reads its settings back.
-fn baseline_in_child(
-    args: &BenchArgs,
-    budget: Budget,
-) -> Result<Vec<Setting>> {
+fn baseline_in_child(args: &BenchArgs, budget: Budget) -> Result<Vec<Setting>> {
     let exe = std::env::current_exe().context("locating the pocketmoe binary")?;
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let mut cmd = std::process::Command::new(exe);
