@@ -5,6 +5,7 @@ mod common;
 use common::{argmax, cosine};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
+use pocketmoe::ggml::GgmlType;
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use std::path::PathBuf;
 
@@ -36,6 +37,11 @@ pub fn check_parity(arch: &str, device: Device) {
 
 /// [`check_parity`] on another synth preset of `arch` (a variant of its tiny one).
 pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
+    check_parity_kv(arch, preset, device, GgmlType::F16)
+}
+
+/// [`check_parity_preset`] with a KV cache of type `kv` in both engines.
+pub fn check_parity_kv(arch: &str, preset: &str, device: Device, kv: GgmlType) {
     if device != Device::Cpu {
         // Before libllama's first CUDA kernel: the switches are process-wide, and both engines
         // run under the same ones.
@@ -43,12 +49,13 @@ pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
     }
     let path = synth_preset(arch, preset);
     let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
-    let mut lctx = LlamaContext::new(&lm, 256, 2).unwrap();
+    let mut lctx = LlamaContext::new_with_kv(&lm, 256, 2, kv).unwrap();
     let prompt = lm.tokenize(PROMPT, false, false).unwrap();
     let opts = EngineOptions {
         device,
         n_ctx: 256,
         n_threads: 2,
+        kv_type: kv,
         ..Default::default()
     };
     let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
@@ -125,6 +132,14 @@ pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
 #[test]
 fn qwen3moe_cpu_parity() {
     check_parity("qwen3moe", Device::Cpu);
+}
+
+/// A q8_0 KV cache: libllama stores K and V Hadamard-rotated; so do we.
+#[test]
+fn q8_0_kv_cache_cpu_parity() {
+    for arch in ["qwen3moe", "gpt-oss"] {
+        check_parity_kv(arch, "tiny", Device::Cpu, GgmlType::Q8_0);
+    }
 }
 
 #[test]

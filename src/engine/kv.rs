@@ -12,6 +12,50 @@ pub struct KvCache {
     /// Row widths of K and V per layer.
     pub k_width: Vec<usize>,
     pub v_width: Vec<usize>,
+    /// Sizes of the Hadamard rotations of K (and Q) and of V for a quantised cache (0 = none).
+    pub rot: (usize, usize),
+}
+
+/// libllama's rotation sizes for a cache of type `ty` with K heads of `dk` and V heads of `dv`
+/// (`dv` = 0: no V cache, as MLA): a quantised cache stores K and V rotated by an orthonormal
+/// Hadamard matrix (outliers spread over the block, so q8_0 loses less), Q is rotated alike
+/// (the scores are unchanged) and the attention output rotated back. K: 64, doubled while it
+/// divides the head; V: 64. None for f16/f32 or heads not a multiple of 64.
+pub fn rotation_sizes(ty: GgmlType, dk: usize, dv: usize) -> (usize, usize) {
+    if !ty.is_quantized() {
+        return (0, 0);
+    }
+    let k = if dk > 0 && dk % 64 == 0 {
+        let mut n = 64;
+        while dk % (2 * n) == 0 {
+            n *= 2;
+        }
+        n
+    } else {
+        0
+    };
+    let v = if dv > 0 && dv % 64 == 0 { 64 } else { 0 };
+    (k, v)
+}
+
+/// The orthonormal Walsh-Hadamard matrix of size `n` (a power of two), row-major; `H·H = I`.
+pub fn hadamard(n: usize) -> Vec<f32> {
+    assert!(n.is_power_of_two(), "Hadamard size {n}");
+    let mut h = vec![0f32; n * n];
+    h[0] = 1.0 / (n as f32).sqrt();
+    let mut s = 1;
+    while s < n {
+        for i in 0..s {
+            for j in 0..s {
+                let v = h[i * n + j];
+                h[(i + s) * n + j] = v;
+                h[i * n + j + s] = v;
+                h[(i + s) * n + j + s] = -v;
+            }
+        }
+        s *= 2;
+    }
+    h
 }
 
 impl KvCache {
@@ -21,8 +65,15 @@ impl KvCache {
         widths: &[(usize, usize)],
         n_ctx: usize,
         ty: GgmlType,
+        rot: (usize, usize),
     ) -> Result<Self, GgmlError> {
-        let ctx = Context::new(2 * widths.len() + 1, 0)?;
+        let ctx = Context::new(2 * widths.len() + 3, 0)?;
+        for (n, name) in [(rot.0, "attn_rot_k"), (rot.1, "attn_rot_v")] {
+            if n > 0 {
+                ctx.new_tensor(GgmlType::F32, &[n as i64, n as i64])?
+                    .set_name(name);
+            }
+        }
         for (il, &(k, v)) in widths.iter().enumerate() {
             if k > 0 {
                 ctx.new_tensor(ty, &[k as i64, n_ctx as i64])?
@@ -36,6 +87,12 @@ impl KvCache {
         ctx.alloc_tensors(backend)?;
         ctx.clear_buffers(0);
         let index = ctx.index();
+        for (n, name) in [(rot.0, "attn_rot_k"), (rot.1, "attn_rot_v")] {
+            if n > 0 {
+                let t = ctx.get(&index, name).expect("just made");
+                t.write_bytes(bytemuck::cast_slice(&hadamard(n)))?;
+            }
+        }
         Ok(Self {
             ctx,
             index,
@@ -44,6 +101,7 @@ impl KvCache {
             ty,
             k_width: widths.iter().map(|w| w.0).collect(),
             v_width: widths.iter().map(|w| w.1).collect(),
+            rot,
         })
     }
 
@@ -63,11 +121,49 @@ impl KvCache {
         self.find(&format!("cache_v_l{il}"))
     }
 
+    /// The K (and Q) rotation, when the cache is quantised.
+    pub fn rot_k(&self) -> Option<Tensor<'_>> {
+        (self.rot.0 > 0).then(|| self.find("attn_rot_k"))
+    }
+
+    /// The V rotation (the attention output is rotated back by it).
+    pub fn rot_v(&self) -> Option<Tensor<'_>> {
+        (self.rot.1 > 0).then(|| self.find("attn_rot_v"))
+    }
+
     pub fn bytes(&self) -> usize {
         self.k_width
             .iter()
             .chain(&self.v_width)
             .map(|&w| self.ty.row_size(w as u64).unwrap_or(0) as usize * self.n_ctx)
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hadamard_is_orthonormal_and_its_own_inverse() {
+        for n in [1, 2, 64, 128] {
+            let h = super::hadamard(n);
+            for i in 0..n {
+                for j in 0..n {
+                    let dot: f32 = (0..n).map(|k| h[i * n + k] * h[k * n + j]).sum();
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((dot - want).abs() < 1e-5, "n {n}: (H H)[{i}][{j}] = {dot}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_sizes_follow_libllama() {
+        use crate::ggml::GgmlType;
+        const Q8_0: GgmlType = GgmlType::Q8_0;
+        assert_eq!(super::rotation_sizes(GgmlType::F16, 128, 128), (0, 0));
+        assert_eq!(super::rotation_sizes(Q8_0, 128, 128), (128, 64));
+        assert_eq!(super::rotation_sizes(Q8_0, 64, 64), (64, 64));
+        assert_eq!(super::rotation_sizes(Q8_0, 576, 0), (64, 0));
+        assert_eq!(super::rotation_sizes(Q8_0, 96, 96), (0, 0));
     }
 }

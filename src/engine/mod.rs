@@ -148,7 +148,22 @@ impl Engine {
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
         let keep = |name: &str| !(offload && is_routed_expert(name));
         let weights = weights::Weights::load(&file, &main, &keep, progress)?;
-        let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type)?;
+        if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
+            return Err(model_err(format!(
+                "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",
+                opts.kv_type
+            )));
+        }
+        let rot = kv::rotation_sizes(
+            opts.kv_type,
+            hp.head_dim_k as usize,
+            if hp.is_mla() {
+                0
+            } else {
+                hp.head_dim_v as usize
+            },
+        );
+        let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type, rot)?;
         let off = if offload {
             let o = OffloadOptions {
                 policy: opts.policy.clone(),

@@ -390,6 +390,28 @@ impl Context {
 
     /// Fused attention: `q` [d, n_tokens, n_head], `k` [d, n_kv, n_head_kv], `v` [dv, n_kv,
     /// n_head_kv], `mask` f16 [n_kv, n_tokens_padded] -> [dv, n_head, n_tokens].
+    /// `x` rotated block-wise by the orthonormal Hadamard matrix `rot` [n, n]: each run of `n`
+    /// consecutive elements of `x` becomes `rot · run` (llama.cpp's `llama_mul_mat_hadamard`,
+    /// with its hint, so the CPU backend runs a fast Walsh-Hadamard transform). Shape kept.
+    pub fn mul_mat_hadamard<'a>(&'a self, rot: Tensor<'a>, x: Tensor<'a>) -> Tensor<'a> {
+        let n = rot.ne()[0];
+        let ne = x.ne();
+        let rows = x.n_elements() / n;
+        // SAFETY: live context and tensors; ggml checks the shapes (rows divide evenly: the
+        // caller picks n dividing the head size).
+        let t = unsafe {
+            let flat = if sys::ggml_is_contiguous(x.raw()) {
+                sys::ggml_reshape_2d(self.raw(), x.raw(), n, rows)
+            } else {
+                sys::ggml_cont_2d(self.raw(), x.raw(), n, rows)
+            };
+            let r = sys::ggml_mul_mat(self.raw(), rot.raw(), flat);
+            sys::ggml_mul_mat_set_hint(r, sys::GGML_HINT_SRC0_IS_HADAMARD);
+            sys::ggml_reshape_4d(self.raw(), r, ne[0], ne[1], ne[2], ne[3])
+        };
+        self.wrap(t, "mul_mat_hadamard")
+    }
+
     pub fn flash_attn<'a>(
         &'a self,
         q: Tensor<'a>,

@@ -93,6 +93,12 @@ impl<'a> GraphBuilder<'a> {
         scale: f32,
     ) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
+        // A quantised cache holds K and V Hadamard-rotated (as libllama): Q turns with K, so
+        // the scores are unchanged, and the output turns back with V's rotation below.
+        let (rk, rv) = (self.kv.rot_k(), self.kv.rot_v());
+        let q = rk.map_or(q, |r| ctx.mul_mat_hadamard(r, q));
+        let k = rk.map_or(k, |r| ctx.mul_mat_hadamard(r, k));
+        let v = rv.map_or(v, |r| ctx.mul_mat_hadamard(r, v));
         let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
         let (dk, dv, nt) = (
             hp.head_dim_k as i64,
@@ -124,7 +130,12 @@ impl<'a> GraphBuilder<'a> {
         if let Some(sinks) = self.wl_opt(il, "attn_sinks.weight") {
             ctx.flash_attn_add_sinks(o, sinks);
         }
-        ctx.reshape(o, &[dv * n_head, nt])
-            .expect("attn out reshape") // [dv*n_head, nt]
+        let o = ctx
+            .reshape(o, &[dv * n_head, nt])
+            .expect("attn out reshape"); // [dv*n_head, nt]
+        match self.kv.rot_v() {
+            Some(r) => ctx.mul_mat_hadamard(r, o),
+            None => o,
+        }
     }
 }
