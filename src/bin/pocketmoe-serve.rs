@@ -42,6 +42,10 @@ struct Args {
     /// ctx × parallel positions.
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+    /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
+    /// llama.cpp does for a quantised cache).
+    #[arg(long, default_value = "f16", value_parser = pocketmoe::cli::parse_cache_type)]
+    cache_type: pocketmoe::ggml::GgmlType,
     /// Requests decoded together (continuous batching).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
@@ -112,6 +116,7 @@ fn run(args: Args) -> Result<i32> {
             n_threads: args.threads,
             n_ubatch: args.batch,
             gpu_mem: args.gpu_mem,
+            kv_type: args.cache_type,
             ..Default::default()
         },
         parallel: args.parallel,

@@ -18,6 +18,15 @@ pub fn byte_progress(total: u64, what: &str) -> indicatif::ProgressBar {
     pb
 }
 
+/// `--cache-type`: the KV cache's element type, as llama.cpp's `-ctk`/`-ctv` (one for both).
+pub fn parse_cache_type(s: &str) -> Result<crate::ggml::GgmlType, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "f16" => Ok(crate::ggml::GgmlType::F16),
+        "q8_0" => Ok(crate::ggml::GgmlType::Q8_0),
+        other => Err(format!("cache type {other:?}: f16 or q8_0")),
+    }
+}
+
 use crate::engine::Engine;
 use crate::ggml::llama::LlamaContext;
 

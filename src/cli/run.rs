@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// Context length.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
+    /// llama.cpp does for a quantised cache).
+    #[arg(long, default_value = "f16", value_parser = super::parse_cache_type)]
+    pub cache_type: crate::ggml::GgmlType,
     /// Device memory budget (e.g. 8GiB). When the model does not fit, routed experts stay in
     /// pinned host memory and the GPU keeps a cache of them (DESIGN.md §4).
     #[arg(long, value_parser = super::inspect::parse_bytes)]
@@ -107,6 +111,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         n_ctx: args.ctx,
         n_threads: args.threads,
         gpu_mem: args.gpu_mem,
+        kv_type: args.cache_type,
         policy: args.cache_policy.clone(),
         ..Default::default()
     };
@@ -137,7 +142,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         } else {
             args.threads
         };
-        let ctx = LlamaContext::new(&lm, args.ctx as u32, threads as i32)?;
+        let ctx = LlamaContext::new_with_kv(&lm, args.ctx as u32, threads as i32, args.cache_type)?;
         loaded(t_load);
         let mut dec = LlamaDecoder { ctx, n_past: 0 };
         let r = gen.run(&mut dec);
