@@ -134,6 +134,7 @@ fn both_engines_table_json_and_plot() {
             "llama_rss_bytes",
             "hit_rate",
             "pcie_gbs",
+            "stall_ms_per_token",
             "bound_fraction",
             "depth",
             "n_prompt",

@@ -192,6 +192,18 @@ impl HttpMetrics {
                 "Expert bytes read by the CPU.",
                 &one(x.cpu_bytes as f64),
             );
+            metric(
+                "expert_graph_stops_total",
+                "counter",
+                "Graph stops for expert routing (about one per offloaded layer per step).",
+                &one(x.stops as f64),
+            );
+            metric(
+                "expert_stop_seconds_total",
+                "counter",
+                "Host seconds spent in those stops (the GPU idles meanwhile).",
+                &one(x.hook_s),
+            );
         }
         o
     }

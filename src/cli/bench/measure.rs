@@ -138,6 +138,11 @@ pub struct Offload {
     pub h2d_bytes: u64,
     /// Host-to-device bytes per second of wall time.
     pub pcie_gbs: f64,
+    /// Graph stops per token and host microseconds per stop (decode overhead).
+    #[serde(default)]
+    pub stops_per_token: f64,
+    #[serde(default)]
+    pub us_per_stop: f64,
 }
 
 /// The timed runs of one test.
@@ -224,6 +229,8 @@ pub fn run_tests(
                     cpu_share: d.cpu_share(),
                     h2d_bytes: d.h2d_bytes,
                     pcie_gbs: d.h2d_bytes as f64 / wall.max(1e-9) / 1e9,
+                    stops_per_token: d.stops as f64 / d.tokens.max(1) as f64,
+                    us_per_stop: 1e6 * d.hook_s / d.stops.max(1) as f64,
                 })
             }
             _ => None,

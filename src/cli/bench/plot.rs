@@ -250,6 +250,7 @@ mod tests {
             llama_rss_bytes: None,
             hit_rate: None,
             pcie_gbs: None,
+            stall_ms_per_token: None,
             bound_tok_s: None,
             bound_fraction: None,
         }

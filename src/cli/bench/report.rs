@@ -83,6 +83,8 @@ pub struct Row {
     pub llama_rss_bytes: Option<u64>,
     pub hit_rate: Option<f64>,
     pub pcie_gbs: Option<f64>,
+    /// Host milliseconds per token spent in the offload's graph stops, while the GPU idles.
+    pub stall_ms_per_token: Option<f64>,
     pub bound_tok_s: Option<f64>,
     pub bound_fraction: Option<f64>,
 }
@@ -193,6 +195,11 @@ pub fn rows(
                 llama_rss_bytes: best.map(|(s, _)| s.host_rss_bytes),
                 hit_rate: hit,
                 pcie_gbs: ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.pcie_gbs)),
+                stall_ms_per_token: ours.and_then(|(_, m)| {
+                    m.offload
+                        .as_ref()
+                        .map(|o| o.stops_per_token * o.us_per_stop / 1e3)
+                }),
                 bound_tok_s,
                 bound_fraction: ours.zip(bound_tok_s).map(|((_, m), bd)| m.mean / bd),
             });
@@ -207,7 +214,7 @@ pub fn budget_name(b: Option<u64>) -> String {
 }
 
 /// The comparison columns, in order (tests check them).
-pub const COLUMNS: [&str; 14] = [
+pub const COLUMNS: [&str; 15] = [
     "budget",
     "test",
     "pocketmoe t/s",
@@ -220,6 +227,7 @@ pub const COLUMNS: [&str; 14] = [
     "RSS llama.cpp",
     "hit rate",
     "PCIe GB/s",
+    "stall ms/tok",
     "bound t/s",
     "of bound",
 ];
@@ -275,6 +283,7 @@ pub fn markdown(r: &Report) -> String {
             opt(w.llama_rss_bytes, human_bytes),
             opt(w.hit_rate, |h| format!("{:.1}%", 100.0 * h)),
             opt(w.pcie_gbs, |g| format!("{g:.1}")),
+            opt(w.stall_ms_per_token, |m| format!("{m:.2}")),
             opt(w.bound_tok_s, |b| format!("{b:.0}")),
             opt(w.bound_fraction, |f| format!("{:.1}%", 100.0 * f)),
         ]);
