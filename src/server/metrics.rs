@@ -41,6 +41,8 @@ impl HttpMetrics {
     }
 
     pub fn render(&self, card: &ModelCard, health: &Health, s: &EngineStats) -> String {
+        const COUNTER: &str = "counter";
+        const GAUGE: &str = "gauge";
         let mut o = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
             let _ = writeln!(o, "# HELP pocketmoe_{name} {help}");
@@ -49,7 +51,6 @@ impl HttpMetrics {
                 let _ = writeln!(o, "pocketmoe_{name}{labels} {v}");
             }
         };
-        let one = |v: f64| vec![(String::new(), v)];
         let requests: Vec<(String, f64)> = self
             .counts
             .lock()
@@ -59,7 +60,7 @@ impl HttpMetrics {
             .collect();
         metric(
             "requests_total",
-            "counter",
+            COUNTER,
             "HTTP requests answered, by route and status.",
             &requests,
         );
@@ -68,142 +69,146 @@ impl HttpMetrics {
             Health::Loading { fraction } => (0.0, *fraction),
             _ => (0.0, 0.0),
         };
-        metric(
-            "model_ready",
-            "gauge",
-            &format!("1 when the model {} is loaded and serving.", card.id),
-            &one(ready),
-        );
-        metric(
-            "model_load_progress",
-            "gauge",
-            "Fraction of the weights loaded.",
-            &one(progress),
-        );
-        metric(
-            "prompt_tokens_total",
-            "counter",
-            "Prompt tokens of admitted requests.",
-            &one(s.prompt_tokens as f64),
-        );
-        metric(
-            "generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            &one(s.generated_tokens as f64),
-        );
-        metric(
-            "generation_tokens_per_second",
-            "gauge",
-            "Tokens generated per second, all sequences together, over the last 10 s.",
-            &one(s.recent_tok_s),
-        );
-        metric(
-            "queue_depth",
-            "gauge",
-            "Requests waiting for a free sequence slot.",
-            &one(s.queued as f64),
-        );
-        metric(
-            "active_sequences",
-            "gauge",
-            "Sequences being decoded together.",
-            &one(s.active as f64),
-        );
-        metric(
-            "parallel_slots",
-            "gauge",
-            "Sequences that can be decoded together (--parallel).",
-            &one(s.parallel as f64),
-        );
-        metric(
-            "forward_passes_total",
-            "counter",
-            "Batched forward passes run.",
-            &one(s.steps as f64),
-        );
-        metric(
-            "batch_tokens_total",
-            "counter",
-            "Tokens carried by the forward passes (prompt and decode).",
-            &one(s.batch_tokens as f64),
-        );
-        metric(
-            "requests_cancelled_total",
-            "counter",
-            "Requests dropped before the end (client gone or stop string reached).",
-            &one(s.cancelled as f64),
-        );
+        let ready_help = format!("1 when the model {} is loaded and serving.", card.id);
+        // (name, type, help, value): one unlabelled sample each.
+        let mut single: Vec<(&str, &str, &str, f64)> = vec![
+            ("model_ready", GAUGE, &ready_help, ready),
+            (
+                "model_load_progress",
+                GAUGE,
+                "Fraction of the weights loaded.",
+                progress,
+            ),
+            (
+                "prompt_tokens_total",
+                COUNTER,
+                "Prompt tokens of admitted requests.",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "generated_tokens_total",
+                COUNTER,
+                "Tokens generated.",
+                s.generated_tokens as f64,
+            ),
+            (
+                "generation_tokens_per_second",
+                GAUGE,
+                "Tokens generated per second, all sequences together, over the last 10 s.",
+                s.recent_tok_s,
+            ),
+            (
+                "queue_depth",
+                GAUGE,
+                "Requests waiting for a free sequence slot.",
+                s.queued as f64,
+            ),
+            (
+                "active_sequences",
+                GAUGE,
+                "Sequences being decoded together.",
+                s.active as f64,
+            ),
+            (
+                "parallel_slots",
+                GAUGE,
+                "Sequences that can be decoded together (--parallel).",
+                s.parallel as f64,
+            ),
+            (
+                "forward_passes_total",
+                COUNTER,
+                "Batched forward passes run.",
+                s.steps as f64,
+            ),
+            (
+                "batch_tokens_total",
+                COUNTER,
+                "Tokens carried by the forward passes (prompt and decode).",
+                s.batch_tokens as f64,
+            ),
+            (
+                "requests_cancelled_total",
+                COUNTER,
+                "Requests dropped before the end (client gone or stop string reached).",
+                s.cancelled as f64,
+            ),
+        ];
         if let Some(x) = &s.offload {
             let sum = |f: fn(&crate::experts::stats::LayerStats) -> u64| -> f64 {
                 x.layers.iter().map(f).sum::<u64>() as f64
             };
-            metric(
-                "expert_hits_total",
-                "counter",
-                "Routed-expert uses served from the GPU cache.",
-                &one(sum(|l| l.hits)),
-            );
-            metric(
-                "expert_misses_total",
-                "counter",
-                "Routed-expert uses not in the GPU cache.",
-                &one(sum(|l| l.misses)),
-            );
-            metric(
-                "expert_cpu_total",
-                "counter",
-                "Misses computed on the CPU.",
-                &one(sum(|l| l.cpu)),
-            );
-            metric(
-                "expert_cache_hit_ratio",
-                "gauge",
-                "Hits / (hits + misses) since start.",
-                &one(x.hit_rate()),
-            );
-            metric(
-                "expert_cpu_share",
-                "gauge",
-                "Share of misses computed on the CPU.",
-                &one(x.cpu_share()),
-            );
-            metric(
-                "expert_prefetch_precision",
-                "gauge",
-                "Prefetched experts that were used / prefetched.",
-                &one(x.prefetch_precision()),
-            );
-            metric(
-                "expert_prefetch_recall",
-                "gauge",
-                "Used experts that had been predicted / used.",
-                &one(x.prefetch_recall()),
-            );
-            metric(
-                "expert_h2d_bytes_total",
-                "counter",
-                "Expert bytes copied host to GPU.",
-                &one(x.h2d_bytes as f64),
-            );
-            metric(
-                "expert_cpu_bytes_total",
-                "counter",
-                "Expert bytes read by the CPU.",
-                &one(x.cpu_bytes as f64),
-            );
-            metric(
-                "expert_graph_stops_total",
-                "counter",
-                "Graph stops for expert routing (about one per offloaded layer per step).",
-                &one(x.stops as f64),
-            );
-            metric(
-                "expert_stop_seconds_total",
-                "counter",
-                "Host seconds spent in those stops (the GPU idles meanwhile).",
-                &one(x.hook_s),
-            );
+            single.extend([
+                (
+                    "expert_hits_total",
+                    COUNTER,
+                    "Routed-expert uses served from the GPU cache.",
+                    sum(|l| l.hits),
+                ),
+                (
+                    "expert_misses_total",
+                    COUNTER,
+                    "Routed-expert uses not in the GPU cache.",
+                    sum(|l| l.misses),
+                ),
+                (
+                    "expert_cpu_total",
+                    COUNTER,
+                    "Misses computed on the CPU.",
+                    sum(|l| l.cpu),
+                ),
+                (
+                    "expert_cache_hit_ratio",
+                    GAUGE,
+                    "Hits / (hits + misses) since start.",
+                    x.hit_rate(),
+                ),
+                (
+                    "expert_cpu_share",
+                    GAUGE,
+                    "Share of misses computed on the CPU.",
+                    x.cpu_share(),
+                ),
+                (
+                    "expert_prefetch_precision",
+                    GAUGE,
+                    "Prefetched experts that were used / prefetched.",
+                    x.prefetch_precision(),
+                ),
+                (
+                    "expert_prefetch_recall",
+                    GAUGE,
+                    "Used experts that had been predicted / used.",
+                    x.prefetch_recall(),
+                ),
+                (
+                    "expert_h2d_bytes_total",
+                    COUNTER,
+                    "Expert bytes copied host to GPU.",
+                    x.h2d_bytes as f64,
+                ),
+                (
+                    "expert_cpu_bytes_total",
+                    COUNTER,
+                    "Expert bytes read by the CPU.",
+                    x.cpu_bytes as f64,
+                ),
+                (
+                    "expert_graph_stops_total",
+                    COUNTER,
+                    "Graph stops for expert routing (about one per offloaded layer per step).",
+                    x.stops as f64,
+                ),
+                (
+                    "expert_stop_seconds_total",
+                    COUNTER,
+                    "Host seconds spent in those stops (the GPU idles meanwhile).",
+                    x.hook_s,
+                ),
+            ]);
+        }
+        for (name, kind, help, v) in single {
+            metric(name, kind, help, &[(String::new(), v)]);
         }
         o
     }
