@@ -111,8 +111,15 @@ impl<'a> GraphBuilder<'a> {
         let kt = self.kv.ty;
         let k_rb = kt.row_size(k_row as u64).expect("cache row") as usize;
         let v_rb = kt.row_size(v_row as u64).expect("cache row") as usize;
-        let k_flat = ctx.reshape(k, &[k_row as i64, nt]).expect("k flat"); // [k_row, nt]
-        let v_flat = ctx.cont(v); // [v_row, nt]
+        // Views, not reshape/cont nodes (as llama.cpp's cpy_k/cpy_v): ggml-cuda fuses
+        // rope -> view -> set_rows into one kernel, and a contiguous V needs no copy.
+        let k = if k.is_contiguous() { k } else { ctx.cont(k) };
+        let k_flat = ctx.view(k, &[k_row as i64, nt], &[k.nb()[0] * k_row], 0); // [k_row, nt]
+        let v_flat = if v.is_contiguous() && v.ne()[0] == v_row as i64 {
+            v
+        } else {
+            ctx.cont(v)
+        }; // [v_row, nt]
         self.graph.build_forward(ctx.set_rows(kc, k_flat, b.kv_idx));
         self.graph.build_forward(ctx.set_rows(vc, v_flat, b.kv_idx));
 
