@@ -119,6 +119,10 @@ impl EvalHook for StepHook<'_> {
 impl Offload {
     /// Starts a forward pass of `n_tokens` (advances the policies' clock).
     pub fn begin_step(&mut self, n_tokens: usize) {
+        // A CPU job left by a step that failed half-way must not be joined into this one.
+        if let Some(cpu) = self.cpu.as_mut().filter(|c| c.pending().is_some()) {
+            let _ = cpu.finish();
+        }
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
