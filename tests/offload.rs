@@ -213,3 +213,52 @@ fn long_prefill_micro_batches_match_resident() {
     let st = off.offload_stats().unwrap();
     assert!(st.h2d_bytes > 0, "nothing was staged");
 }
+
+/// Decode stops the graph once per offloaded layer, plus once more only in a layer whose misses
+/// went to the CPU channel (the one-stop design of `experts::step`), under every cost model.
+#[test]
+fn decode_stops_once_per_layer_plus_cpu_joins() {
+    let path = tiny("qwen3moe");
+    let probe = engine(&path, None, PolicyKind::default());
+    let n_moe = probe.hp.n_layer as u64; // every block of the tiny qwen3moe is MoE
+    drop(probe);
+    let opts = |gpu_mem| EngineOptions {
+        device: device(),
+        n_ctx: 128,
+        n_threads: 2,
+        n_ubatch: 32,
+        gpu_mem,
+        ..Default::default()
+    };
+    let need = match Engine::load(&path, opts(Some(1)), &|_, _| {}) {
+        Err(EngineError::BudgetTooSmall { need, .. }) => need,
+        Err(e) => panic!("wrong error for a tiny budget: {e}"),
+        Ok(_) => panic!("a 1-byte budget was accepted"),
+    };
+    let slot = {
+        let e = Engine::load(&path, opts(Some(need)), &|_, _| {}).unwrap();
+        e.expert_slot_bytes().unwrap()
+    };
+    for (slots, bw) in [(3u64, None), (1, Some((1e9, 1e12)))] {
+        let mut o = opts(Some(need + slots * slot + slot / 2));
+        o.offload_bandwidths = bw;
+        let mut eng = Engine::load(&path, o, &|_, _| {}).unwrap();
+        assert_eq!(eng.expert_slots(), Some(slots as usize));
+        eng.forward(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let mut cpu_joins = 0;
+        for t in 0..12u32 {
+            let before = eng.offload_stats().unwrap();
+            eng.forward(&[(t * 17 + 3) % 200]).unwrap();
+            let d = eng.offload_stats().unwrap().since(&before);
+            let joins = d.layers.iter().filter(|l| l.cpu > 0).count() as u64;
+            cpu_joins += joins;
+            assert_eq!(d.stops, n_moe + joins, "{slots} slots: step {t}: {d:?}");
+        }
+        // The CPU-heavy cost model with one slot must have used the channel.
+        assert_eq!(
+            cpu_joins > 0,
+            bw.is_some(),
+            "{slots} slots: {cpu_joins} CPU joins"
+        );
+    }
+}

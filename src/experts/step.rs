@@ -491,7 +491,9 @@ impl Offload {
     /// layer's job): put the CPU channel's share in the tensor the graph adds next.
     fn on_gpu_out(&mut self, il: usize, n_tokens: usize) -> Result<(), GgmlError> {
         let n = self.n_embd * n_tokens;
-        let cpu = self.cpu.as_mut().expect("a CPU job is pending");
+        let Some(cpu) = self.cpu.as_mut().filter(|c| c.pending() == Some(il)) else {
+            return Ok(()); // nothing of this layer's to join (waiting would never end)
+        };
         let t0 = std::time::Instant::now();
         let out = cpu.finish().map_err(|msg| GgmlError::Tensor {
             name: format!("CPU experts of layer {il}"),
