@@ -46,6 +46,20 @@ fn engine_bw(
     Engine::load(path, opts, &|_, _| {}).unwrap()
 }
 
+/// What the resident parts need at `opts` (a 1-byte budget is refused with that figure);
+/// exactly that budget leaves no expert slots.
+fn budget_floor(path: &Path, opts: EngineOptions) -> u64 {
+    let opts = EngineOptions {
+        gpu_mem: Some(1),
+        ..opts
+    };
+    match Engine::load(path, opts, &|_, _| {}) {
+        Err(EngineError::BudgetTooSmall { budget: 1, need }) => need,
+        Err(e) => panic!("wrong error for a tiny budget: {e}"),
+        Ok(_) => panic!("a 1-byte budget was accepted"),
+    }
+}
+
 /// Prompt logits, then 16 greedy steps fed the resident engine's tokens: each step's argmax
 /// and logits.
 fn run(eng: &mut Engine, prompt: &[u32], forced: Option<&[u32]>) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -75,19 +89,16 @@ fn check_arch(arch: &str) {
 
     // A 1-byte budget is refused with what the resident parts need; exactly that leaves no
     // slots (staging only).
-    let opts = EngineOptions {
-        device: device(),
-        n_ctx: 128,
-        n_threads: 2,
-        n_ubatch: 32,
-        gpu_mem: Some(1),
-        ..Default::default()
-    };
-    let fixed = match Engine::load(&path, opts, &|_, _| {}) {
-        Err(EngineError::BudgetTooSmall { budget: 1, need }) => need,
-        Err(e) => panic!("{arch}: wrong error for a tiny budget: {e}"),
-        Ok(_) => panic!("{arch}: a 1-byte budget was accepted"),
-    };
+    let fixed = budget_floor(
+        &path,
+        EngineOptions {
+            device: device(),
+            n_ctx: 128,
+            n_threads: 2,
+            n_ubatch: 32,
+            ..Default::default()
+        },
+    );
     let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
     let slot = probe.expert_slot_bytes().unwrap();
@@ -193,11 +204,7 @@ fn long_prefill_micro_batches_match_resident() {
         gpu_mem,
         ..Default::default()
     };
-    let need = match Engine::load(&path, opts(Some(1)), &|_, _| {}) {
-        Err(EngineError::BudgetTooSmall { need, .. }) => need,
-        Err(e) => panic!("wrong error for a tiny budget: {e}"),
-        Ok(_) => panic!("a 1-byte budget was accepted"),
-    };
+    let need = budget_floor(&path, opts(None));
     let mut off = Engine::load(&path, opts(Some(need)), &|_, _| {}).unwrap();
     assert_eq!(off.expert_slots(), Some(0));
     assert_eq!(off.n_ubatch(), 512);
@@ -230,11 +237,7 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
         gpu_mem,
         ..Default::default()
     };
-    let need = match Engine::load(&path, opts(Some(1)), &|_, _| {}) {
-        Err(EngineError::BudgetTooSmall { need, .. }) => need,
-        Err(e) => panic!("wrong error for a tiny budget: {e}"),
-        Ok(_) => panic!("a 1-byte budget was accepted"),
-    };
+    let need = budget_floor(&path, opts(None));
     let slot = {
         let e = Engine::load(&path, opts(Some(need)), &|_, _| {}).unwrap();
         e.expert_slot_bytes().unwrap()
