@@ -102,8 +102,8 @@ fn check_arch(arch: &str) {
     let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
     let slot = probe.expert_slot_bytes().unwrap();
-    let n_expert = probe.hp.n_expert as u64;
-    let k = probe.hp.n_expert_used as u64;
+    let n_expert = probe.hp.n_expert;
+    let k = probe.hp.n_expert_used;
     drop(probe);
 
     // (slots, policy, cost model): a slow PCIe and a fast CPU push misses to the CPU channel;
