@@ -154,15 +154,8 @@ impl Engine {
                 opts.kv_type
             )));
         }
-        let rot = kv::rotation_sizes(
-            opts.kv_type,
-            hp.head_dim_k as usize,
-            if hp.is_mla() {
-                0
-            } else {
-                hp.head_dim_v as usize
-            },
-        );
+        // (MLA with a quantised cache was refused above.)
+        let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
         let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type, rot)?;
         let off = if offload {
             let o = OffloadOptions {
