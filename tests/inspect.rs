@@ -61,10 +61,14 @@ fn tiny_report_adds_up() {
             "{arch}: types do not cover the file"
         );
         assert_eq!(
-            p.resident_bytes + p.expert_bytes_total,
+            p.resident_bytes + p.host_bytes + p.expert_bytes_total,
             total,
-            "{arch}: resident + experts != file"
+            "{arch}: resident + host + experts != file"
         );
+        let embd = big.by_role.get("Embedding").map_or(0, |&(_, b)| b);
+        assert!(embd > 0, "{arch}: no embedding role");
+        let tied = !big.by_role.contains_key("Output");
+        assert_eq!(p.host_bytes, if tied { 0 } else { embd }, "{arch}: host part");
         assert_eq!(
             p.experts_cached, p.n_experts_total,
             "{arch}: 1 TiB holds every expert"

@@ -284,6 +284,12 @@ fn print_text(r: &Report) {
             "    resident (non-expert) weights {}",
             human_bytes(p.resident_bytes)
         );
+        if p.host_bytes > 0 {
+            println!(
+                "    token embedding (host memory) {}",
+                human_bytes(p.host_bytes)
+            );
+        }
         println!(
             "    KV cache (f16)                {}",
             human_bytes(p.kv_bytes)

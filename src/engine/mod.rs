@@ -147,7 +147,9 @@ impl Engine {
             .gpu_mem
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
         let keep = |name: &str| !(offload && is_routed_expert(name));
-        let weights = weights::Weights::load(&file, &main, &keep, progress)?;
+        // With a GPU, the token embedding stays in host memory (its lookup runs on the CPU).
+        let host = (!Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
+        let weights = weights::Weights::load(&file, &main, host, &keep, progress)?;
         if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
             return Err(model_err(format!(
                 "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",

@@ -74,32 +74,57 @@ impl Device {
 static CUDA_ENV_SET: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
 
 /// Chooses ggml-cuda's process-wide switches before its first kernel launch (they are read
-/// once): CUDA-graph replay stays on, and programmatic dependent launch (PDL) goes off.
+/// once). By default ggml's own choices stand: CUDA-graph replay and programmatic dependent
+/// launch (PDL) both on, as in llama.cpp. `POCKETMOE_CUDA_GRAPHS=0` switches replay off
+/// (`GGML_CUDA_DISABLE_GRAPHS=1`), e.g. to compare a replayed run with a direct one
+/// (`scripts/device-replay-check.sh`). Variables the user set are left alone.
 ///
-/// Why PDL: with PDL, ggml-cuda launches kernels that may start before their predecessor ends
-/// and rely on every kernel of a chain waiting (`cudaGridDependencySynchronize`) before it
-/// exits. Replayed back to back from a CUDA graph, our decode graph — whose token-embedding
-/// `get_rows` runs on the GPU and is read again by the first residual `add` many kernels later
-/// — read a stale embedding at that `add` (first differing node `ffn_inp-0`, found by stopping
-/// the graph at each node in turn with `POCKETMOE_TRACE`). With `GGML_CUDA_PDL=0`, replay is
-/// bit-identical to direct execution on the qwen3moe, gpt-oss and deepseek2 tiny presets.
-///
-/// `POCKETMOE_CUDA_GRAPHS=0` switches replay off instead (PDL then stays as ggml chooses).
-/// Variables the user set are left alone.
+/// PDL lets a kernel start before its predecessor ends; each kernel waits for its inputs
+/// inside (`cudaGridDependencySynchronize`). Replay with PDL is exact on every built
+/// architecture once the graph has libllama's node order (Q, V, K, then the cache stores: see
+/// `attend_kv`); with K computed before Q, replay read stale data (first seen at the first
+/// residual add), and sessions 3-4 ran with PDL off, at about 9% of decode speed.
 pub fn configure_cuda() {
     CUDA_ENV_SET.get_or_init(|| {
         let graphs_off = std::env::var("POCKETMOE_CUDA_GRAPHS").is_ok_and(|v| v == "0");
-        let (var, val) = if graphs_off {
-            ("GGML_CUDA_DISABLE_GRAPHS", "1")
-        } else {
-            ("GGML_CUDA_PDL", "0")
-        };
-        if std::env::var_os(var).is_some() {
+        let var = "GGML_CUDA_DISABLE_GRAPHS";
+        if !graphs_off || std::env::var_os(var).is_some() {
             return Vec::new();
         }
-        std::env::set_var(var, val);
+        std::env::set_var(var, "1");
         vec![var]
     });
+}
+
+/// The level of the last ggml message that was not a continuation (for `GGML_LOG_LEVEL_CONT`).
+static LOG_LEVEL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+unsafe extern "C" fn filtered_log(
+    level: sys::ggml_log_level,
+    text: *const std::ffi::c_char,
+    _: *mut std::ffi::c_void,
+) {
+    use std::sync::atomic::Ordering;
+    let level = if level == sys::GGML_LOG_LEVEL_CONT {
+        LOG_LEVEL.load(Ordering::Relaxed)
+    } else {
+        LOG_LEVEL.store(level, Ordering::Relaxed);
+        level
+    };
+    let verbose = std::env::var_os("POCKETMOE_GGML_LOG").is_some();
+    if (level >= sys::GGML_LOG_LEVEL_INFO || verbose) && !text.is_null() {
+        // SAFETY: ggml passes a NUL-terminated message.
+        let msg = unsafe { std::ffi::CStr::from_ptr(text) };
+        eprint!("{}", msg.to_string_lossy());
+    }
+}
+
+/// Routes ggml's log through a filter that drops its debug messages (ggml-cuda logs one per
+/// CUDA-graph replay); `POCKETMOE_GGML_LOG=1` keeps them.
+pub fn filter_ggml_log() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: installs a plain function with no user data.
+    ONCE.call_once(|| unsafe { sys::ggml_log_set(Some(filtered_log), std::ptr::null_mut()) });
 }
 
 /// The ggml-cuda variables [`configure_cuda`] set for this process (not set by the user).
@@ -115,6 +140,7 @@ pub struct Backend {
 impl Backend {
     /// The CPU backend with `n_threads` threads (0 = all cores).
     pub fn cpu(n_threads: usize) -> Result<Self> {
+        filter_ggml_log();
         // SAFETY: plain constructor; null on failure.
         let ptr = unsafe { sys::ggml_backend_cpu_init() };
         let b = Self {
@@ -132,11 +158,12 @@ impl Backend {
 
     /// The CUDA backend on GPU `device`.
     ///
-    /// Applies [`configure_cuda`] first (process-wide ggml-cuda switches: CUDA graphs on, PDL
-    /// off); `pocketmoe bench` runs the llama.cpp baseline in a child process without them.
+    /// Applies [`configure_cuda`] first (process-wide ggml-cuda switches; `pocketmoe bench`
+    /// runs the llama.cpp baseline in a child process without the ones it set).
     #[cfg(feature = "cuda")]
     pub fn cuda(device: usize) -> Result<Self> {
         configure_cuda();
+        filter_ggml_log();
         // SAFETY: plain query.
         let n = unsafe { sys::ggml_backend_cuda_get_device_count() } as usize;
         if device >= n {

@@ -12,6 +12,10 @@ use std::ffi::c_void;
 pub struct Capture {
     pub wanted: HashSet<String>,
     pub got: HashMap<String, Vec<f32>>,
+    /// With `record_order`: every node the scheduler offered, in order, as `name op [ne]`
+    /// (for comparing two graphs' structure).
+    pub record_order: bool,
+    pub order: Vec<String>,
 }
 
 impl Capture {
@@ -19,6 +23,8 @@ impl Capture {
         Box::new(Self {
             wanted: names.into_iter().map(Into::into).collect(),
             got: HashMap::new(),
+            record_order: false,
+            order: Vec::new(),
         })
     }
 }
@@ -36,6 +42,11 @@ pub unsafe extern "C" fn capture_cb(
     let (cap, t) = unsafe { (&mut *(user as *mut Capture), &*t) };
     let name = cstr(t.name.as_ptr());
     if ask {
+        if cap.record_order {
+            // SAFETY: ggml_op_desc returns a static string for any node.
+            let op = cstr(unsafe { sys::ggml_op_desc(t) });
+            cap.order.push(format!("{name} {op} {:?}", t.ne));
+        }
         return cap.wanted.contains(&name) || cap.wanted.contains("*");
     }
     if t.type_ == sys::GGML_TYPE_F32 && !t.buffer.is_null() {

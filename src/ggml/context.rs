@@ -125,6 +125,18 @@ impl Context {
         Ok(size)
     }
 
+    /// Marks this context's buffers as holding weights. ggml's scheduler runs an op where its
+    /// weights are (so a lookup in a host-memory table runs on the CPU), and copies a source in
+    /// an unmarked buffer of another backend to the op's backend at every compute instead.
+    pub fn mark_weights(&self) {
+        for &buf in self.buffers.borrow().iter() {
+            // SAFETY: a live buffer owned by this context.
+            unsafe {
+                sys::ggml_backend_buffer_set_usage(buf, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            };
+        }
+    }
+
     /// Takes ownership of `buf`: freed when the context drops.
     pub(crate) fn adopt_buffer(&self, buf: sys::ggml_backend_buffer_t) {
         self.buffers.borrow_mut().push(buf);

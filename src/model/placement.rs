@@ -37,6 +37,8 @@ pub struct Placement {
     pub gpu_mem: u64,
     pub n_ctx: u64,
     pub resident_bytes: u64,
+    /// Non-expert bytes kept in host memory: the token embedding (unless the head is tied to it).
+    pub host_bytes: u64,
     pub kv_bytes: u64,
     pub compute_bytes: u64,
     /// Routed-expert bytes in the whole model, and per expert (one expert of one layer, all of its
@@ -97,9 +99,18 @@ pub fn plan(
     bw: Bandwidths,
 ) -> Placement {
     let role = |t: &TensorInfo| roles.get(&t.name).copied().unwrap_or(Role::Other);
+    // The token embedding lives in host memory (looked up on the CPU, as llama.cpp does), unless
+    // the output head is tied to it and so reads it whole on the GPU.
+    let tied = !tensors.iter().any(|t| role(t) == Role::Output);
+    let on_gpu = |t: &TensorInfo| role(t).is_resident() && (role(t) != Role::Embedding || tied);
     let resident_bytes: u64 = tensors
         .iter()
-        .filter(|t| role(t).is_resident())
+        .filter(|t| on_gpu(t))
+        .map(|t| t.n_bytes)
+        .sum();
+    let host_bytes: u64 = tensors
+        .iter()
+        .filter(|t| role(t).is_resident() && !on_gpu(t))
         .map(|t| t.n_bytes)
         .sum();
     let expert_bytes_total: u64 = tensors
@@ -129,18 +140,12 @@ pub fn plan(
     };
     let hit = hit_rate.unwrap_or(cached_fraction).clamp(0.0, 1.0);
 
-    // Per token: embeddings are one row; the output is read whole; attention, norms, routers and
-    // shared experts of every decode layer are read once.
+    // Per token: the output head (a tied embedding included) is read whole; attention, norms,
+    // routers and shared experts of every decode layer are read once.
     let active_resident_bytes: u64 = tensors
         .iter()
-        .filter(|t| role(t).is_resident() && role(t) != Role::Other)
-        .map(|t| {
-            if role(t) == Role::Embedding {
-                t.n_bytes / t.ne[1].max(1)
-            } else {
-                t.n_bytes
-            }
-        })
+        .filter(|t| on_gpu(t) && role(t) != Role::Other)
+        .map(|t| t.n_bytes)
         .sum();
     let active_expert_bytes = n_moe_layers * hp.n_expert_used * expert_bytes_each;
     let hbm_time = |expert_hbm: f64| (active_resident_bytes as f64 + expert_hbm) / bw.hbm;
@@ -153,6 +158,7 @@ pub fn plan(
         gpu_mem,
         n_ctx,
         resident_bytes,
+        host_bytes,
         kv_bytes: kv,
         compute_bytes: compute,
         expert_bytes_total,

@@ -5,9 +5,11 @@ use crate::graph::GraphBuilder;
 impl<'a> GraphBuilder<'a> {
     /// `token_embd` rows of the batch's tokens -> [n_embd, n_tokens] (f32).
     pub fn embed(&self) -> Tensor<'a> {
-        let e = self
-            .ctx
-            .get_rows(self.wg("token_embd.weight"), self.batch.tokens);
+        let table = self
+            .w
+            .embedding()
+            .unwrap_or_else(|| panic!("weight token_embd.weight missing after validation"));
+        let e = self.ctx.get_rows(table, self.batch.tokens);
         self.cb(e, "inp_embd", -1)
     }
 
