@@ -99,13 +99,19 @@ impl<'a> GraphBuilder<'a> {
         let q = rk.map_or(q, |r| ctx.mul_mat_hadamard(r, q));
         let k = rk.map_or(k, |r| ctx.mul_mat_hadamard(r, k));
         let v = rv.map_or(v, |r| ctx.mul_mat_hadamard(r, v));
-        // Node order as libllama's build_attn: Q, then V, then K, then the two cache stores.
-        // K's rope then directly precedes its store (ggml-cuda fuses rope -> view -> set_rows),
-        // and with K computed after Q, CUDA-graph replay with programmatic dependent launch
-        // (PDL) is exact; with K first it was not (scripts/device-replay-check.sh).
+        // Node order as libllama's build_attn: Q, then V, then K (Q, K, V in its sliding-window
+        // variant), then the two cache stores. K's rope then directly precedes its store
+        // (ggml-cuda fuses rope -> view -> set_rows), and CUDA-graph replay with programmatic
+        // dependent launch (PDL) is exact; with K first it was not
+        // (scripts/device-replay-check.sh; tests/graph_order.rs checks the order on the CPU).
         self.graph.build_forward(q);
-        self.graph.build_forward(v);
-        self.graph.build_forward(k);
+        if hp.sliding_window > 0 {
+            self.graph.build_forward(k);
+            self.graph.build_forward(v);
+        } else {
+            self.graph.build_forward(v);
+            self.graph.build_forward(k);
+        }
         let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
         let (dk, dv, nt) = (
             hp.head_dim_k as i64,

@@ -1,0 +1,105 @@
+//! Structural parity with libllama: the kernels of our decode graph's first block come in the
+//! same order as libllama's, op for op (views, reshapes and permutes, which launch nothing, left
+//! out). On the GPU this order is what makes CUDA-graph replay with programmatic dependent
+//! launch exact (DESIGN.md §3; `scripts/device-replay-check.sh` checks replay on the device):
+//! with K's projection ahead of Q's, replay read stale data. Here, on the CPU, a reordering shows
+//! up as a differing sequence, before it reaches a GPU.
+mod common;
+use pocketmoe::cli::Decoder;
+use pocketmoe::engine::{Device, Engine, EngineOptions};
+use pocketmoe::ggml::capture::Capture;
+use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
+use pocketmoe::synth::quantmix::QuantMix;
+
+/// Ops that only reinterpret memory: no kernel runs for them.
+const NO_KERNEL: [&str; 5] = ["VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"];
+
+/// `(op, name)` of the kernel nodes from the first RMS_NORM to block 0's output `l_out-0`.
+fn block0(order: &[String]) -> Vec<(String, String)> {
+    let ops: Vec<(String, String)> = order
+        .iter()
+        .map(|l| {
+            // "name OP [ne0, ne1, ne2, ne3]"; names may contain spaces.
+            let head = l.split(" [").next().unwrap_or(l);
+            let (name, op) = head.rsplit_once(' ').unwrap_or(("", head));
+            (op.to_string(), name.to_string())
+        })
+        .filter(|(op, _)| !NO_KERNEL.contains(&op.as_str()))
+        .collect();
+    let start = ops.iter().position(|(op, _)| op == "RMS_NORM");
+    let end = ops.iter().position(|(_, name)| name == "l_out-0");
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e => ops[s..=e].to_vec(),
+        _ => panic!("no block 0 (RMS_NORM .. l_out-0) in {order:#?}"),
+    }
+}
+
+fn decode_order(arch: &str) -> (Vec<(String, String)>, Vec<(String, String)>) {
+    let path = common::synth_tiny("order", arch, QuantMix::Q8_0, 1.0, 11);
+    let lm = LlamaModel::load_plain(&path, 0).unwrap();
+    let prompt = lm.tokenize("hello world", false, false).unwrap();
+
+    let mut lcap = Capture::new(["*"]);
+    lcap.record_order = true;
+    let mut lctx = LlamaContext::new_with_capture(&lm, 256, 2, Some(&mut lcap)).unwrap();
+    lctx.eval(&prompt, 0).unwrap();
+    lcap.order.clear();
+    lctx.eval(&[prompt[0]], prompt.len()).unwrap();
+    let theirs = block0(&lcap.order);
+    drop(lctx);
+
+    let opts = EngineOptions {
+        device: Device::Cpu,
+        n_ctx: 256,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+    let mut cap = Capture::new(["*"]);
+    cap.record_order = true;
+    eng.set_capture(Some(&mut cap));
+    let toks: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+    eng.prefill(&toks).unwrap();
+    cap.order.clear();
+    eng.step(toks[0]).unwrap();
+    eng.set_capture(None);
+    (block0(&cap.order), theirs)
+}
+
+fn check(arch: &str) {
+    let (ours, theirs) = decode_order(arch);
+    let ops = |v: &[(String, String)]| v.iter().map(|(o, _)| o.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        ops(&ours),
+        ops(&theirs),
+        "{arch}: block 0's kernels differ from libllama's\nours:   {ours:?}\ntheirs: {theirs:?}"
+    );
+    // The property replay depends on: Q's projection comes before K's (MLA names its
+    // projections differently and has no Kcur).
+    let pos = |n: &str| ours.iter().position(|(_, name)| name == n);
+    if let (Some(q), Some(k)) = (pos("Qcur-0"), pos("Kcur-0")) {
+        assert!(q < k, "{arch}: K before Q");
+    } else {
+        assert_eq!(arch, "deepseek2", "{arch}: no Qcur-0/Kcur-0 in {ours:?}");
+    }
+}
+
+#[test]
+fn qwen3moe_decode_kernels_in_libllama_order() {
+    check("qwen3moe");
+}
+
+#[test]
+fn gpt_oss_decode_kernels_in_libllama_order() {
+    check("gpt-oss");
+}
+
+#[test]
+fn mixtral_decode_kernels_in_libllama_order() {
+    check("llama");
+}
+
+#[test]
+fn deepseek2_decode_kernels_in_libllama_order() {
+    check("deepseek2");
+}
