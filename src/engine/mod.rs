@@ -128,11 +128,6 @@ impl Engine {
         if let Some(e) = v.errors().next() {
             return Err(model_err(e.to_string()));
         }
-        let cpu = Rc::new(Backend::cpu(opts.n_threads)?);
-        let main = match opts.device {
-            Device::Cpu => cpu.clone(),
-            Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
-        };
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
         let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
@@ -146,6 +141,16 @@ impl Engine {
         let offload = opts
             .gpu_mem
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
+        // The CPU backend's threads spin between graphs, except while the offload path's own
+        // CPU-expert threads need the cores.
+        let cpu = Rc::new(Backend::cpu_polling(
+            opts.n_threads,
+            !(offload && opts.cpu_experts),
+        )?);
+        let main = match opts.device {
+            Device::Cpu => cpu.clone(),
+            Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
+        };
         let keep = |name: &str| !(offload && is_routed_expert(name));
         // With a GPU, the token embedding stays in host memory (its lookup runs on the CPU).
         let host = (!Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);

@@ -135,16 +135,26 @@ pub fn cuda_env_set_by_us() -> &'static [&'static str] {
 /// An initialised ggml backend (a stream of work on one device).
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
+    /// The CPU backend's persistent worker threads (freed after the backend).
+    threadpool: Option<NonNull<sys::ggml_threadpool>>,
 }
 
 impl Backend {
     /// The CPU backend with `n_threads` threads (0 = all cores).
     pub fn cpu(n_threads: usize) -> Result<Self> {
+        Self::cpu_polling(n_threads, true)
+    }
+
+    /// [`Backend::cpu`]; with `poll`, its idle threads spin a while for the next graph before
+    /// they sleep (fastest for back-to-back graphs; off where other threads need the cores
+    /// meanwhile, e.g. the offload path's CPU experts).
+    pub fn cpu_polling(n_threads: usize, poll: bool) -> Result<Self> {
         filter_ggml_log();
         // SAFETY: plain constructor; null on failure.
         let ptr = unsafe { sys::ggml_backend_cpu_init() };
-        let b = Self {
+        let mut b = Self {
             ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("CPU".into()))?,
+            threadpool: None,
         };
         let n = if n_threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -153,6 +163,21 @@ impl Backend {
         };
         // SAFETY: b is a CPU backend.
         unsafe { sys::ggml_backend_cpu_set_n_threads(b.raw(), n as i32) };
+        // A persistent thread pool, as llama.cpp attaches one: without it ggml starts and joins
+        // `n` threads at every graph compute (a fixed cost per decoded token, paid even for a
+        // GPU model's CPU-side embedding lookup). Its threads poll briefly for the next graph
+        // and then sleep.
+        // SAFETY: plain constructors; the pool outlives the backend (freed after it in drop).
+        unsafe {
+            let mut params = sys::ggml_threadpool_params_default(n as i32);
+            if !poll {
+                params.poll = 0;
+            }
+            if let Some(tp) = NonNull::new(sys::ggml_threadpool_new(&mut params)) {
+                sys::ggml_backend_cpu_set_threadpool(b.raw(), tp.as_ptr());
+                b.threadpool = Some(tp);
+            }
+        }
         Ok(b)
     }
 
@@ -177,6 +202,7 @@ impl Backend {
         Ok(Self {
             ptr: NonNull::new(ptr)
                 .ok_or_else(|| GgmlError::BackendInit(format!("CUDA{device}")))?,
+            threadpool: None,
         })
     }
 
@@ -192,7 +218,8 @@ impl Backend {
             .map_err(|_| GgmlError::NoSuchDevice(name.into(), "NUL in name".into()))?;
         // SAFETY: registry lookup with a valid C string; null if absent.
         let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
-        NonNull::new(ptr).map(|ptr| Self { ptr }).ok_or_else(|| {
+        let threadpool = None;
+        NonNull::new(ptr).map(|ptr| Self { ptr, threadpool }).ok_or_else(|| {
             let names: Vec<String> = Device::all().into_iter().map(|d| d.name).collect();
             GgmlError::NoSuchDevice(name.into(), names.join(", "))
         })
@@ -238,8 +265,13 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: we own the backend.
-        unsafe { sys::ggml_backend_free(self.raw()) };
+        // SAFETY: we own the backend, then its thread pool (no longer referenced).
+        unsafe {
+            sys::ggml_backend_free(self.raw());
+            if let Some(tp) = self.threadpool {
+                sys::ggml_threadpool_free(tp.as_ptr());
+            }
+        }
     }
 }
 
