@@ -68,7 +68,11 @@ fn tiny_report_adds_up() {
         let embd = big.by_role.get("Embedding").map_or(0, |&(_, b)| b);
         assert!(embd > 0, "{arch}: no embedding role");
         let tied = !big.by_role.contains_key("Output");
-        assert_eq!(p.host_bytes, if tied { 0 } else { embd }, "{arch}: host part");
+        assert_eq!(
+            p.host_bytes,
+            if tied { 0 } else { embd },
+            "{arch}: host part"
+        );
         assert_eq!(
             p.experts_cached, p.n_experts_total,
             "{arch}: 1 TiB holds every expert"

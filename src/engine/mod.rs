@@ -152,8 +152,10 @@ impl Engine {
             Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
         };
         let keep = |name: &str| !(offload && is_routed_expert(name));
-        // With a GPU, the token embedding stays in host memory (its lookup runs on the CPU).
-        let host = (!Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
+        // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
+        // CPU) and its VRAM goes to expert slots. Fully resident, it stays on the GPU: a CPU
+        // lookup costs a graph split per step (measured on the H200: 255 vs 272 tok/s decode).
+        let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
         let weights = weights::Weights::load(&file, &main, host, &keep, progress)?;
         if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
             return Err(model_err(format!(

@@ -2,11 +2,11 @@
 //! type, shape), allocated in one buffer of the backend it is placed on, and filled from the
 //! mmap'd file (the bytes are copied as they are: quantised blocks are never dequantised).
 //!
-//! Placement: the main backend holds every kept tensor. With a GPU, the token embedding lives in
-//! host memory instead, as in llama.cpp: its lookup (`get_rows` of one row per token) runs on the
-//! CPU and only the batch's rows cross to the GPU. That saves its VRAM (0.3 GB for a 150k
-//! vocabulary: more expert-cache slots under a budget). A model whose output head is tied to
-//! the embedding keeps a device copy too, for the head's matmul.
+//! Placement: the main backend holds every kept tensor. When the engine offloads experts, the
+//! token embedding lives in host memory instead, as in llama.cpp: its lookup (`get_rows` of one
+//! row per token) runs on the CPU and only the batch's rows cross to the GPU. That saves its
+//! VRAM for expert-cache slots (0.3 GB for a 150k vocabulary). A model whose output head is tied
+//! to the embedding keeps a device copy too, for the head's matmul.
 //!
 //! Weight buffers are marked as such (`Context::mark_weights`): ggml's scheduler then runs the
 //! lookup where the table is, instead of copying the whole table to the GPU at every step.
@@ -110,7 +110,9 @@ impl Weights {
 
     /// The tensor `name`, if the file has it (the main backend's copy where there are two).
     pub fn get(&self, name: &str) -> Option<Tensor<'_>> {
-        self.main.get(name).or_else(|| self.host.as_ref()?.get(name))
+        self.main
+            .get(name)
+            .or_else(|| self.host.as_ref()?.get(name))
     }
 
     /// The token embedding for the lookup by id: the host copy where there is one.

@@ -219,10 +219,12 @@ impl Backend {
         // SAFETY: registry lookup with a valid C string; null if absent.
         let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
         let threadpool = None;
-        NonNull::new(ptr).map(|ptr| Self { ptr, threadpool }).ok_or_else(|| {
-            let names: Vec<String> = Device::all().into_iter().map(|d| d.name).collect();
-            GgmlError::NoSuchDevice(name.into(), names.join(", "))
-        })
+        NonNull::new(ptr)
+            .map(|ptr| Self { ptr, threadpool })
+            .ok_or_else(|| {
+                let names: Vec<String> = Device::all().into_iter().map(|d| d.name).collect();
+                GgmlError::NoSuchDevice(name.into(), names.join(", "))
+            })
     }
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_backend {
