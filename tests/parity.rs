@@ -188,6 +188,7 @@ fn deepseek2_legacy_kv_b_cpu_parity() {
 fn cuda_parity_every_built_arch() {
     for arch in [
         "qwen3moe",
+        "gpt-oss",
         "llama",
         "qwen2moe",
         "olmoe",
@@ -198,6 +199,14 @@ fn cuda_parity_every_built_arch() {
         check_parity(arch, Device::Cuda(0));
     }
     check_parity_preset("deepseek2", "tiny-kvb", Device::Cuda(0));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_q8_0_kv_cache_parity() {
+    for arch in ["qwen3moe", "gpt-oss"] {
+        check_parity_kv(arch, "tiny", Device::Cuda(0), GgmlType::Q8_0);
+    }
 }
 
 #[test]
