@@ -27,6 +27,7 @@ extern "C" {
     fn cudaStreamCreateWithFlags(stream: *mut Stream, flags: u32) -> c_int;
     fn cudaStreamDestroy(stream: Stream) -> c_int;
     fn cudaStreamSynchronize(stream: Stream) -> c_int;
+    fn cudaEventRecord(event: *mut c_void, stream: Stream) -> c_int;
     fn cudaMemcpyAsync(
         dst: *mut c_void,
         src: *const c_void,
@@ -77,6 +78,18 @@ impl CopyStream {
                 DEFAULT,
                 self.stream,
             )
+        })
+    }
+
+    /// Records `event` (a `cudaEvent_t`) after every copy queued so far: a stream that waits on
+    /// it (`cudaStreamWaitEvent`) runs on only once they have landed.
+    ///
+    /// # Safety
+    /// `event` must be a live CUDA event of this stream's device.
+    pub unsafe fn record(&self, event: *mut c_void) -> Result<(), CudaError> {
+        // SAFETY: per the contract above; the stream is live.
+        check("cudaEventRecord", unsafe {
+            cudaEventRecord(event, self.stream)
         })
     }
 

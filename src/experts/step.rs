@@ -9,8 +9,9 @@
 //! Invariants:
 //! - Slots: everything the layer's expert matmuls read (miss copies, ids, mask) is queued on
 //!   the compute stream before they are, so it lands first without the host waiting.
-//! - Prefetches run on the copy stream; the next stop's routing read waits on that stream, so
-//!   they have landed before any later slot write or matmul.
+//! - Prefetches run on the copy stream. The next stop reads its routing on a stream of its own
+//!   (the host waits for that read only), then fences: the compute stream waits, on the device,
+//!   for the prefetches before any later slot write or matmul.
 //! - Staging: when `computed` returns, every staging copy of the layer has landed.
 use super::offload::{Mode, Offload};
 use crate::ggml::{EvalHook, GgmlError, OwnedGraph};
@@ -130,7 +131,7 @@ impl Offload {
 
     /// Reads the routing of a step — `k * n_tokens` selected ids and their weights, the
     /// prefetch prediction when the graph has one, and the FFN input [n_embd, n_tokens] when the
-    /// CPU channel may take misses — with one wait (which also covers every queued prefetch).
+    /// CPU channel may take misses — with one wait, for these reads only (not for prefetches).
     fn read_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<Routing, GgmlError> {
         let cnt = self.k * n_tokens;
         let n_pred = if n.pred_addr.is_some() {
@@ -158,16 +159,16 @@ impl Offload {
                 ),
             });
         }
-        self.xfer.copy(lay.sel, n.sel_addr, 4 * cnt)?;
-        self.xfer.copy(lay.w, n.w_addr, 4 * cnt)?;
+        self.xfer.read(lay.sel, n.sel_addr, 4 * cnt)?;
+        self.xfer.read(lay.w, n.w_addr, 4 * cnt)?;
         if let Some(p) = n.pred_addr {
-            self.xfer.copy(lay.pred, p, 4 * n_pred)?;
+            self.xfer.read(lay.pred, p, 4 * n_pred)?;
         }
         if x_len > 0 {
-            self.xfer.copy(x_at, n.x_addr, 4 * x_len)?;
+            self.xfer.read(x_at, n.x_addr, 4 * x_len)?;
         }
         let t0 = std::time::Instant::now();
-        self.xfer.wait()?;
+        self.xfer.wait_reads()?;
         self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
         // SAFETY: the ranges lie in the live host scratch (asserted above), 4-aligned (ggml
         // buffer bases are aligned), just written by the waited copies and not shared.
@@ -275,6 +276,10 @@ impl Offload {
                 }
             }
             Mode::Slots => {
+                // The previous layer's prefetches into this layer's slots land before anything
+                // queued on the compute stream from here: the miss copies below (which may
+                // reuse a slot a prefetch is still filling) and the expert matmuls.
+                self.xfer.fence()?;
                 let mut copies = Vec::new();
                 for &e in &used {
                     if layer.cache.slot(e).is_some() {
@@ -401,7 +406,7 @@ impl Offload {
     /// logits `pred` [n_expert, n_tokens] (computed by the graph on this layer's FFN input),
     /// and queues copies of the predicted experts that are not resident on the copy stream.
     /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
-    /// attention; the next stop's routing read waits for them.
+    /// attention; the next stop fences them before its slot writes and matmuls.
     fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
         let Some(next) = self.next_offloaded(il) else {
             return Ok(());
@@ -552,7 +557,7 @@ impl Offload {
     /// During a large prefill micro-batch, after layer `il`'s experts are staged: queues copies
     /// of *every* expert of the next offloaded layer into its staging area (the other one of the
     /// two), from its slot when cached, without waiting — they overlap this layer's expert
-    /// matmuls and the next layer's attention. The next layer's routing read waits for them.
+    /// matmuls and the next layer's attention. The next layer's staging stop waits for them.
     fn stage_ahead(&mut self, il: usize) -> Result<(), GgmlError> {
         let Some(next) = self.next_offloaded(il) else {
             return Ok(());

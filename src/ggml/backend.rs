@@ -280,6 +280,48 @@ impl Drop for Backend {
 // SAFETY: a ggml backend may be moved to another thread; it is used from one thread at a time.
 unsafe impl Send for Backend {}
 
+/// A ggml backend event of a GPU device (a CUDA event): work recorded into it on one stream can
+/// be waited for by the backend's compute stream on the device, without the host waiting.
+pub struct Event {
+    ptr: NonNull<sys::ggml_backend_event>,
+}
+
+impl Event {
+    /// An event of `backend`'s device; `None` where the device has no events (the CPU, or
+    /// ggml-cuda built with `GGML_CUDA_NO_PEER_COPY`).
+    pub fn new(backend: &Backend) -> Option<Self> {
+        if !backend.is_cuda() {
+            return None;
+        }
+        // SAFETY: a live backend's device; null when the device has no events.
+        let ptr =
+            unsafe { sys::ggml_backend_event_new(sys::ggml_backend_get_device(backend.raw())) };
+        NonNull::new(ptr).map(|ptr| Self { ptr })
+    }
+
+    /// The `cudaEvent_t` inside (ggml's `struct ggml_backend_event { device; context; }`,
+    /// `ggml-backend-impl.h` of the pinned ggml, whose CUDA backend keeps the event in
+    /// `context`), for recording it on a stream of our own.
+    pub fn cuda_event(&self) -> *mut std::ffi::c_void {
+        // SAFETY: the pinned ggml's event struct is two pointers, the second the CUDA event.
+        unsafe { (*self.ptr.as_ptr().cast::<[*mut std::ffi::c_void; 2]>())[1] }
+    }
+
+    /// Makes `backend`'s compute stream wait (on the device) for the work recorded in this
+    /// event; the host returns at once.
+    pub fn wait_on(&self, backend: &Backend) {
+        // SAFETY: a live event of this backend's device (both checked CUDA at creation).
+        unsafe { sys::ggml_backend_event_wait(backend.raw(), self.ptr.as_ptr()) }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: we own the event.
+        unsafe { sys::ggml_backend_event_free(self.ptr.as_ptr()) }
+    }
+}
+
 fn check_status(status: sys::ggml_status, backend: String) -> Result<()> {
     if status == sys::GGML_STATUS_SUCCESS {
         Ok(())

@@ -21,7 +21,7 @@ pub mod refquant;
 mod types;
 
 pub use backend::{
-    configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Sched,
+    configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Event, Sched,
 };
 pub use buffer::{BufferRef, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
