@@ -14,9 +14,12 @@ use pocketmoe::synth::quantmix::QuantMix;
 /// Ops that only reinterpret memory: no kernel runs for them.
 const NO_KERNEL: [&str; 5] = ["VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"];
 
-/// `(op, name)` of the kernel nodes from the first RMS_NORM to block 0's output `l_out-0`.
-fn block0(order: &[String]) -> Vec<(String, String)> {
-    let ops: Vec<(String, String)> = order
+/// `(op, name)` of kernel nodes, in graph order.
+type Kernels = Vec<(String, String)>;
+
+/// The kernel nodes from the first RMS_NORM to block 0's output `l_out-0`.
+fn block0(order: &[String]) -> Kernels {
+    let ops: Kernels = order
         .iter()
         .map(|l| {
             // "name OP [ne0, ne1, ne2, ne3]"; names may contain spaces.
@@ -34,7 +37,8 @@ fn block0(order: &[String]) -> Vec<(String, String)> {
     }
 }
 
-fn decode_order(arch: &str) -> (Vec<(String, String)>, Vec<(String, String)>) {
+/// Block 0 of the decode graph: (ours, libllama's).
+fn decode_order(arch: &str) -> (Kernels, Kernels) {
     let path = common::synth_tiny("order", arch, QuantMix::Q8_0, 1.0, 11);
     let lm = LlamaModel::load_plain(&path, 0).unwrap();
     let prompt = lm.tokenize("hello world", false, false).unwrap();
