@@ -426,10 +426,15 @@ mod tests {
     use crate::cli::bench::measure::matrix;
 
     /// A device where VRAM = 1007 + ub + experts on the GPU; 48 layers of 100 bytes.
+    /// A rig whose device memory for N CPU layers and micro-batch u is
+    /// `1007 + u + 100 (48 - N)`, plus `partial` whenever some layers are on the CPU (the cost
+    /// of a partial load), plus `growth` at the peak once tests have run (ggml-cuda's pool).
     struct Fake {
         loads: Vec<usize>,
         n: usize,
         runs: Vec<(usize, usize, usize)>,
+        partial: u64,
+        growth: u64,
     }
     impl Rig for Fake {
         fn load(&mut self, n_cpu: usize) -> Result<()> {
@@ -442,12 +447,14 @@ mod tests {
             u: usize,
             decide: &mut dyn FnMut(u64) -> Vec<Test>,
         ) -> Result<Trial> {
-            let v = 1007 + u as u64 + 100 * (48 - self.n as u64);
+            let partial = if self.n < 48 { self.partial } else { 0 };
+            let v = 1007 + u as u64 + 100 * (48 - self.n as u64) + partial;
             let tests = decide(v);
             self.runs
                 .extend(tests.iter().map(|t| (self.n, u, t.n_prompt)));
+            let growth = if tests.is_empty() { 0 } else { self.growth };
             Ok(Trial {
-                vram: Some(v),
+                vram: Some(v + growth),
                 host_rss: 1,
                 results: Vec::new(),
             })
@@ -462,6 +469,8 @@ mod tests {
             loads: Vec::new(),
             n: 0,
             runs: Vec::new(),
+            partial: 0,
+            growth: 0,
         }
     }
 
@@ -538,32 +547,6 @@ mod tests {
     #[test]
     fn overshoot_moves_up() {
         // The probe says 4 CPU layers, but partial loads cost 250 more: N must rise to 6.
-        struct Greedy(Fake);
-        impl Rig for Greedy {
-            fn load(&mut self, n: usize) -> Result<()> {
-                self.0.load(n)
-            }
-            fn try_ubatch(
-                &mut self,
-                u: usize,
-                d: &mut dyn FnMut(u64) -> Vec<Test>,
-            ) -> Result<Trial> {
-                let extra = if self.0.n < 48 { 250 } else { 0 };
-                let v = 1007 + u as u64 + 100 * (48 - self.0.n as u64) + extra;
-                let t = d(v);
-                self.0
-                    .runs
-                    .extend(t.iter().map(|t| (self.0.n, u, t.n_prompt)));
-                Ok(Trial {
-                    vram: Some(v),
-                    host_rss: 0,
-                    results: Vec::new(),
-                })
-            }
-            fn label(&self, n: usize, u: usize) -> String {
-                self.0.label(n, u)
-            }
-        }
         let layers = vec![100u64; 48];
         let sweep = Sweep {
             layers: &layers,
@@ -571,42 +554,19 @@ mod tests {
             model_bytes: 9999,
             reserve: 0,
         };
-        let mut rig = Greedy(fake());
+        let mut rig = Fake {
+            partial: 250,
+            ..fake()
+        };
         sweep.run(&mut rig, &[512], &matrix(&[512], &[], &[0]), Some(6000));
-        assert_eq!(rig.0.loads, [48, 4, 6]);
-        assert_eq!(rig.0.runs, [(6, 512, 512)]);
+        assert_eq!(rig.loads, [48, 4, 6]);
+        assert_eq!(rig.runs, [(6, 512, 512)]);
     }
 
     #[test]
     fn growth_during_a_run_is_learnt() {
         // Running tests grows device memory by 300 (ggml-cuda's pool): the run at N = 4 ends
         // over the budget, and the search moves to N = 7, which fits with the growth.
-        struct Pool(Fake);
-        impl Rig for Pool {
-            fn load(&mut self, n: usize) -> Result<()> {
-                self.0.load(n)
-            }
-            fn try_ubatch(
-                &mut self,
-                u: usize,
-                d: &mut dyn FnMut(u64) -> Vec<Test>,
-            ) -> Result<Trial> {
-                let v = 1007 + u as u64 + 100 * (48 - self.0.n as u64);
-                let t = d(v);
-                self.0
-                    .runs
-                    .extend(t.iter().map(|t| (self.0.n, u, t.n_prompt)));
-                let peak = v + if t.is_empty() { 0 } else { 300 };
-                Ok(Trial {
-                    vram: Some(peak),
-                    host_rss: 0,
-                    results: Vec::new(),
-                })
-            }
-            fn label(&self, n: usize, u: usize) -> String {
-                self.0.label(n, u)
-            }
-        }
         let layers = vec![100u64; 48];
         let sweep = Sweep {
             layers: &layers,
@@ -614,10 +574,13 @@ mod tests {
             model_bytes: 9999,
             reserve: 0,
         };
-        let mut rig = Pool(fake());
+        let mut rig = Fake {
+            growth: 300,
+            ..fake()
+        };
         let tried = sweep.run(&mut rig, &[512], &matrix(&[512], &[], &[0]), Some(6000));
-        assert_eq!(rig.0.loads, [48, 4, 7]);
-        assert_eq!(rig.0.runs, [(4, 512, 512), (7, 512, 512)]);
+        assert_eq!(rig.loads, [48, 4, 7]);
+        assert_eq!(rig.runs, [(4, 512, 512), (7, 512, 512)]);
         let last = tried.last().unwrap();
         assert!(last.fits && last.status == Status::Ran && last.n_cpu_moe == Some(7));
         assert_eq!(tried[1].status, Status::OverBudget);
