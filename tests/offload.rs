@@ -265,3 +265,56 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
         );
     }
 }
+
+/// The ablation switches (`run --no-prefetch --no-cpu-experts`): with prefetch and the CPU
+/// channel off, offloaded decode still equals the resident engine, nothing is prefetched, no
+/// expert runs on the CPU, and every miss is copied.
+#[test]
+fn without_prefetch_or_cpu_experts_matches_resident() {
+    let path = tiny("qwen3moe");
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 200).collect();
+    let opts = EngineOptions {
+        device: device(),
+        n_ctx: 128,
+        n_threads: 2,
+        n_ubatch: 32,
+        ..Default::default()
+    };
+    let mut resident = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
+    let (want, want_logits) = run(&mut resident, &prompt, None);
+    drop(resident);
+
+    let fixed = budget_floor(&path, opts.clone());
+    let probe = Engine::load(
+        &path,
+        EngineOptions {
+            gpu_mem: Some(fixed),
+            ..opts.clone()
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    let (slot, k) = (probe.expert_slot_bytes().unwrap(), probe.hp.n_expert_used);
+    drop(probe);
+    let budget = fixed + (k + 1) * slot + slot / 2;
+    let ablated = EngineOptions {
+        gpu_mem: Some(budget),
+        prefetch: false,
+        cpu_experts: false,
+        ..opts
+    };
+    let mut eng = Engine::load(&path, ablated, &|_, _| {}).unwrap();
+    let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
+    assert_eq!(got, want, "greedy tokens");
+    for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
+        let c = cosine(g, w);
+        assert!(c >= 0.99999, "step {i}: cosine {c}");
+    }
+    let st = eng.offload_stats().unwrap();
+    let sum = |f: fn(&pocketmoe::experts::stats::LayerStats) -> u64| -> u64 {
+        st.layers.iter().map(f).sum()
+    };
+    assert_eq!(sum(|l| l.prefetched), 0, "prefetched with prefetch off");
+    assert_eq!(sum(|l| l.cpu), 0, "CPU experts with the channel off");
+    assert!(sum(|l| l.misses) > 0 && sum(|l| l.copies) >= sum(|l| l.misses));
+}

@@ -46,6 +46,13 @@ pub struct RunArgs {
     /// Expert-cache policy: lru, lfu, lfru, lfru:HALF_LIFE.
     #[arg(long, default_value = "lfru", value_parser = crate::experts::policy::PolicyKind::parse)]
     pub cache_policy: crate::experts::policy::PolicyKind,
+    /// Offloading: no FATE-style prefetch (layer L+1's experts are then fetched only when its
+    /// router asks for them), e.g. to measure what the prefetch gains.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Offloading: never compute missed experts on the CPU (every miss crosses PCIe).
+    #[arg(long)]
+    pub no_cpu_experts: bool,
     /// Print offload statistics (hit rate, PCIe bytes, waits) at the end.
     #[arg(long, short)]
     pub verbose: bool,
@@ -113,6 +120,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         gpu_mem: args.gpu_mem,
         kv_type: args.cache_type,
         policy: args.cache_policy.clone(),
+        prefetch: !args.no_prefetch,
+        cpu_experts: !args.no_cpu_experts,
         ..Default::default()
     };
     let t_load = Instant::now();
