@@ -133,6 +133,7 @@ fn both_engines_table_json_and_plot() {
             "ours_rss_bytes",
             "llama_rss_bytes",
             "hit_rate",
+            "cache_hit_rate",
             "pcie_gbs",
             "stall_ms_per_token",
             "bound_fraction",

@@ -303,7 +303,7 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
         cpu_experts: false,
         ..opts
     };
-    let mut eng = Engine::load(&path, ablated, &|_, _| {}).unwrap();
+    let mut eng = Engine::load(&path, ablated.clone(), &|_, _| {}).unwrap();
     let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
     assert_eq!(got, want, "greedy tokens");
     for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
@@ -317,4 +317,29 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
     assert_eq!(sum(|l| l.prefetched), 0, "prefetched with prefetch off");
     assert_eq!(sum(|l| l.cpu), 0, "CPU experts with the channel off");
     assert!(sum(|l| l.misses) > 0 && sum(|l| l.copies) >= sum(|l| l.misses));
+    // Without prefetch, the cache's own hit rate is the hit rate.
+    assert_eq!(st.cache_hit_rate(), st.hit_rate());
+
+    // With prefetch on, the hits it made count as hits, but not as the cache's own.
+    let mut eng = Engine::load(
+        &path,
+        EngineOptions {
+            prefetch: true,
+            ..ablated
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    run(&mut eng, &prompt, Some(&want));
+    let st = eng.offload_stats().unwrap();
+    let used: u64 = st.layers.iter().map(|l| l.prefetch_used).sum();
+    assert!(used > 0, "no prefetched expert was used");
+    let uses: u64 = st.layers.iter().map(|l| l.hits + l.misses).sum();
+    let gap = st.hit_rate() - st.cache_hit_rate();
+    assert!(
+        (gap - used as f64 / uses as f64).abs() < 1e-12,
+        "hit rate {} vs own {}: {used} prefetched hits of {uses} uses",
+        st.hit_rate(),
+        st.cache_hit_rate()
+    );
 }

@@ -75,6 +75,15 @@ impl Stats {
         ratio(t.hits, t.hits + t.misses)
     }
 
+    /// Uses served by what the cache held before this step's prefetches / all uses: hits that a
+    /// prefetch made count as misses here (their bytes crossed PCIe all the same), so this is
+    /// the rate PCIe traffic follows. [`Stats::hit_rate`] counts them as hits (the rate the
+    /// expert matmuls saw).
+    pub fn cache_hit_rate(&self) -> f64 {
+        let t = self.total();
+        ratio(t.hits.saturating_sub(t.prefetch_used), t.hits + t.misses)
+    }
+
     /// Share of misses computed on the CPU.
     pub fn cpu_share(&self) -> f64 {
         let t = self.total();
@@ -97,13 +106,14 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
             t.hits,
             t.misses,
             100.0 * self.cpu_share(),
+            self.cache_hit_rate(),
             self.h2d_bytes as f64 / 1e9,
             self.wait_copy_s,
             self.wait_cpu_s,

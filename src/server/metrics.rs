@@ -164,6 +164,12 @@ impl HttpMetrics {
                     x.hit_rate(),
                 ),
                 (
+                    "expert_cache_own_hit_ratio",
+                    GAUGE,
+                    "As expert_cache_hit_ratio, with hits a prefetch made counted as misses (what PCIe traffic follows).",
+                    x.cache_hit_rate(),
+                ),
+                (
                     "expert_cpu_share",
                     GAUGE,
                     "Share of misses computed on the CPU.",

@@ -134,6 +134,9 @@ pub fn n_ctx_for(tests: &[Test]) -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Offload {
     pub hit_rate: f64,
+    /// Without the hits prefetches made (`Stats::cache_hit_rate`): what PCIe traffic follows.
+    #[serde(default)]
+    pub cache_hit_rate: f64,
     pub cpu_share: f64,
     pub h2d_bytes: u64,
     /// Host-to-device bytes per second of wall time.
@@ -227,6 +230,7 @@ pub fn run_tests(
                 let d = a.since(&b);
                 Some(Offload {
                     hit_rate: d.hit_rate(),
+                    cache_hit_rate: d.cache_hit_rate(),
                     cpu_share: d.cpu_share(),
                     h2d_bytes: d.h2d_bytes,
                     pcie_gbs: d.h2d_bytes as f64 / wall.max(1e-9) / 1e9,

@@ -249,6 +249,7 @@ mod tests {
             ours_rss_bytes: None,
             llama_rss_bytes: None,
             hit_rate: None,
+            cache_hit_rate: None,
             pcie_gbs: None,
             stall_ms_per_token: None,
             bound_tok_s: None,
