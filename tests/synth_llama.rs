@@ -193,3 +193,51 @@ fn synth_rejects_bad_options() {
         .to_string();
     assert!(e.contains("routing-skew"), "{e}");
 }
+
+/// Rewriting a file that a reader has mapped: the reader keeps the old file whole (the new one
+/// is written aside and renamed over it), the path then holds the new file, and no partial
+/// file is left behind. (Parallel tests re-synthesise shared fixtures; written in place, a
+/// reader saw mixed bytes.)
+#[test]
+fn synth_replaces_a_mapped_file_atomically() {
+    let out = tmp("replace.gguf");
+    let mk = |seed| SynthOptions {
+        arch: "qwen3moe".into(),
+        preset: "tiny".into(),
+        quant: QuantMix::Q8_0,
+        routing_skew: 1.0,
+        seed,
+        out: out.clone(),
+    };
+    synth::synth(&mk(1), &|_, _| {}).unwrap();
+    let old = GgufModel::open(&out).unwrap();
+    let t = old
+        .tensors()
+        .find(|t| t.name == "token_embd.weight")
+        .unwrap()
+        .clone();
+    let before = old.tensor_data(&t).to_vec();
+    synth::synth(&mk(2), &|_, _| {}).unwrap();
+    // (`assert!`, not `assert_eq!`: a failure would print megabytes of bytes.)
+    assert!(
+        old.tensor_data(&t) == &before[..],
+        "the mapped file changed"
+    );
+    let new = GgufModel::open(&out).unwrap();
+    assert_ne!(
+        new.tensor_data(&t),
+        &before[..],
+        "the path still holds the old file"
+    );
+    let dir = out.parent().unwrap();
+    let partial: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("replace.gguf.partial-")
+        })
+        .collect();
+    assert!(partial.is_empty(), "left behind: {partial:?}");
+}

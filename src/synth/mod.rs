@@ -406,9 +406,24 @@ pub fn synth(
             .map(|h| h.join().expect("pool thread panicked"))
             .collect::<Result<_, _>>()
     })?;
-    let bytes = w.write_with_progress(&opts.out, progress, |i, buf| {
+    // Written under a temporary name in the same folder, then renamed over `out`: a process
+    // that has the old file open or mapped (a server, a test running beside this one) keeps
+    // reading the old file whole, never a half-written one.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut tmp_name = opts.out.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(
+        ".partial-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let tmp = opts.out.with_file_name(tmp_name);
+    let bytes = w.write_with_progress(&tmp, progress, |i, buf| {
         fill(&planned[i], &pools, buf).map_err(|e| std::io::Error::other(e.to_string()))
     })?;
+    if let Err(e) = std::fs::rename(&tmp, &opts.out) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(crate::gguf::GgufError::io(&opts.out, "rename into place", e).into());
+    }
     let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
     for (i, p) in planned.iter().enumerate() {
         let n = w.tensor_size(i);
