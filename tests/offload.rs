@@ -34,16 +34,23 @@ fn engine_bw(
     offload_bandwidths: Option<(f64, f64)>,
 ) -> Engine {
     let opts = EngineOptions {
+        policy,
+        offload_bandwidths,
+        ..small(gpu_mem)
+    };
+    Engine::load(path, opts, &|_, _| {}).unwrap()
+}
+
+/// These tests' engine options (a small context and micro-batch) with budget `gpu_mem`.
+fn small(gpu_mem: Option<u64>) -> EngineOptions {
+    EngineOptions {
         device: device(),
         n_ctx: 128,
         n_threads: 2,
         n_ubatch: 32,
         gpu_mem,
-        policy,
-        offload_bandwidths,
         ..Default::default()
-    };
-    Engine::load(path, opts, &|_, _| {}).unwrap()
+    }
 }
 
 /// What the resident parts need at `opts` (a 1-byte budget is refused with that figure);
@@ -89,16 +96,7 @@ fn check_arch(arch: &str) {
 
     // A 1-byte budget is refused with what the resident parts need; exactly that leaves no
     // slots (staging only).
-    let fixed = budget_floor(
-        &path,
-        EngineOptions {
-            device: device(),
-            n_ctx: 128,
-            n_threads: 2,
-            n_ubatch: 32,
-            ..Default::default()
-        },
-    );
+    let fixed = budget_floor(&path, small(None));
     let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
     let slot = probe.expert_slot_bytes().unwrap();
@@ -229,21 +227,13 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
     let probe = engine(&path, None, PolicyKind::default());
     let n_moe = probe.hp.n_layer as u64; // every block of the tiny qwen3moe is MoE
     drop(probe);
-    let opts = |gpu_mem| EngineOptions {
-        device: device(),
-        n_ctx: 128,
-        n_threads: 2,
-        n_ubatch: 32,
-        gpu_mem,
-        ..Default::default()
-    };
-    let need = budget_floor(&path, opts(None));
+    let need = budget_floor(&path, small(None));
     let slot = {
-        let e = Engine::load(&path, opts(Some(need)), &|_, _| {}).unwrap();
+        let e = Engine::load(&path, small(Some(need)), &|_, _| {}).unwrap();
         e.expert_slot_bytes().unwrap()
     };
     for (slots, bw) in [(3u64, None), (1, Some((1e9, 1e12)))] {
-        let mut o = opts(Some(need + slots * slot + slot / 2));
+        let mut o = small(Some(need + slots * slot + slot / 2));
         o.offload_bandwidths = bw;
         let mut eng = Engine::load(&path, o, &|_, _| {}).unwrap();
         assert_eq!(eng.expert_slots(), Some(slots as usize));
@@ -273,13 +263,7 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
 fn without_prefetch_or_cpu_experts_matches_resident() {
     let path = tiny("qwen3moe");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 200).collect();
-    let opts = EngineOptions {
-        device: device(),
-        n_ctx: 128,
-        n_threads: 2,
-        n_ubatch: 32,
-        ..Default::default()
-    };
+    let opts = small(None);
     let mut resident = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
     let (want, want_logits) = run(&mut resident, &prompt, None);
     drop(resident);

@@ -227,3 +227,21 @@ fn context_limit_is_an_error() {
     let e = eng.forward(&[100_000]).unwrap_err().to_string();
     assert!(e.contains("100000"), "{e}");
 }
+
+/// MLA (deepseek2) has no quantised cache yet: the load refuses it, naming the type and the way
+/// out, before any weight is loaded.
+#[test]
+fn quantised_cache_with_mla_is_refused() {
+    let path = tiny("deepseek2");
+    let opts = EngineOptions {
+        n_ctx: 64,
+        n_threads: 2,
+        kv_type: GgmlType::Q8_0,
+        ..Default::default()
+    };
+    let e = match Engine::load(&path, opts, &|_, _| {}) {
+        Ok(_) => panic!("a q8_0 cache was accepted for MLA"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("q8_0") && e.contains("use f16"), "{e}");
+}

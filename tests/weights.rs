@@ -62,7 +62,7 @@ fn token_embedding_goes_to_the_host_part_and_a_tied_head_keeps_a_device_copy() {
             let w = Weights::load(&file, &main, Some(&host), &|_| true, &|_, _| {}).unwrap();
             assert_eq!(w.host_bytes(), embd.n_bytes, "{arch}: host part");
             let on_main = if tied { total } else { total - embd.n_bytes };
-            assert_eq!(w.bytes, on_main, "{arch}: main part (tied: {tied})");
+            assert_eq!(w.bytes(), on_main, "{arch}: main part (tied: {tied})");
             let lookup = w.embedding().unwrap();
             assert_eq!(
                 lookup.read_bytes().unwrap(),
@@ -80,7 +80,7 @@ fn token_embedding_goes_to_the_host_part_and_a_tied_head_keeps_a_device_copy() {
             // Without a host backend everything is on the main one.
             let w = Weights::load(&file, &main, None, &|_| true, &|_, _| {}).unwrap();
             assert_eq!(
-                (w.bytes, w.host_bytes()),
+                (w.bytes(), w.host_bytes()),
                 (total, 0),
                 "{arch}: no host part"
             );

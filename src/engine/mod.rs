@@ -128,6 +128,13 @@ impl Engine {
         if let Some(e) = v.errors().next() {
             return Err(model_err(e.to_string()));
         }
+        // Before any weight is loaded: refuse what the options cannot give.
+        if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
+            return Err(model_err(format!(
+                "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",
+                opts.kv_type
+            )));
+        }
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
         let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
@@ -157,13 +164,6 @@ impl Engine {
         // it stays on the GPU: no CPU split and host round trip at every step.
         let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
         let weights = weights::Weights::load(&file, &main, host, &keep, progress)?;
-        if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
-            return Err(model_err(format!(
-                "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",
-                opts.kv_type
-            )));
-        }
-        // (MLA with a quantised cache was refused above.)
         let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
         let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type, rot)?;
         let off = if offload {
@@ -233,7 +233,7 @@ impl Engine {
             drop(g);
             let compute = self.sched.buffer_size(0) as u64;
             let off = self.offload.as_ref().expect("offloading");
-            let fixed = self.weights.bytes
+            let fixed = self.weights.bytes()
                 + self.kv.bytes() as u64
                 + off.dev_bytes as u64
                 + compute
@@ -261,7 +261,7 @@ impl Engine {
         }
         tracing::info!(
             "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, micro-batch {} -> {n_slots} expert slots per layer of {}",
-            self.weights.bytes,
+            self.weights.bytes(),
             self.kv.bytes(),
             off.dev_bytes,
             self.opts.n_ubatch,
@@ -275,7 +275,7 @@ impl Engine {
     /// scheduler's compute buffer (what a `--gpu-mem` budget covers, minus the backend's own
     /// workspace).
     pub fn device_bytes(&self) -> u64 {
-        self.weights.bytes
+        self.weights.bytes()
             + self.kv.bytes() as u64
             + self.offload.as_ref().map_or(0, |o| o.dev_bytes as u64)
             + self.sched.buffer_size(0) as u64

@@ -29,10 +29,8 @@ struct Part {
 
 pub struct Weights {
     main: Part,
-    /// Host copies (the token embedding when the main backend is a GPU).
+    /// Host copies (the token embedding, when offloading to a GPU).
     host: Option<Part>,
-    /// Bytes on the main backend.
-    pub bytes: u64,
 }
 
 impl Part {
@@ -102,7 +100,6 @@ impl Weights {
             _ => None,
         };
         Ok(Self {
-            bytes: main_part.bytes,
             main: main_part,
             host: host_part,
         })
@@ -119,6 +116,11 @@ impl Weights {
     pub fn embedding(&self) -> Option<Tensor<'_>> {
         let host = self.host.as_ref().and_then(|p| p.get(TOKEN_EMBD));
         host.or_else(|| self.get(TOKEN_EMBD))
+    }
+
+    /// Bytes on the main backend.
+    pub fn bytes(&self) -> u64 {
+        self.main.bytes
     }
 
     /// Bytes in host memory (copies kept off the main backend).

@@ -111,7 +111,8 @@ unsafe extern "C" fn filtered_log(
         LOG_LEVEL.store(level, Ordering::Relaxed);
         level
     };
-    let verbose = std::env::var_os("POCKETMOE_GGML_LOG").is_some();
+    static VERBOSE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let verbose = *VERBOSE.get_or_init(|| std::env::var_os("POCKETMOE_GGML_LOG").is_some());
     if (level >= sys::GGML_LOG_LEVEL_INFO || verbose) && !text.is_null() {
         // SAFETY: ggml passes a NUL-terminated message.
         let msg = unsafe { std::ffi::CStr::from_ptr(text) };
