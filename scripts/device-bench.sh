@@ -13,6 +13,11 @@
 # qwen3-30b-a3b; `tiny` for a dry run of the plumbing) and SKEW (synth --routing-skew; default the
 # synth default, 0 = uniform routing), PROMPTS (default 512,4096) and DEPTHS (default 0,8192)
 # override the matrix.
+#
+# Stock llama.cpp beside it: with dist/stock/llama.cpp.tar.xz carried (scripts/stock-llama-tarball.sh),
+# stock llama-bench is built first (scripts/device-stock-llama.sh, ~5.5 min, reused while the
+# machine stays warm) and `pocketmoe bench --llama-bench` runs it at every setting the in-process
+# search chose; the table then compares with the faster of the two and shows both. STOCK=0 skips it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
@@ -27,13 +32,19 @@ if [ ! -s "$MODEL" ]; then
     ${SKEW:+--routing-skew "$SKEW"} -o "$MODEL" || exit 1
 fi
 echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"
+LLAMA_BENCH=
+if [ "${STOCK:-1}" != 0 ] && [ -s dist/stock/llama.cpp.tar.xz ]; then
+  LLAMA_BENCH=$(scripts/device-stock-llama.sh 2> >(tee -a "$OUTDIR/bench.log" >&2) | tail -1) || exit 1
+  echo "stock llama-bench ready at $(( $(date +%s) - start )) s: $LLAMA_BENCH" | tee -a "$OUTDIR/bench.log"
+fi
 # Through device-run.sh's `exec` for its environment; stdout (the table) goes to bench.md, stderr
 # (progress) to the log. `timeout` keeps the whole run inside the device tool's 10 minutes.
 scripts/device-run.sh exec bash -c '
-  timeout 540 pocketmoe bench -m "$1" --gpu 0 --gpu-mem "$3" \
+  timeout "$6" pocketmoe bench -m "$1" --gpu 0 --gpu-mem "$3" \
     -p "${PROMPTS:-512,4096}" -n 128 --depth "${DEPTHS:-0,8192}" --reps "$4" \
-    --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
-' _ "$MODEL" "$OUTDIR" "${BUDGETS:-resident,12GiB,8GiB}" "${REPS:-3}" 2>&1 | tee -a "$OUTDIR/bench.log"
+    ${5:+--llama-bench "$5"} --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
+' _ "$MODEL" "$OUTDIR" "${BUDGETS:-resident,12GiB,8GiB}" "${REPS:-3}" "$LLAMA_BENCH" \
+  "$(( ${DEADLINE:-570} - ($(date +%s) - start) ))" 2>&1 | tee -a "$OUTDIR/bench.log"
 rc=${PIPESTATUS[0]}
 cat "$OUTDIR/bench.md"
 echo "device-bench: rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/bench.log"

@@ -17,7 +17,7 @@ libdir=$(dirname "$(ls -t "$T"/build/llama-cpp-sys-2-*/out/lib/libggml-base.so |
 # Only the sonames the binaries ask for (libggml.so.0, ...), one real file each.
 for f in "$libdir"/lib*.so.[0-9]; do cp -L "$f" "$stage/pmoe/lib/"; done
 strip --strip-unneeded "$stage"/pmoe/bin/* "$stage"/pmoe/tests/* "$stage"/pmoe/lib/* 2>/dev/null || true
-rm -rf dist && mkdir -p dist
+mkdir -p dist && rm -f dist/device.tar.xz*   # dist/stock/ (the opponent's source) stays
 tar -C "$stage" -cf - pmoe | xz -T0 -6 > dist/device.tar.xz
 (cd dist && split -b 15M -d device.tar.xz device.tar.xz.part && rm device.tar.xz)
 rm -rf "$stage"

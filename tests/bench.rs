@@ -173,3 +173,120 @@ fn budgets_need_a_gpu() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-mem budgets need --gpu"));
 }
+
+/// A stand-in for stock `llama-bench` (`--llama-bench`): records its arguments and answers every
+/// requested test with `rate` tok/s in llama-bench's `-o json` shape.
+fn fake_llama_bench(dir: &std::path::Path, rate: f64) -> PathBuf {
+    let exe = dir.join(format!("fake-llama-bench-{rate}"));
+    let script = format!(
+        r#"#!/usr/bin/env bash
+echo "$@" >> "{log}"
+while [ $# -gt 0 ]; do
+  case "$1" in -p) P="$2";; -n) N="$2";; -d) D="$2";; esac; shift
+done
+out=""
+for d in ${{D//,/ }}; do
+  for p in ${{P//,/ }}; do [ "$p" = 0 ] || out="$out{{\"n_prompt\": $p, \"n_gen\": 0, \"n_depth\": $d, \"avg_ts\": {rate}, \"stddev_ts\": 1.0, \"samples_ts\": [{rate}]}},"; done
+  for n in ${{N//,/ }}; do [ "$n" = 0 ] || out="$out{{\"n_prompt\": 0, \"n_gen\": $n, \"n_depth\": $d, \"avg_ts\": {rate}, \"stddev_ts\": 1.0, \"samples_ts\": [{rate}]}},"; done
+done
+echo "[${{out%,}}]"
+"#,
+        log = dir.join("fake-llama-bench.args").display()
+    );
+    std::fs::write(&exe, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    exe
+}
+
+/// `--llama-bench`: stock runs at exactly the settings the in-process search ran (same
+/// micro-batch, threads, repetitions, tests), both figures are shown side by side, and the
+/// comparison takes the faster llama.cpp (here the stand-in's absurd 1e6 tok/s), marked stock.
+#[test]
+fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
+    let model = tiny();
+    let dir = model.parent().unwrap().join("stock");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("bench.json");
+    let fake = fake_llama_bench(&dir, 1e6);
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args(["-p", "32", "-n", "8", "--reps", "2", "--ubatch", "32"])
+        .args(["--threads", "2", "--llama-bench"])
+        .arg(&fake)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let args = std::fs::read_to_string(dir.join("fake-llama-bench.args")).unwrap();
+    let m = model.display().to_string();
+    assert_eq!(
+        args.trim(),
+        format!("-m {m} -ngl 0 -ub 32 -b 2048 -t 2 -r 2 -p 32 -n 8 -d 0 -o json"),
+        "stock must run the in-process setting's knobs and tests"
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for r in v["rows"].as_array().unwrap() {
+        assert_eq!(r["stock_tok_s"].as_f64(), Some(1e6), "{r}");
+        assert_eq!(r["llama_tok_s"].as_f64(), Some(1e6), "{r}");
+        let inproc = r["inproc_tok_s"].as_f64().unwrap();
+        assert!(inproc > 0.0 && inproc < 1e6, "{r}");
+        assert_eq!(r["llama_setting"], "-ngl 0 -ub 32 (stock)");
+        let ours = r["ours_tok_s"].as_f64().unwrap();
+        assert!(
+            (r["ratio"].as_f64().unwrap() - ours / 1e6).abs() < 1e-12,
+            "{r}"
+        );
+    }
+    let lines: Vec<&str> = stdout.lines().collect();
+    let head = lines.iter().position(|l| cells(l) == COLUMNS).unwrap();
+    let c = cells(lines[head + 2]);
+    assert!(c[6].contains(" / 1000000.0 ("), "in-process / stock: {c:?}");
+
+    // A stock binary that fails is reported as failed; the comparison falls back to in-process.
+    let broken = dir.join("broken-llama-bench");
+    std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args(["-p", "0", "-n", "4", "--reps", "1", "--ubatch", "32"])
+        .args(["--threads", "2", "--llama-bench"])
+        .arg(&broken)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let stock = v["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["engine"] == "llama.cpp (stock)")
+        .expect("a stock setting");
+    assert!(
+        stock["status"]["failed"]
+            .as_str()
+            .unwrap()
+            .contains("exit status: 3"),
+        "{stock}"
+    );
+    let r = &v["rows"][0];
+    assert!(
+        r["stock_tok_s"].is_null() && r["llama_tok_s"] == r["inproc_tok_s"],
+        "{r}"
+    );
+}

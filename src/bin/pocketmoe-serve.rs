@@ -86,6 +86,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Err(e) = pocketmoe::ggml::cpu_isa::check_host() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     match run(args) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -45,6 +45,10 @@ fn main() {
     let version: &'static str = Box::leak(pocketmoe::version().into_boxed_str());
     let matches = Cli::command().version(version).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = pocketmoe::ggml::cpu_isa::check_host() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
     let result = match cli.cmd {
         Cmd::SelfCheck { list, threads } => self_check(list, threads),
         Cmd::Synth(args) => pocketmoe::cli::synth::run(args),
@@ -60,6 +64,7 @@ fn main() {
 
 fn self_check(list_only: bool, threads: usize) -> Result<()> {
     println!("pocketmoe {}", pocketmoe::version());
+    println!("CPU kernels: {}", pocketmoe::ggml::cpu_isa::cpu_variant());
     let devices = Device::all();
     println!("ggml devices ({}):", devices.len());
     for d in &devices {

@@ -95,6 +95,9 @@ pub struct ContextOptions {
     pub n_threads: i32,
     /// Offload host-resident weights' ops to the GPU for large batches (llama.cpp default: on).
     pub op_offload: bool,
+    /// Attach a persistent CPU thread pool, as llama-bench does (see
+    /// [`LlamaContext::with_options`]); off only to measure what it is worth.
+    pub threadpool: bool,
 }
 
 impl LlamaModel {
@@ -270,6 +273,8 @@ impl Drop for LlamaModel {
 pub struct LlamaContext<'m> {
     ptr: NonNull<sys::llama_context>,
     model: &'m LlamaModel,
+    /// The CPU worker pool attached to the context (freed after it), as llama-bench attaches one.
+    threadpool: Option<NonNull<ggml_sys::ggml_threadpool>>,
 }
 
 impl<'m> LlamaContext<'m> {
@@ -277,7 +282,15 @@ impl<'m> LlamaContext<'m> {
         Self::new_with_capture(model, n_ctx, n_threads, None)
     }
 
-    /// A context with llama-bench's knobs (batch, micro-batch, threads, op offload).
+    /// A context with llama-bench's knobs (batch, micro-batch, threads, op offload), and a
+    /// persistent CPU thread pool attached as llama-bench attaches one (`--poll 50`).
+    ///
+    /// The pool is what makes this an honest baseline. Without one, and with OpenMP off (as our
+    /// llama.cpp build has it), ggml-cpu starts and joins `n_threads - 1` threads at every CPU
+    /// graph piece; with experts on the CPU that is every CPU-expert layer of every decoded token,
+    /// and it made this in-process llama.cpp decode 3-4x slower than stock `llama-bench`
+    /// (issue 13). Stock builds use OpenMP, whose threads stay alive between pieces; llama-bench
+    /// also attaches a pool (`ggml_threadpool_new` + `llama_attach_threadpool`).
     pub fn with_options(model: &'m LlamaModel, o: &ContextOptions) -> Result<Self> {
         // SAFETY: default params are plain data; model is live; null = failure.
         let ptr = unsafe {
@@ -290,9 +303,35 @@ impl<'m> LlamaContext<'m> {
             p.op_offload = o.op_offload;
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
-        NonNull::new(ptr)
-            .map(|ptr| Self { ptr, model })
-            .ok_or_else(|| err(format!("llama_init_from_model failed ({o:?})")))
+        let mut ctx = NonNull::new(ptr)
+            .map(|ptr| Self {
+                ptr,
+                model,
+                threadpool: None,
+            })
+            .ok_or_else(|| err(format!("llama_init_from_model failed ({o:?})")))?;
+        if o.threadpool {
+            // SAFETY: plain constructor (null on failure); the pool is attached to the live
+            // context for both single-token and batch work, and freed only after the context
+            // (Drop). The two bindgen runs bind the same C struct under two Rust names.
+            unsafe {
+                let mut params = ggml_sys::ggml_threadpool_params_default(o.n_threads);
+                let tp =
+                    NonNull::new(ggml_sys::ggml_threadpool_new(&mut params)).ok_or_else(|| {
+                        err(format!(
+                            "ggml_threadpool_new failed ({} threads)",
+                            o.n_threads
+                        ))
+                    })?;
+                sys::llama_attach_threadpool(
+                    ctx.ptr.as_ptr(),
+                    tp.as_ptr().cast(),
+                    tp.as_ptr().cast(),
+                );
+                ctx.threadpool = Some(tp);
+            }
+        }
+        Ok(ctx)
     }
 
     /// Forgets positions `n..` of the sequence (keeps the first `n` in the KV cache).
@@ -360,7 +399,11 @@ impl<'m> LlamaContext<'m> {
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
         NonNull::new(ptr)
-            .map(|ptr| Self { ptr, model })
+            .map(|ptr| Self {
+                ptr,
+                model,
+                threadpool: None,
+            })
             .ok_or_else(|| err("llama_init_from_model failed"))
     }
 
@@ -437,8 +480,14 @@ impl<'m> LlamaContext<'m> {
 
 impl Drop for LlamaContext<'_> {
     fn drop(&mut self) {
-        // SAFETY: we own the context.
-        unsafe { sys::llama_free(self.ptr.as_ptr()) };
+        // SAFETY: we own the context, then its thread pool (no longer referenced once the
+        // context is freed).
+        unsafe {
+            sys::llama_free(self.ptr.as_ptr());
+            if let Some(tp) = self.threadpool {
+                ggml_sys::ggml_threadpool_free(tp.as_ptr());
+            }
+        }
     }
 }
 

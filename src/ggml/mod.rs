@@ -13,6 +13,7 @@ mod backend;
 mod buffer;
 pub mod capture;
 mod context;
+pub mod cpu_isa;
 pub mod gguf_ref;
 mod graph;
 pub mod llama;

@@ -386,6 +386,9 @@ impl Rig for LlamaRig {
                 n_ubatch: ubatch as u32,
                 n_threads: self.threads as i32,
                 op_offload: true,
+                // As llama-bench; `POCKETMOE_BASELINE_THREADPOOL=0` measures the pre-issue-13
+                // baseline (a thread start/join per CPU graph piece).
+                threadpool: std::env::var("POCKETMOE_BASELINE_THREADPOOL").as_deref() != Ok("0"),
             },
         )?;
         let v = vram.sample();

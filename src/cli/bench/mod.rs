@@ -12,6 +12,7 @@ pub mod baseline;
 pub mod measure;
 pub mod plot;
 pub mod report;
+pub mod stock;
 
 use crate::cli::inspect::parse_bytes;
 use crate::engine::{Device, Engine, EngineOptions};
@@ -88,6 +89,11 @@ pub struct BenchArgs {
     /// Skip the llama.cpp baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Stock `llama-bench` (built as llama.cpp builds itself) to run beside the in-process
+    /// baseline at each setting it chose; the comparison then uses the faster of the two and
+    /// prints both (`scripts/device-stock-llama.sh` builds one on the H200 machine).
+    #[arg(long, env = "POCKETMOE_LLAMA_BENCH", value_name = "PATH")]
+    pub llama_bench: Option<PathBuf>,
     /// Also write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -296,6 +302,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.baseline_child {
         return baseline_child(&args);
     }
+    if let Some(p) = &args.llama_bench {
+        if args.no_baseline {
+            bail!("--llama-bench runs beside the baseline's settings: drop --no-baseline");
+        }
+        if !p.is_file() {
+            bail!("--llama-bench {}: no such file", p.display());
+        }
+    }
     if args.gpu.is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
         bail!("--gpu-mem budgets need --gpu (on the CPU there is no VRAM to budget)");
     }
@@ -354,7 +368,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if !args.no_baseline {
             eprintln!("bench: llama.cpp at {}", report::budget_name(b));
             match baseline_in_child(&args, Budget(b)) {
-                Ok(v) => settings.extend(v),
+                Ok(v) => {
+                    if let Some(exe) = &args.llama_bench {
+                        let k = stock::Knobs {
+                            gpu: args.gpu,
+                            n_layer: facts.hp.n_layer,
+                            threads: args.threads(),
+                            reps: args.reps,
+                        };
+                        let st = stock::run(exe, &args.model, &v, &k);
+                        settings.extend(v);
+                        settings.extend(st);
+                    } else {
+                        settings.extend(v);
+                    }
+                }
                 Err(e) => settings.push(Setting {
                     engine: "llama.cpp".into(),
                     budget: b,

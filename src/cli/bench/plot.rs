@@ -243,6 +243,8 @@ mod tests {
             llama_std: Some(1.0),
             llama_setting: None,
             ratio: Some(ours / llama),
+            inproc_tok_s: Some(llama),
+            stock_tok_s: None,
             ours_vram_bytes: None,
             ours_fits: None,
             llama_vram_bytes: None,

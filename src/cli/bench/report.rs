@@ -77,6 +77,11 @@ pub struct Row {
     pub llama_setting: Option<String>,
     /// ours / llama.cpp.
     pub ratio: Option<f64>,
+    /// The in-process llama.cpp at its fastest setting that fits, and stock llama-bench at that
+    /// same setting (`--llama-bench`): the cross-check of the baseline. `llama_tok_s` is the
+    /// faster of every llama.cpp figure, in-process or stock.
+    pub inproc_tok_s: Option<f64>,
+    pub stock_tok_s: Option<f64>,
     pub ours_vram_bytes: Option<u64>,
     pub ours_fits: Option<bool>,
     pub llama_vram_bytes: Option<u64>,
@@ -173,10 +178,21 @@ pub fn rows(
         for t in tests {
             let name = t.name();
             let ours = at("pocketmoe").find_map(|s| s.get(&name).map(|m| (s, m)));
-            let best = at("llama.cpp")
-                .filter(|s| s.fits && s.status == Status::Ran)
-                .filter_map(|s| s.get(&name).map(|m| (s, m)))
-                .max_by(|a, b| a.1.mean.total_cmp(&b.1.mean));
+            let fastest = |engines: &[&str]| {
+                settings
+                    .iter()
+                    .filter(|s| s.budget == b && engines.contains(&s.engine.as_str()))
+                    .filter(|s| s.fits && s.status == Status::Ran)
+                    .filter_map(|s| s.get(&name).map(|m| (s, m)))
+                    .max_by(|a, b| a.1.mean.total_cmp(&b.1.mean))
+            };
+            let inproc = fastest(&["llama.cpp"]);
+            let best = fastest(&["llama.cpp", super::stock::ENGINE]);
+            let stock = inproc.and_then(|(s, _)| {
+                at(super::stock::ENGINE)
+                    .find(|x| x.label == s.label)
+                    .and_then(|x| x.get(&name))
+            });
             let hit = ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.hit_rate));
             // The bound follows the bytes: prefetched hits crossed PCIe too.
             let own_hit = ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.cache_hit_rate));
@@ -191,7 +207,15 @@ pub fn rows(
                 ours_std: ours.map(|(_, m)| m.std),
                 llama_tok_s: best.map(|(_, m)| m.mean),
                 llama_std: best.map(|(_, m)| m.std),
-                llama_setting: best.map(|(s, _)| s.label.clone()),
+                llama_setting: best.map(|(s, _)| {
+                    if s.engine == super::stock::ENGINE {
+                        format!("{} (stock)", s.label)
+                    } else {
+                        s.label.clone()
+                    }
+                }),
+                inproc_tok_s: inproc.map(|(_, m)| m.mean),
+                stock_tok_s: stock.map(|m| m.mean),
                 ratio: ours.zip(best).map(|((_, o), (_, l))| o.mean / l.mean),
                 ours_vram_bytes: ours.and_then(|(s, _)| s.vram_bytes),
                 ours_fits: ours.map(|(s, _)| s.fits),
@@ -220,13 +244,14 @@ pub fn budget_name(b: Option<u64>) -> String {
 }
 
 /// The comparison columns, in order (tests check them).
-pub const COLUMNS: [&str; 15] = [
+pub const COLUMNS: [&str; 16] = [
     "budget",
     "test",
     "pocketmoe t/s",
     "llama.cpp t/s",
     "ratio",
     "llama.cpp setting",
+    "in-process / stock",
     "VRAM ours",
     "VRAM llama.cpp",
     "RSS ours",
@@ -283,6 +308,13 @@ pub fn markdown(r: &Report) -> String {
             ts(w.llama_tok_s, w.llama_std),
             opt(w.ratio, |x| format!("{x:.2}x")),
             w.llama_setting.clone().unwrap_or_else(|| "-".into()),
+            match (w.inproc_tok_s, w.stock_tok_s) {
+                (Some(i), Some(st)) => {
+                    format!("{i:.1} / {st:.1} ({:+.0}%)", 100.0 * (i / st - 1.0))
+                }
+                (Some(i), None) => format!("{i:.1} / -"),
+                _ => "-".into(),
+            },
             opt(w.ours_vram_bytes, |b| format!("{}{over}", human_bytes(b))),
             opt(w.llama_vram_bytes, human_bytes),
             opt(w.ours_rss_bytes, human_bytes),

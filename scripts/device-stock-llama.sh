@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the device machine: builds stock llama-bench from dist/stock/llama.cpp.tar.xz
+# (scripts/stock-llama-tarball.sh) exactly as llama.cpp builds itself for CUDA releases, into
+# /tmp/stock-llama (kept while the machine stays warm: a second call right after reuses it), and
+# prints the binary's path on its last line. ~5.5 min cold with 16 cores.
+#
+#   LLAMA_BENCH=$(scripts/device-stock-llama.sh | tail -1)
+#   pocketmoe bench ... --llama-bench "$LLAMA_BENCH"     # or POCKETMOE_LLAMA_BENCH=...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=/tmp/stock-llama
+BIN="$ROOT/build/bin/llama-bench"
+sum=$(md5sum dist/stock/llama.cpp.tar.xz | cut -d' ' -f1)
+if [ -x "$BIN" ] && [ "$(cat "$ROOT/.sum" 2>/dev/null)" = "$sum" ]; then
+  echo "stock llama-bench: reusing $BIN" >&2
+  echo "$BIN"; exit 0
+fi
+rm -rf "$ROOT" && mkdir -p "$ROOT"
+tar -C "$ROOT" -xJf dist/stock/llama.cpp.tar.xz
+export PATH="/usr/local/cuda/bin:$PATH"
+start=$(date +%s)
+cmake -S "$ROOT/llama.cpp" -B "$ROOT/build" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+  -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >"$ROOT/cmake.log" 2>&1 \
+  || { tail -30 "$ROOT/cmake.log" >&2; exit 1; }
+# (ggml depends on every backend module with GGML_BACKEND_DL: CUDA and the CPU variants come along.)
+ninja -C "$ROOT/build" -j"$(nproc)" llama-bench >"$ROOT/ninja.log" 2>&1 || { tail -30 "$ROOT/ninja.log" >&2; exit 1; }
+echo "$sum" > "$ROOT/.sum"
+echo "stock llama-bench built in $(( $(date +%s) - start )) s; modules: $(ls "$ROOT/build/bin" | grep -c '^libggml-')" >&2
+echo "$BIN"
