@@ -349,6 +349,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         device: args.gpu.map_or("CPU".into(), |g| format!("CUDA{g}")),
         device_memory,
         threads: args.threads(),
+        cpu_variant: crate::ggml::cpu_isa::cpu_variant().to_string(),
         reps: args.reps,
         bandwidths: bw,
         settings: settings.to_vec(),

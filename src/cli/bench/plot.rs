@@ -280,6 +280,7 @@ mod tests {
             device: "CUDA0".into(),
             device_memory: Some(140 << 30),
             threads: 16,
+            cpu_variant: "haswell".into(),
             reps: 3,
             bandwidths: Bandwidths::default(),
             settings: Vec::new(),

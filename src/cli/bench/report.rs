@@ -107,6 +107,10 @@ pub struct Report {
     /// Device memory, bytes (None on the CPU).
     pub device_memory: Option<u64>,
     pub threads: usize,
+    /// ggml's name for this build's CPU kernels (`haswell`, `sapphirerapids`, ...), which our CPU
+    /// channel and the in-process llama.cpp both use.
+    #[serde(default)]
+    pub cpu_variant: String,
     pub reps: usize,
     pub bandwidths: Bandwidths,
     pub settings: Vec<Setting>,
@@ -281,11 +285,12 @@ pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "pocketmoe bench: {} ({}) on {}, {} threads, {} reps; t/s = mean ± sd; bound from HBM {:.0} / PCIe {:.1} / CPU {:.0} GB/s\n",
+        "pocketmoe bench: {} ({}) on {}, {} threads, CPU kernels {}, {} reps; t/s = mean ± sd; bound from HBM {:.0} / PCIe {:.1} / CPU {:.0} GB/s\n",
         r.model,
         human_bytes(r.file_bytes),
         r.device,
         r.threads,
+        r.cpu_variant,
         r.reps,
         r.bandwidths.hbm / 1e9,
         r.bandwidths.pcie / 1e9,
