@@ -4,7 +4,8 @@
 //! Shapes come from the architecture table (`model::arch`) and a preset's hyper-parameters; types
 //! from a quantisation mix; values are random with variance-preserving scales (so activations
 //! neither vanish nor explode and output logits are peaked), quantised by ggml's own quantisers.
-//! Router rows carry the routing skew (`routing`). Large tensors are filled from a pool of
+//! Router rows carry the routing skew, and Qwen3-style models a context channel that gives decode
+//! routing real models' temporal locality (`routing`, calibrated to real Qwen3-30B-A3B). Large tensors are filled from a pool of
 //! pre-quantised random rows (one pool per type and row length), which is what makes a 17 GB
 //! model take seconds to write instead of an hour of quantisation; tiny models are quantised row
 //! by row. Output is deterministic for a given seed.
@@ -25,6 +26,7 @@ use presets::Preset;
 use quantmix::QuantMix;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What `synth` writes.
 #[derive(Debug, Clone)]
@@ -72,6 +74,8 @@ struct Planned {
     mean: f32,
     /// Router skew multipliers per row (expert), for router tensors.
     row_scale: Option<Vec<f32>>,
+    /// The context channel's edit of this tensor (`routing::ContextChannel`).
+    edit: Option<(routing::Edit, Arc<routing::ContextChannel>)>,
     seed: u64,
 }
 
@@ -111,6 +115,8 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
         .ok_or_else(|| SynthError::Options(format!("unknown architecture {:?}", h.arch)))?;
     let mut out = Vec::new();
     let mut router_rng = Rng::new(seed ^ 0x005E_ED0F_5CE3);
+    let emb_std = (2.0 * h.n_layer as f32).sqrt().max(1.0);
+    let channel = routing::ContextChannel::new(h, skew, emb_std).map(Arc::new);
     let wanted = arch.expected_tensors(h).filter(|(name, spec, block)| {
         arch.required_in(spec, h, *block) || real_models_have(h, name, *block)
     });
@@ -125,6 +131,9 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
         let (mean, std) = init_stats(spec, &name, &shape, h.n_layer);
         let row_scale = (spec.role == Role::Router && name.ends_with("ffn_gate_inp.weight"))
             .then(|| routing::multipliers(shape[1] as usize, skew, &mut router_rng));
+        let edit = channel
+            .as_ref()
+            .and_then(|c| Some((c.edit(&name, block)?, c.clone())));
         out.push(Planned {
             name,
             ty,
@@ -132,6 +141,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
             std,
             mean,
             row_scale,
+            edit,
             seed: seed.wrapping_add(i as u64 * 0x9E37),
         });
     }
@@ -154,8 +164,17 @@ fn real_models_have(h: &Hparams, name: &str, block: Option<usize>) -> bool {
         || block.is_some_and(|il| h.is_nextn_layer(il))
 }
 
-/// Random f32 values for rows `[row0, row0 + n_rows)` of a tensor.
+/// Values for rows `[row0, row0 + n_rows)` of a tensor: random, with the context channel's edit.
 fn values(p: &Planned, rng: &mut Rng, row0: usize, n_rows: usize) -> Vec<f32> {
+    let mut v = raw_values(p, rng, row0, n_rows);
+    if let Some((edit, c)) = &p.edit {
+        c.apply(*edit, p.shape[0] as usize, row0, &mut v);
+    }
+    v
+}
+
+/// Random f32 values for rows `[row0, row0 + n_rows)` of a tensor.
+fn raw_values(p: &Planned, rng: &mut Rng, row0: usize, n_rows: usize) -> Vec<f32> {
     let ne0 = p.shape[0] as usize;
     let mut v = Vec::with_capacity(ne0 * n_rows);
     for r in row0..row0 + n_rows {
@@ -165,18 +184,43 @@ fn values(p: &Planned, rng: &mut Rng, row0: usize, n_rows: usize) -> Vec<f32> {
     v
 }
 
-/// Pools of quantised random rows, keyed by (type, row length, std bits).
-type PoolKey = (u32, u64, u32);
+/// Whether `p` can be filled from a pool: large, no per-row scales, and no context-channel edit
+/// that depends on the row (those that do not are baked into the pool; zeroed rows are patched
+/// after copying).
+fn pooled(p: &Planned) -> bool {
+    use routing::Edit;
+    p.n_elements() > DIRECT_LIMIT
+        && p.row_scale.is_none()
+        && matches!(
+            p.edit,
+            None | Some((
+                Edit::SetCol0(_) | Edit::ZeroCol0 | Edit::ZeroRowsEvery(_),
+                _
+            ))
+        )
+}
+
+/// Pools of quantised random rows, keyed by (type, row length, std bits, row-invariant edit).
+type PoolKey = (u32, u64, u32, u32);
 
 fn pool_key(p: &Planned) -> PoolKey {
-    (p.ty.id(), p.shape[0], p.std.to_bits())
+    let edit = match p.edit {
+        Some((routing::Edit::SetCol0(x), _)) => x.to_bits() | 1,
+        Some((routing::Edit::ZeroCol0, _)) => 2,
+        _ => 0,
+    };
+    (p.ty.id(), p.shape[0], p.std.to_bits(), edit)
 }
 
 fn build_pool(p: &Planned, seed: u64) -> Result<Vec<u8>, SynthError> {
     let ne0 = p.shape[0];
     let rows = (POOL_ELEMS / ne0).max(1) as usize;
     let mut rng = Rng::new(seed);
-    let v = values(p, &mut rng, 0, rows);
+    let mut v = raw_values(p, &mut rng, 0, rows);
+    // Row-invariant edits are baked into the pool; zeroed rows are patched by `fill`.
+    if let Some((e @ (routing::Edit::SetCol0(_) | routing::Edit::ZeroCol0), c)) = &p.edit {
+        c.apply(*e, ne0 as usize, 0, &mut v);
+    }
     Ok(quant::quantize(p.ty, &v, ne0 as usize, None)?)
 }
 
@@ -188,14 +232,17 @@ fn fill(p: &Planned, pools: &HashMap<PoolKey, Vec<u8>>, buf: &mut [u8]) -> Resul
         p.ty.row_size(ne0 as u64)
             .expect("planned types fit the row") as usize;
     let mut rng = Rng::new(p.seed);
-    if let Some(pool) = pools
-        .get(&pool_key(p))
-        .filter(|_| p.n_elements() > DIRECT_LIMIT && p.row_scale.is_none())
-    {
+    if let Some(pool) = pools.get(&pool_key(p)).filter(|_| pooled(p)) {
         let pool_rows = pool.len() / row_bytes;
         for row in buf.chunks_exact_mut(row_bytes) {
             let k = (rng.next_u64() % pool_rows as u64) as usize;
             row.copy_from_slice(&pool[k * row_bytes..(k + 1) * row_bytes]);
+        }
+        if let Some((routing::Edit::ZeroRowsEvery(period), _)) = p.edit {
+            let zero = quant::quantize(p.ty, &vec![0.0; ne0], ne0, None)?;
+            for row in buf.chunks_exact_mut(row_bytes).step_by(period) {
+                row.copy_from_slice(&zero);
+            }
         }
         return Ok(());
     }
@@ -384,10 +431,7 @@ pub fn synth(
     // Pools for the large tensors, built in parallel.
     let mut keys: Vec<(PoolKey, usize)> = Vec::new();
     for (i, p) in planned.iter().enumerate() {
-        if p.n_elements() > DIRECT_LIMIT
-            && p.row_scale.is_none()
-            && !keys.iter().any(|(k, _)| *k == pool_key(p))
-        {
+        if pooled(p) && !keys.iter().any(|(k, _)| *k == pool_key(p)) {
             keys.push((pool_key(p), i));
         }
     }

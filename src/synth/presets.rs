@@ -326,6 +326,19 @@ pub fn all() -> Vec<Preset> {
                 ..attn(qwen3moe(), 4, 2, 64)
             },
         ),
+        // Qwen3-30B-A3B's routing shape (128 experts, top-8, head dim 128, RoPE base 1e6) at
+        // tiny width (~25 MB): the synthetic routing is calibrated on it (tests/synth_routing).
+        p(
+            "routing-tiny",
+            "qwen3moe-routing-tiny",
+            Hparams {
+                n_vocab: v,
+                n_embd: 256,
+                n_layer: 8,
+                n_ff_exp: 64,
+                ..attn(qwen3moe(), 4, 1, 128)
+            },
+        ),
         // Tiny: same structure, a few MB; 256-multiple widths so every quant type applies.
         p(
             "tiny",
