@@ -78,9 +78,14 @@ impl PolicyKind {
 }
 
 impl Default for PolicyKind {
-    /// LFRU with a half-life of 8 steps.
+    /// LFRU with a half-life of 4 steps: the best of LRU, LFU and LFRU (half-lives 2-64) on
+    /// the calibrated synthetic decode routing (`tests/cache_policy.rs`; 1000 steps of
+    /// `routing-tiny`, per-layer hit rate at 15/30/50% of experts: LFRU 4 0.773/0.902/0.947,
+    /// LFRU 8 0.760/0.900/0.947, LRU 0.761/0.902/0.947, LFU 0.667/0.834/0.934). Real routing
+    /// reuses an expert within ~2 tokens (median), so recency dominates; a little frequency
+    /// keeps a steady favourite through one-token gaps.
     fn default() -> Self {
-        Self::Lfru { half_life: 8.0 }
+        Self::Lfru { half_life: 4.0 }
     }
 }
 
