@@ -239,6 +239,8 @@ fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
         let inproc = r["inproc_tok_s"].as_f64().unwrap();
         assert!(inproc > 0.0 && inproc < 1e6, "{r}");
         assert_eq!(r["llama_setting"], "-ngl 0 -ub 32 (stock)");
+        // Stock measures no memory: the row shows the in-process run's at the same setting.
+        assert!(r["llama_rss_bytes"].as_u64().unwrap() > 0, "{r}");
         let ours = r["ours_tok_s"].as_f64().unwrap();
         assert!(
             (r["ratio"].as_f64().unwrap() - ours / 1e6).abs() < 1e-12,

@@ -223,9 +223,21 @@ pub fn rows(
                 ratio: ours.zip(best).map(|((_, o), (_, l))| o.mean / l.mean),
                 ours_vram_bytes: ours.and_then(|(s, _)| s.vram_bytes),
                 ours_fits: ours.map(|(s, _)| s.fits),
-                llama_vram_bytes: best.and_then(|(s, _)| s.vram_bytes),
+                // Stock reports no memory; its placement is the in-process run's at the same label.
+                llama_vram_bytes: best.and_then(|(s, _)| {
+                    s.vram_bytes
+                        .or_else(|| at("llama.cpp").find(|x| x.label == s.label)?.vram_bytes)
+                }),
                 ours_rss_bytes: ours.map(|(s, _)| s.host_rss_bytes),
-                llama_rss_bytes: best.map(|(s, _)| s.host_rss_bytes),
+                llama_rss_bytes: best.and_then(|(s, _)| {
+                    if s.engine == super::stock::ENGINE {
+                        at("llama.cpp")
+                            .find(|x| x.label == s.label)
+                            .map(|x| x.host_rss_bytes)
+                    } else {
+                        Some(s.host_rss_bytes)
+                    }
+                }),
                 hit_rate: hit,
                 cache_hit_rate: own_hit,
                 pcie_gbs: ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.pcie_gbs)),
@@ -356,7 +368,11 @@ pub fn markdown(r: &Report) -> String {
             x.engine.clone(),
             x.label.clone(),
             opt(x.vram_bytes, human_bytes),
-            human_bytes(x.host_rss_bytes),
+            // Stock llama-bench reports no memory figures.
+            opt(
+                (x.engine != super::stock::ENGINE).then_some(x.host_rss_bytes),
+                human_bytes,
+            ),
             status,
             if results.is_empty() {
                 "-".into()
