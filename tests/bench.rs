@@ -199,6 +199,26 @@ echo "[${{out%,}}]"
     exe
 }
 
+/// `pocketmoe bench` on the CPU with llama.cpp's micro-batch 32, 2 threads, `tests` and stock
+/// llama-bench at `stock`.
+fn bench_with_stock(
+    model: &std::path::Path,
+    tests: &[&str],
+    stock: &std::path::Path,
+    json: &std::path::Path,
+) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m"])
+        .arg(model)
+        .args(tests)
+        .args(["--ubatch", "32", "--threads", "2", "--llama-bench"])
+        .arg(stock)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap()
+}
+
 /// `--llama-bench`: stock runs at exactly the settings the in-process search ran (same
 /// micro-batch, threads, repetitions, tests), both figures are shown side by side, and the
 /// comparison takes the faster llama.cpp (here the stand-in's absurd 1e6 tok/s), marked stock.
@@ -209,16 +229,12 @@ fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("bench.json");
     let fake = fake_llama_bench(&dir, 1e6);
-    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
-        .args(["bench", "-m"])
-        .arg(&model)
-        .args(["-p", "32", "-n", "8", "--reps", "2", "--ubatch", "32"])
-        .args(["--threads", "2", "--llama-bench"])
-        .arg(&fake)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let out = bench_with_stock(
+        &model,
+        &["-p", "32", "-n", "8", "--reps", "2"],
+        &fake,
+        &json,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -257,16 +273,12 @@ fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
     std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
-        .args(["bench", "-m"])
-        .arg(&model)
-        .args(["-p", "0", "-n", "4", "--reps", "1", "--ubatch", "32"])
-        .args(["--threads", "2", "--llama-bench"])
-        .arg(&broken)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
+    let out = bench_with_stock(
+        &model,
+        &["-p", "0", "-n", "4", "--reps", "1"],
+        &broken,
+        &json,
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -2,65 +2,39 @@
 //! routing (which reproduces real Qwen3-30B-A3B LRU hit rates, see `synth::routing`): per-layer
 //! hit rates of LRU, LFU and LFRU at several half-lives, simulated on routing captured through the
 //! engine, at 15%, 30% and 50% of each layer's experts cached.
-use pocketmoe::engine::{Device, Engine, EngineOptions};
+mod common;
 use pocketmoe::experts::cache::simulate;
 use pocketmoe::experts::policy::PolicyKind;
-use pocketmoe::ggml::capture::Capture;
-use pocketmoe::synth::routing::{top_k, DEFAULT_SKEW};
+use pocketmoe::synth::routing::DEFAULT_SKEW;
 
 /// Decode routing `[layer][step]` of `routing-tiny` (128 experts, top-8) at the default skew,
 /// one fresh random token per step.
 fn decode_trace(n_steps: usize) -> (usize, Vec<Vec<Vec<u32>>>) {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-policy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("routing.gguf");
-    let opts = pocketmoe::synth::SynthOptions {
-        arch: "qwen3moe".into(),
-        preset: "routing-tiny".into(),
-        quant: pocketmoe::synth::quantmix::QuantMix::Q4KM,
-        routing_skew: DEFAULT_SKEW,
-        seed: 11,
-        out: path.clone(),
-    };
-    pocketmoe::synth::synth(&opts, &|_, _| {}).unwrap();
-    let mut eng = Engine::load(
-        &path,
-        EngineOptions {
-            device: Device::Cpu,
-            n_ctx: n_steps + 64,
-            n_threads: 2,
-            ..Default::default()
-        },
-        &|_, _| {},
-    )
-    .unwrap();
-    let (n_layer, n_expert, k) = (
-        eng.hp.n_layer as usize,
-        eng.hp.n_expert as usize,
-        eng.hp.n_expert_used as usize,
+    let path = common::synth_preset(
+        "policy",
+        "qwen3moe",
+        "routing-tiny",
+        pocketmoe::synth::quantmix::QuantMix::Q4KM,
+        DEFAULT_SKEW,
+        11,
     );
-    let names: Vec<String> = (0..n_layer)
-        .map(|il| format!("ffn_moe_probs-{il}"))
-        .collect();
-    let mut cap = Capture::new(names.clone());
+    let mut eng = common::cpu_engine(&path, n_steps + 64);
     let mut rng = pocketmoe::util::Rng::new(3);
     let n_vocab = eng.hp.n_vocab;
     let mut tok = || (rng.next_u64() % n_vocab) as u32;
     let prompt: Vec<u32> = (0..32).map(|_| tok()).collect();
     eng.forward_last(&prompt).unwrap();
-    eng.set_capture(Some(&mut cap));
-    let mut trace = vec![Vec::new(); n_layer];
-    for _ in 0..n_steps {
-        eng.forward_last(&[tok()]).unwrap();
-        for (il, name) in names.iter().enumerate() {
-            let sel = top_k(&cap.got[name], k);
-            trace[il].push(sel.into_iter().map(|e| e as u32).collect());
-        }
-        cap.got.clear();
-    }
-    eng.set_capture(None);
-    let _ = std::fs::remove_dir_all(&dir);
-    (n_expert, trace)
+    let picks = common::decode_routing(&mut eng, n_steps, &mut tok);
+    let _ = std::fs::remove_file(&path);
+    let trace = picks
+        .into_iter()
+        .map(|l| {
+            l.into_iter()
+                .map(|s| s.into_iter().map(|e| e as u32).collect())
+                .collect()
+        })
+        .collect();
+    (eng.hp.n_expert as usize, trace)
 }
 
 #[test]

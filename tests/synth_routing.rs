@@ -2,7 +2,6 @@
 //! `synth::routing`): measured here through the real engine, with fresh random tokens at every
 //! decode step (so any locality comes from the model, not from repeated tokens).
 mod common;
-use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::capture::Capture;
 use pocketmoe::synth::routing::{top_k, DEFAULT_SKEW};
 
@@ -45,29 +44,15 @@ struct Routing {
 }
 
 fn measure(skew: f32, seed: u64, n_decode: usize, n_long: usize) -> Routing {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-routing-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("routing-{skew}-{seed}.gguf"));
-    let opts = pocketmoe::synth::SynthOptions {
-        arch: "qwen3moe".into(),
-        preset: "routing-tiny".into(),
-        quant: pocketmoe::synth::quantmix::QuantMix::Q4KM,
-        routing_skew: skew,
+    let path = common::synth_preset(
+        "routing",
+        "qwen3moe",
+        "routing-tiny",
+        pocketmoe::synth::quantmix::QuantMix::Q4KM,
+        skew,
         seed,
-        out: path.clone(),
-    };
-    pocketmoe::synth::synth(&opts, &|_, _| {}).unwrap();
-    let mut eng = Engine::load(
-        &path,
-        EngineOptions {
-            device: Device::Cpu,
-            n_ctx: n_long.max(n_decode + 64),
-            n_threads: 2,
-            ..Default::default()
-        },
-        &|_, _| {},
-    )
-    .unwrap();
+    );
+    let mut eng = common::cpu_engine(&path, n_long.max(n_decode + 64));
     let (n_layer, n_expert, k) = (
         eng.hp.n_layer as usize,
         eng.hp.n_expert as usize,
@@ -83,17 +68,8 @@ fn measure(skew: f32, seed: u64, n_decode: usize, n_long: usize) -> Routing {
     // Decode after a short random prompt, one fresh random token per step.
     let prompt: Vec<u32> = (0..32).map(|_| tok()).collect();
     eng.forward_last(&prompt).unwrap();
-    eng.set_capture(Some(&mut cap));
-    let mut decode = vec![Vec::new(); n_layer];
-    for _ in 0..n_decode {
-        eng.forward_last(&[tok()]).unwrap();
-        for (il, name) in names.iter().enumerate() {
-            decode[il].push(top_k(&cap.got[name], k));
-        }
-        cap.got.clear();
-    }
+    let decode = common::decode_routing(&mut eng, n_decode, &mut tok);
     // A long random prompt, prefilled in chunks: which experts does each layer use?
-    eng.set_capture(None);
     eng.reset();
     eng.set_capture(Some(&mut cap));
     let mut used = vec![vec![false; n_expert]; n_layer];

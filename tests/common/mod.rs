@@ -37,12 +37,29 @@ pub fn synth_tiny(
     routing_skew: f32,
     seed: u64,
 ) -> PathBuf {
+    synth_preset(tag, arch, "tiny", quant, routing_skew, seed)
+}
+
+/// As [`synth_tiny`] for any preset (the file is `{arch}.gguf` for `tiny`, else named by
+/// preset, skew and seed).
+pub fn synth_preset(
+    tag: &str,
+    arch: &str,
+    preset: &str,
+    quant: pocketmoe::synth::quantmix::QuantMix,
+    routing_skew: f32,
+    seed: u64,
+) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pocketmoe-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}.gguf"));
+    let out = if preset == "tiny" {
+        dir.join(format!("{arch}.gguf"))
+    } else {
+        dir.join(format!("{arch}-{preset}-{routing_skew}-{seed}.gguf"))
+    };
     let opts = pocketmoe::synth::SynthOptions {
         arch: arch.into(),
-        preset: "tiny".into(),
+        preset: preset.into(),
         quant,
         routing_skew,
         seed,
@@ -50,6 +67,46 @@ pub fn synth_tiny(
     };
     pocketmoe::synth::synth(&opts, &|_, _| {}).unwrap();
     out
+}
+
+/// Our engine on the CPU with 2 threads and context `n_ctx`.
+pub fn cpu_engine(path: &Path, n_ctx: usize) -> pocketmoe::engine::Engine {
+    pocketmoe::engine::Engine::load(
+        path,
+        pocketmoe::engine::EngineOptions {
+            device: pocketmoe::engine::Device::Cpu,
+            n_ctx,
+            n_threads: 2,
+            ..Default::default()
+        },
+        &|_, _| {},
+    )
+    .unwrap()
+}
+
+/// The router's top-k of every layer over `n_steps` decode steps, one token from `tok` each:
+/// `[layer][step]` (captured from `ffn_moe_probs-{il}`).
+pub fn decode_routing(
+    eng: &mut pocketmoe::engine::Engine,
+    n_steps: usize,
+    tok: &mut dyn FnMut() -> u32,
+) -> Vec<Vec<Vec<usize>>> {
+    let (n_layer, k) = (eng.hp.n_layer as usize, eng.hp.n_expert_used as usize);
+    let names: Vec<String> = (0..n_layer)
+        .map(|il| format!("ffn_moe_probs-{il}"))
+        .collect();
+    let mut cap = pocketmoe::ggml::capture::Capture::new(names.clone());
+    eng.set_capture(Some(&mut cap));
+    let mut picks = vec![Vec::new(); n_layer];
+    for _ in 0..n_steps {
+        eng.forward_last(&[tok()]).unwrap();
+        for (il, name) in names.iter().enumerate() {
+            picks[il].push(pocketmoe::synth::routing::top_k(&cap.got[name], k));
+        }
+        cap.got.clear();
+    }
+    eng.set_capture(None);
+    picks
 }
 
 /// Cosine similarity, in f64.
