@@ -91,7 +91,7 @@ pub fn decode_routing(
     n_steps: usize,
     tok: &mut dyn FnMut() -> u32,
 ) -> Vec<Vec<Vec<usize>>> {
-    let (n_layer, k) = (eng.hp.n_layer as usize, eng.hp.n_expert_used as usize);
+    let (n_layer, k) = (eng.hp.n_layer, eng.hp.n_expert_used as usize);
     let names: Vec<String> = (0..n_layer)
         .map(|il| format!("ffn_moe_probs-{il}"))
         .collect();
