@@ -54,7 +54,7 @@ fn measure(skew: f32, seed: u64, n_decode: usize, n_long: usize) -> Routing {
     );
     let mut eng = common::cpu_engine(&path, n_long.max(n_decode + 64));
     let (n_layer, n_expert, k) = (
-        eng.hp.n_layer as usize,
+        eng.hp.n_layer,
         eng.hp.n_expert as usize,
         eng.hp.n_expert_used as usize,
     );
