@@ -7,8 +7,10 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 
-fn tiny() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-bench-{}", std::process::id()));
+/// The tiny preset in a folder of its own per test (`tag`): each test removes its folder at the
+/// end, while the others run in parallel.
+fn tiny(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-bench-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("qwen3moe.gguf");
     let opts = SynthOptions {
@@ -41,7 +43,7 @@ fn is_rate(cell: &str) -> bool {
 
 #[test]
 fn both_engines_table_json_and_plot() {
-    let model = tiny();
+    let model = tiny("table");
     let dir = model.parent().unwrap();
     let (json, png) = (dir.join("bench.json"), dir.join("bench.png"));
     let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
@@ -224,9 +226,8 @@ fn bench_with_stock(
 /// comparison takes the faster llama.cpp (here the stand-in's absurd 1e6 tok/s), marked stock.
 #[test]
 fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
-    let model = tiny();
-    let dir = model.parent().unwrap().join("stock");
-    std::fs::create_dir_all(&dir).unwrap();
+    let model = tiny("stock");
+    let dir = model.parent().unwrap().to_path_buf();
     let json = dir.join("bench.json");
     let fake = fake_llama_bench(&dir, 1e6);
     let out = bench_with_stock(
@@ -303,4 +304,5 @@ fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
         r["stock_tok_s"].is_null() && r["llama_tok_s"] == r["inproc_tok_s"],
         "{r}"
     );
+    let _ = std::fs::remove_dir_all(dir);
 }
