@@ -1,6 +1,16 @@
-//! Logit parity with libllama (same GGUF, same ggml): for each built architecture's `tiny`
-//! synth preset, our logits at every prompt position have cosine similarity >= 0.999 with
-//! libllama's, and 32 greedy tokens (decoded one at a time through the KV cache) are identical.
+//! Logit parity with libllama (same GGUF, same ggml). For each built architecture's `tiny` synth
+//! preset (Q8_0 weights), and for qwen3moe, gpt-oss and deepseek2 under the q4_k_m, mxfp4 and
+//! iq2_xxs mixes, this asserts:
+//! - at every prompt position, cosine(our logits, libllama's) >= a threshold (0.999 for Q8_0,
+//!   [`QUANT_MIN_COS`] for the other mixes);
+//! - greedy decoding, one token at a time through both KV caches, with both engines fed
+//!   libllama's greedy token at every step (teacher forcing, so every step is compared on the same
+//!   context even after a flip): the same cosine bound at every step, and our argmax equal to
+//!   libllama's at every step (32 steps for Q8_0, [`QUANT_STEPS`] for the other mixes), except
+//!   at most 2 flips, each a true tie judged by the two tokens involved only: libllama's logit of
+//!   its token minus its logit of ours, and our logit of our token minus our logit of theirs, both
+//!   below [`TIE_EPS`];
+//! - our greedy tokens are not degenerate (more than 3 distinct ones).
 mod common;
 use common::{argmax, cosine};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
@@ -10,19 +20,32 @@ use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use std::path::PathBuf;
 
 const PROMPT: &str = "The quick brown fox jumps over the lazy dog. 12345 tokens of text!";
+/// A shorter prompt for the quantised-weight runs (CI time).
+const SHORT_PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
 
+/// A flip (our argmax != libllama's) is a tie only if both engines' margins between the two
+/// tokens involved are below this. MEASURED_EPS_NOTE
+const TIE_EPS: f32 = 1.0;
+
+/// Cosine bound for the quantised mixes. QUANT_COS_NOTE
+const QUANT_MIN_COS: f64 = 0.99;
+
+/// Greedy steps for the quantised mixes (CI time).
+const QUANT_STEPS: usize = 12;
 fn tiny(arch: &str) -> PathBuf {
     common::synth_tiny("parity", arch, QuantMix::Q8_0, 1.0, 11)
 }
 
-fn synth_preset(arch: &str, preset: &str) -> PathBuf {
+/// Synthesises `preset` of `arch` under `quant`; the name carries the mix and the KV type so
+/// that tests running in parallel threads never write a file another one is reading.
+fn synth_preset(arch: &str, preset: &str, quant: QuantMix, kv: GgmlType) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pocketmoe-parity-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("{arch}-{preset}.gguf"));
+    let out = dir.join(format!("{arch}-{preset}-{}-{kv:?}.gguf", quant.name()));
     let opts = SynthOptions {
         arch: arch.into(),
         preset: preset.into(),
-        quant: QuantMix::Q8_0,
+        quant,
         routing_skew: 1.0,
         seed: 11,
         out: out.clone(),
@@ -42,91 +65,166 @@ pub fn check_parity_preset(arch: &str, preset: &str, device: Device) {
 
 /// [`check_parity_preset`] with a KV cache of type `kv` in both engines.
 pub fn check_parity_kv(arch: &str, preset: &str, device: Device, kv: GgmlType) {
-    if device != Device::Cpu {
-        // Before libllama's first CUDA kernel: the switches are process-wide, and both engines
-        // run under the same ones.
-        pocketmoe::ggml::configure_cuda();
-    }
-    let path = synth_preset(arch, preset);
-    let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
-    let mut lctx = LlamaContext::new_with_kv(&lm, 256, 2, kv).unwrap();
-    let prompt = lm.tokenize(PROMPT, false, false).unwrap();
-    let opts = EngineOptions {
+    let p = Parity {
+        arch,
+        preset,
         device,
-        n_ctx: 256,
-        n_threads: 2,
-        kv_type: kv,
-        ..Default::default()
+        kv,
+        quant: QuantMix::Q8_0,
+        prompt: PROMPT,
+        n_gen: 32,
+        min_cos: 0.999,
     };
-    let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+    p.check();
+}
 
-    let theirs = lctx.logits_all(&prompt).unwrap();
-    let ours = eng
-        .forward(&prompt.iter().map(|&t| t as u32).collect::<Vec<_>>())
-        .unwrap();
-    assert_eq!(ours.len(), theirs.len());
-    let mut min_cos = f64::INFINITY;
-    for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
-        let c = cosine(o, t);
-        min_cos = min_cos.min(c);
-        assert!(c >= 0.999, "{arch}: cosine {c:.6} at prompt position {pos}");
+/// `arch`'s tiny preset under the weight mix `quant`; the file must hold every type in `types`
+/// (so a fallback in the mix cannot silently take the quantisation under test away).
+pub fn check_parity_quant(arch: &str, quant: QuantMix, types: &[GgmlType], device: Device) {
+    let p = Parity {
+        arch,
+        preset: "tiny",
+        device,
+        kv: GgmlType::F16,
+        quant,
+        prompt: SHORT_PROMPT,
+        n_gen: QUANT_STEPS,
+        min_cos: QUANT_MIN_COS,
+    };
+    let path = synth_preset(arch, "tiny", quant, p.kv);
+    let f = pocketmoe::gguf::GgufFile::open(&path).unwrap();
+    let mut have: Vec<GgmlType> = f.tensors().iter().map(|t| t.ty).collect();
+    have.sort_by_key(|t| format!("{t:?}"));
+    have.dedup();
+    for t in types {
+        assert!(
+            have.contains(t),
+            "{arch} {}: no {t:?} tensor in the file (types {have:?})",
+            quant.name()
+        );
     }
+    drop(f);
+    p.check();
+}
 
-    // Greedy continuation, one token at a time through both KV caches. Both engines are fed
-    // libllama's greedy token (teacher forcing), so one near-tie cannot cascade; at each step our
-    // argmax must equal libllama's unless libllama's own top-2 margin is within the measured
-    // numerical difference (a true tie, where either answer is right). At most 2 such ties.
-    let mut b = argmax(theirs.last().unwrap());
-    let mut seq = vec![b];
-    let mut ties = Vec::new();
-    assert_eq!(
-        argmax(ours.last().unwrap()),
-        b,
-        "{arch}: first generated token differs"
-    );
-    for (step, n_past) in (prompt.len()..prompt.len() + 31).enumerate() {
-        let lo = eng.forward(&[b]).unwrap();
-        let lt = lctx.eval(&[b as i32], n_past).unwrap();
-        let (o, t) = (&lo[0], &lt[0]);
-        let c = cosine(o, t);
-        min_cos = min_cos.min(c);
-        assert!(c >= 0.999, "{arch}: cosine {c:.6} at decode step {step}");
-        let (a, b_next) = (argmax(o), argmax(t));
-        if a != b_next {
-            let max_diff = o
-                .iter()
-                .zip(t)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            let margin = t[b_next as usize] - t[a as usize];
-            assert!(
-                margin <= 2.0 * max_diff,
-                "{arch}: step {step}: we pick {a}, libllama {b_next} with margin {margin} > 2 x max |diff| {max_diff} (cosine {c:.6})"
-            );
-            ties.push((step, margin, max_diff));
+struct Parity<'a> {
+    arch: &'a str,
+    preset: &'a str,
+    device: Device,
+    kv: GgmlType,
+    quant: QuantMix,
+    prompt: &'a str,
+    /// Greedy tokens compared (the first from the prompt's last position).
+    n_gen: usize,
+    min_cos: f64,
+}
+
+impl Parity<'_> {
+    fn check(&self) {
+        let (arch, preset, device, kv) = (self.arch, self.preset, self.device, self.kv);
+        let what = format!(
+            "{arch} {preset} {} kv {kv:?} ({device:?})",
+            self.quant.name()
+        );
+        if device != Device::Cpu {
+            // Before libllama's first CUDA kernel: the switches are process-wide, and both
+            // engines run under the same ones.
+            pocketmoe::ggml::configure_cuda();
         }
-        b = b_next;
-        seq.push(b);
+        let path = synth_preset(arch, preset, self.quant, kv);
+        let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
+        let mut lctx = LlamaContext::new_with_kv(&lm, 256, 2, kv).unwrap();
+        let prompt = lm.tokenize(self.prompt, false, false).unwrap();
+        let opts = EngineOptions {
+            device,
+            n_ctx: 256,
+            n_threads: 2,
+            kv_type: kv,
+            ..Default::default()
+        };
+        let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+
+        let theirs = lctx.logits_all(&prompt).unwrap();
+        let ours = eng
+            .forward(&prompt.iter().map(|&t| t as u32).collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(ours.len(), theirs.len());
+        let mut min_cos = f64::INFINITY;
+        let mut max_diff = 0f32;
+        for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
+            let c = cosine(o, t);
+            min_cos = min_cos.min(c);
+            max_diff = max_diff.max(max_abs_diff(o, t));
+            assert!(
+                c >= self.min_cos,
+                "{what}: cosine {c:.6} < {} at prompt position {pos}",
+                self.min_cos
+            );
+        }
+
+        // Greedy continuation, one token at a time through both KV caches, both engines fed
+        // libllama's token (teacher forcing): after an allowed flip our sequence would diverge
+        // legitimately, and feeding both the same token keeps every later step comparable.
+        let mut o = ours.last().unwrap().clone();
+        let mut t = theirs.last().unwrap().clone();
+        let mut seq_ours = Vec::new();
+        let mut ties = Vec::new();
+        for step in 0..self.n_gen {
+            if step > 0 {
+                let b = argmax(&t); // libllama's previous greedy token
+                let n_past = prompt.len() + step - 1;
+                o = eng.forward(&[b]).unwrap().swap_remove(0);
+                t = lctx.eval(&[b as i32], n_past).unwrap().swap_remove(0);
+                let c = cosine(&o, &t);
+                min_cos = min_cos.min(c);
+                assert!(
+                    c >= self.min_cos,
+                    "{what}: cosine {c:.6} < {} at decode step {step}",
+                    self.min_cos
+                );
+            }
+            let (a, b) = (argmax(&o), argmax(&t));
+            seq_ours.push(a);
+            if a == b {
+                max_diff = max_diff.max(max_abs_diff(&o, &t));
+                continue;
+            }
+            // A flip: judged by the two tokens involved only.
+            let margin_theirs = t[b as usize] - t[a as usize];
+            let margin_ours = o[a as usize] - o[b as usize];
+            assert!(
+                margin_theirs < TIE_EPS && margin_ours < TIE_EPS,
+                "{what}: step {step}: we pick {a}, libllama {b}: not a tie (libllama's margin \
+                 {margin_theirs}, ours {margin_ours}, tie epsilon {TIE_EPS})"
+            );
+            ties.push((step, margin_theirs, margin_ours));
+        }
+        assert!(
+            ties.len() <= 2,
+            "{what}: {} ties in {} steps: {ties:?}",
+            ties.len(),
+            self.n_gen
+        );
+        eprintln!(
+            "{what}: min cosine {min_cos:.7}, max |dlogit| {max_diff:.6} over {} prompt positions \
+             and {} greedy steps; ties (step, libllama margin, ours) {ties:?}",
+            prompt.len(),
+            self.n_gen
+        );
+        // Our continuation is not degenerate (peaked, varied logits make argmax meaningful).
+        let distinct: std::collections::HashSet<_> = seq_ours.iter().collect();
+        assert!(
+            distinct.len() > 3,
+            "{what}: degenerate continuation (ours) {seq_ours:?}"
+        );
     }
-    assert!(
-        ties.len() <= 2,
-        "{arch}: {} near-ties in 32 steps: {ties:?}",
-        ties.len()
-    );
-    if !ties.is_empty() {
-        eprintln!("{arch}: near-ties (step, margin, max diff): {ties:?}");
-    }
-    eprintln!(
-        "{arch} {preset} ({device:?}): min cosine {min_cos:.7} over {} prompt positions and 31 decode steps",
-        prompt.len()
-    );
-    let seq_ours = seq;
-    // The continuation is not degenerate (peaked, varied logits make argmax meaningful).
-    let distinct: std::collections::HashSet<_> = seq_ours.iter().collect();
-    assert!(
-        distinct.len() > 3,
-        "{arch}: degenerate continuation {seq_ours:?}"
-    );
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
 }
 
 #[test]
@@ -181,6 +279,45 @@ fn deepseek2_cpu_parity() {
 #[test]
 fn deepseek2_legacy_kv_b_cpu_parity() {
     check_parity_preset("deepseek2", "tiny-kvb", Device::Cpu);
+}
+
+/// The architectures the quantised-weight parity runs on: a softmax-routed GQA model, gpt-oss
+/// (sinks, biases, SWA, its own MXFP4 experts) and MLA with a dense lead layer.
+const QUANT_ARCHS: [&str; 3] = ["qwen3moe", "gpt-oss", "deepseek2"];
+
+/// q4_k_m: Q4_K, Q6_K for `output` and for `attn_v`/`ffn_down*` on the "more bits" layers. (The
+/// synth mix has no Q5_K: llama.cpp's q4_k_m uses Q5_K only for tensors these archs lack.)
+#[test]
+fn q4_k_m_cpu_parity() {
+    for arch in QUANT_ARCHS {
+        check_parity_quant(
+            arch,
+            QuantMix::Q4KM,
+            &[GgmlType::Q4_K, GgmlType::Q6_K],
+            Device::Cpu,
+        );
+    }
+}
+
+/// mxfp4: MXFP4 routed experts, Q8_0 elsewhere.
+#[test]
+fn mxfp4_cpu_parity() {
+    for arch in QUANT_ARCHS {
+        check_parity_quant(arch, QuantMix::MXFP4, &[GgmlType::MXFP4], Device::Cpu);
+    }
+}
+
+/// iq2_xxs: IQ2_XXS routed experts, Q4_K elsewhere, Q6_K output.
+#[test]
+fn iq2_xxs_cpu_parity() {
+    for arch in QUANT_ARCHS {
+        check_parity_quant(
+            arch,
+            QuantMix::IQ2XXS,
+            &[GgmlType::IQ2_XXS, GgmlType::Q4_K, GgmlType::Q6_K],
+            Device::Cpu,
+        );
+    }
 }
 
 #[cfg(feature = "cuda")]
