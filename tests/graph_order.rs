@@ -78,6 +78,28 @@ fn check(arch: &str) {
         ops(&theirs),
         "{arch}: block 0's kernels differ from libllama's\nours:   {ours:?}\ntheirs: {theirs:?}"
     );
+    // The nodes both graphs name (Qcur-0, Vcur-0, Kcur-0, attn_norm-0, ffn_moe_*-0, ...) come in
+    // the same relative order: swapping K and V, which keeps the op sequence, fails here.
+    let named = |v: &[(String, String)], other: &[(String, String)]| {
+        let mut seen = Vec::new();
+        for (_, n) in v {
+            let auto = n.is_empty() || n.starts_with("node_") || n.starts_with("leaf_");
+            if !auto && !seen.contains(n) && other.iter().any(|(_, m)| m == n) {
+                seen.push(n.clone());
+            }
+        }
+        seen
+    };
+    let (ours_named, theirs_named) = (named(&ours, &theirs), named(&theirs, &ours));
+    assert!(
+        ours_named.len() >= 8,
+        "{arch}: only {} nodes named alike: {ours_named:?}",
+        ours_named.len()
+    );
+    assert_eq!(
+        ours_named, theirs_named,
+        "{arch}: block 0's named nodes come in another order than libllama's"
+    );
     // The property replay depends on: Q's projection comes before K's (MLA names its
     // projections differently and has no Kcur).
     let pos = |n: &str| ours.iter().position(|(_, name)| name == n);
@@ -106,4 +128,24 @@ fn mixtral_decode_kernels_in_libllama_order() {
 #[test]
 fn deepseek2_decode_kernels_in_libllama_order() {
     check("deepseek2");
+}
+
+#[test]
+fn qwen2moe_decode_kernels_in_libllama_order() {
+    check("qwen2moe");
+}
+
+#[test]
+fn olmoe_decode_kernels_in_libllama_order() {
+    check("olmoe");
+}
+
+#[test]
+fn glm4moe_decode_kernels_in_libllama_order() {
+    check("glm4moe");
+}
+
+#[test]
+fn minimax_m2_decode_kernels_in_libllama_order() {
+    check("minimax-m2");
 }

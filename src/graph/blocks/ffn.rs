@@ -11,9 +11,16 @@ impl<'a> GraphBuilder<'a> {
         let up = ctx.mul_mat(self.wl(il, &format!("ffn_up{suffix}.weight")), x); // [n_ff, nt]
         let gate = ctx.mul_mat(self.wl(il, &format!("ffn_gate{suffix}.weight")), x); // [n_ff, nt]
         let act = self.cb(ctx.swiglu_split(gate, up), "ffn_swiglu", i);
+        // libllama's names: a dense block's output is `ffn_out`; a shared expert's is `ffn_shexp`
+        // (the block's `ffn_out` is then the sum with the routed experts).
+        let name = if suffix == "_shexp" {
+            "ffn_shexp"
+        } else {
+            "ffn_out"
+        };
         self.cb(
             ctx.mul_mat(self.wl(il, &format!("ffn_down{suffix}.weight")), act),
-            "ffn_out",
+            name,
             i,
         ) // [n_embd, nt]
     }
