@@ -9,7 +9,7 @@
 //!   libllama's at every step (32 steps for Q8_0, [`QUANT_STEPS`] for the other mixes), except
 //!   at most 2 flips, each a true tie judged by the two tokens involved only: libllama's logit of
 //!   its token minus its logit of ours, and our logit of our token minus our logit of theirs, both
-//!   below [`TIE_EPS`];
+//!   below [`tie_eps`] (1e-4 on the CPU, where both engines' logits are bitwise equal);
 //! - our greedy tokens are not degenerate (more than 3 distinct ones).
 mod common;
 use common::{argmax, cosine};
@@ -24,11 +24,27 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog. 12345 tokens 
 const SHORT_PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
 
 /// A flip (our argmax != libllama's) is a tie only if both engines' margins between the two
-/// tokens involved are below this. MEASURED_EPS_NOTE
-const TIE_EPS: f32 = 1.0;
+/// tokens involved are below this. A flip needs the two logits to move by at least the margin
+/// between them, i.e. margin <= 2 x max |dlogit|. On the CPU both engines run the same ggml
+/// kernels on the same bits in the same order: measured max |dlogit| is exactly 0 over every run
+/// here (11 Q8_0 runs, 54 prompt positions and 32 steps each, and 9 quantised runs), so a flip is
+/// never legitimate there; the epsilon is 1e-4, a few hundred f32 ulps at these logits' magnitude,
+/// room for a reassociated sum in another ggml build and far below any real defect. On CUDA it has
+/// not been measured by this change: 0.02 (the tests print max |dlogit| to set it from).
+fn tie_eps(device: Device) -> f32 {
+    if device == Device::Cpu {
+        1e-4
+    } else {
+        0.02
+    }
+}
 
-/// Cosine bound for the quantised mixes. QUANT_COS_NOTE
-const QUANT_MIN_COS: f64 = 0.99;
+/// Cosine bound for the quantised mixes. The quantised weights are the same bits in both engines
+/// and ggml's CPU kernels the same code, so the logits should agree as closely as with Q8_0:
+/// measured min cosine 1.0000000 and max |dlogit| exactly 0 on all 9 runs (3 archs x 3 mixes),
+/// prompt and decode. 0.9999 is tighter than the Q8_0 bound (0.999) yet leaves room for another
+/// summation order; a wrong block in one expert's weights drops it below (see the note).
+const QUANT_MIN_COS: f64 = 0.9999;
 
 /// Greedy steps for the quantised mixes (CI time).
 const QUANT_STEPS: usize = 12;
@@ -184,6 +200,7 @@ impl Parity<'_> {
                 );
             }
             let (a, b) = (argmax(&o), argmax(&t));
+            let eps = tie_eps(device);
             seq_ours.push(a);
             if a == b {
                 max_diff = max_diff.max(max_abs_diff(&o, &t));
@@ -193,9 +210,9 @@ impl Parity<'_> {
             let margin_theirs = t[b as usize] - t[a as usize];
             let margin_ours = o[a as usize] - o[b as usize];
             assert!(
-                margin_theirs < TIE_EPS && margin_ours < TIE_EPS,
+                margin_theirs < eps && margin_ours < eps,
                 "{what}: step {step}: we pick {a}, libllama {b}: not a tie (libllama's margin \
-                 {margin_theirs}, ours {margin_ours}, tie epsilon {TIE_EPS})"
+                 {margin_theirs}, ours {margin_ours}, tie epsilon {eps})"
             );
             ties.push((step, margin_theirs, margin_ours));
         }
