@@ -140,19 +140,24 @@ def real(url, model, key):
     assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens
     assert all(len(t) <= 2 for t in lp.top_logprobs)
 
-    # A stop string taken from a greedy output cuts it there.
-    full = c.completions.create(model=model, prompt="xyz", max_tokens=20, temperature=0).choices[0].text
-    if len(full) >= 6:
-        stop = full[3:6]
-        cut = c.completions.create(model=model, prompt="xyz", max_tokens=20, temperature=0, stop=[stop])
-        assert cut.choices[0].finish_reason == "stop"
-        assert cut.choices[0].text == full[: full.index(stop)], (cut.choices[0].text, full, stop)
-        s = "".join(
-            ch.choices[0].text
-            for ch in c.completions.create(model=model, prompt="xyz", max_tokens=20, temperature=0, stop=stop, stream=True)
-            if ch.choices
-        )
-        assert s == cut.choices[0].text
+    # A stop string taken from a greedy output cuts it there. Always checked: the first of a few
+    # fixed prompts whose greedy output is long enough supplies the stop string (greedy decoding
+    # is deterministic, so the same prompt is picked every run).
+    for prompt in ("xyz", "hello", "abc def", "1 2 3", "the"):
+        full = c.completions.create(model=model, prompt=prompt, max_tokens=20, temperature=0).choices[0].text
+        if len(full) >= 6:
+            break
+    assert len(full) >= 6, f"no prompt gave a greedy output of 6+ characters: {full!r}"
+    stop = full[3:6]
+    cut = c.completions.create(model=model, prompt=prompt, max_tokens=20, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == full[: full.index(stop)], (cut.choices[0].text, full, stop)
+    s = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(model=model, prompt=prompt, max_tokens=20, temperature=0, stop=stop, stream=True)
+        if ch.choices
+    )
+    assert s == cut.choices[0].text
 
     # Errors, each with OpenAI's shape and a message.
     expect_status(404, lambda: c.chat.completions.create(model="nope", messages=msgs), "unknown model", "model_not_found")
