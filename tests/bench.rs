@@ -182,6 +182,7 @@ fn fake_llama_bench(dir: &std::path::Path, rate: f64) -> PathBuf {
     let exe = dir.join(format!("fake-llama-bench-{rate}"));
     let script = format!(
         r#"#!/usr/bin/env bash
+[ -n "$PROBE" ] && exit 0
 echo "$@" >> "{log}"
 while [ $# -gt 0 ]; do
   case "$1" in -p) P="$2";; -n) N="$2";; -d) D="$2";; esac; shift
@@ -198,7 +199,24 @@ echo "[${{out%,}}]"
     std::fs::write(&exe, script).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    runnable(&exe);
     exe
+}
+
+/// Waits until a script just written can be executed. While another test thread forks a child,
+/// the child briefly holds every descriptor of this process, the script's write descriptor
+/// included, and exec'ing the script meanwhile fails with ETXTBSY; once one exec succeeds, no
+/// writable descriptor is left to inherit.
+fn runnable(exe: &std::path::Path) {
+    for _ in 0..200 {
+        match Command::new(exe).env("PROBE", "1").output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            _ => return,
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY)", exe.display());
 }
 
 /// `pocketmoe bench` on the CPU with llama.cpp's micro-batch 32, 2 threads, `tests` and stock
@@ -274,6 +292,7 @@ fn stock_llama_bench_runs_beside_the_baseline_and_the_faster_counts() {
     std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    runnable(&broken);
     let out = bench_with_stock(
         &model,
         &["-p", "0", "-n", "4", "--reps", "1"],
