@@ -173,8 +173,9 @@ fn openai_client_real_engine() {
     let srv = Server::start(
         &model,
         &[
+            // One slot per stream of the load test: all 16 decode together.
             "--parallel",
-            "8",
+            "16",
             "--alias",
             "tiny",
             "--ctx",

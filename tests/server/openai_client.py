@@ -34,6 +34,15 @@ def get(url, key=None):
         return e.code, e.read().decode()
 
 
+def read_metric(url, key, name):
+    """A plain (unlabelled) sample of /metrics."""
+    _, text = get(url.replace("/v1", "/metrics"), key)
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} missing from /metrics")
+
+
 def client(url, key="unused"):
     return OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
 
@@ -191,12 +200,7 @@ def real(url, model, key):
                  "pocketmoe_generation_tokens_per_second", "pocketmoe_requests_total{route=\"/v1/chat/completions\",status=\"400\"}"]:
         assert name in m, f"{name} missing from /metrics:\n{m}"
     # A client that goes away mid-stream frees its sequence at once.
-    def metric(name):
-        _, text = get(url.replace("/v1", "/metrics"), key)
-        for line in text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        raise AssertionError(f"{name} missing from /metrics")
+    metric = lambda name: read_metric(url, key, name)  # noqa: E731
 
     before = metric("pocketmoe_requests_cancelled_total")
     s = c.chat.completions.create(model=model, messages=msgs, max_tokens=200, stream=True)
@@ -244,6 +248,8 @@ def load(url, model, key):
         except Exception as e:  # reported below
             errors.append((i, repr(e)))
 
+    passes0 = read_metric(url, key, "pocketmoe_forward_passes_total")
+    gen0 = read_metric(url, key, "pocketmoe_generated_tokens_total")
     t0 = time.time()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(reqs))]
     for t in threads:
@@ -254,13 +260,21 @@ def load(url, model, key):
     assert not errors, errors
     assert all(r is not None for r in results), results
     n_tok = sum(r[2] for r in results)
+    # The streams really ran together: a server that decodes one request at a time makes at most
+    # one generated token per forward pass. Here ~300 tokens of 16 requests (4..34 each) take
+    # ~40 passes when batched (~7 per pass); 2 leaves room for requests that arrive late on a
+    # loaded CI machine and still fails a sequential server.
+    passes = read_metric(url, key, "pocketmoe_forward_passes_total") - passes0
+    gen = read_metric(url, key, "pocketmoe_generated_tokens_total") - gen0
+    assert gen == n_tok, (gen, n_tok)
+    assert gen >= 2 * passes, f"streams did not overlap: {gen:.0f} tokens in {passes:.0f} forward passes"
     t0 = time.time()
     alone = [run(*r) for r in reqs]
     alone_s = time.time() - t0
     for i, (a, b) in enumerate(zip(results, alone)):
         assert a == b, f"request {i}: batched {a!r} != alone {b!r}"
         assert a[1] in ("stop", "length") and a[2] > 0, a
-    print(f"load: ok: 16 streams, {n_tok} tokens, {n_tok / together_s:.1f} tok/s together, "
+    print(f"load: ok: 16 streams, {n_tok} tokens in {passes:.0f} forward passes, {n_tok / together_s:.1f} tok/s together, "
           f"{n_tok / alone_s:.1f} tok/s one at a time")
 
 
