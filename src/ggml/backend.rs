@@ -133,11 +133,46 @@ pub fn cuda_env_set_by_us() -> &'static [&'static str] {
     CUDA_ENV_SET.get().map_or(&[], Vec::as_slice)
 }
 
+/// A persistent pool of ggml-cpu worker threads, as llama.cpp attaches one to its contexts:
+/// without it ggml starts and joins `n - 1` threads at every CPU graph compute (with OpenMP off,
+/// as our build has it). Freed on drop; whoever it is attached to must be freed first (declare
+/// it after that owner's pointer, or free that owner in its own `Drop`).
+pub struct ThreadPool(NonNull<sys::ggml_threadpool>);
+
+impl ThreadPool {
+    /// `n` threads; with `poll`, idle threads spin a while (ggml's default level) for the next
+    /// graph before they sleep, else they sleep at once.
+    pub fn new(n: usize, poll: bool) -> Result<Self> {
+        // SAFETY: plain constructors; null on failure.
+        let ptr = unsafe {
+            let mut params = sys::ggml_threadpool_params_default(n as i32);
+            if !poll {
+                params.poll = 0;
+            }
+            sys::ggml_threadpool_new(&mut params)
+        };
+        NonNull::new(ptr)
+            .map(Self)
+            .ok_or_else(|| GgmlError::BackendInit(format!("CPU thread pool of {n} threads")))
+    }
+
+    pub fn raw(&self) -> *mut sys::ggml_threadpool {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        // SAFETY: we own the pool; its users were freed before it (see the type's doc).
+        unsafe { sys::ggml_threadpool_free(self.0.as_ptr()) };
+    }
+}
+
 /// An initialised ggml backend (a stream of work on one device).
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
-    /// The CPU backend's persistent worker threads (freed after the backend).
-    threadpool: Option<NonNull<sys::ggml_threadpool>>,
+    /// The CPU backend's persistent worker threads (dropped after `Drop` frees the backend).
+    threadpool: Option<ThreadPool>,
 }
 
 impl Backend {
@@ -168,16 +203,10 @@ impl Backend {
         // `n` threads at every graph compute (a fixed cost per decoded token, paid even for a
         // GPU model's CPU-side embedding lookup). Its threads poll briefly for the next graph
         // and then sleep.
-        // SAFETY: plain constructors; the pool outlives the backend (freed after it in drop).
-        unsafe {
-            let mut params = sys::ggml_threadpool_params_default(n as i32);
-            if !poll {
-                params.poll = 0;
-            }
-            if let Some(tp) = NonNull::new(sys::ggml_threadpool_new(&mut params)) {
-                sys::ggml_backend_cpu_set_threadpool(b.raw(), tp.as_ptr());
-                b.threadpool = Some(tp);
-            }
+        if let Ok(tp) = ThreadPool::new(n, poll) {
+            // SAFETY: b is a CPU backend; the pool outlives it (dropped after it in drop).
+            unsafe { sys::ggml_backend_cpu_set_threadpool(b.raw(), tp.raw()) };
+            b.threadpool = Some(tp);
         }
         Ok(b)
     }
@@ -268,13 +297,8 @@ impl Backend {
 
 impl Drop for Backend {
     fn drop(&mut self) {
-        // SAFETY: we own the backend, then its thread pool (no longer referenced).
-        unsafe {
-            sys::ggml_backend_free(self.raw());
-            if let Some(tp) = self.threadpool {
-                sys::ggml_threadpool_free(tp.as_ptr());
-            }
-        }
+        // SAFETY: we own the backend; its thread pool, a field, is dropped after this.
+        unsafe { sys::ggml_backend_free(self.raw()) };
     }
 }
 

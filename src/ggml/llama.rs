@@ -273,8 +273,9 @@ impl Drop for LlamaModel {
 pub struct LlamaContext<'m> {
     ptr: NonNull<sys::llama_context>,
     model: &'m LlamaModel,
-    /// The CPU worker pool attached to the context (freed after it), as llama-bench attaches one.
-    threadpool: Option<NonNull<ggml_sys::ggml_threadpool>>,
+    /// The CPU worker pool attached to the context, as llama-bench attaches one (dropped after
+    /// `Drop` frees the context).
+    threadpool: Option<super::ThreadPool>,
 }
 
 impl<'m> LlamaContext<'m> {
@@ -311,25 +312,13 @@ impl<'m> LlamaContext<'m> {
             })
             .ok_or_else(|| err(format!("llama_init_from_model failed ({o:?})")))?;
         if o.threadpool {
-            // SAFETY: plain constructor (null on failure); the pool is attached to the live
-            // context for both single-token and batch work, and freed only after the context
-            // (Drop). The two bindgen runs bind the same C struct under two Rust names.
+            let tp = super::ThreadPool::new(o.n_threads.max(1) as usize, true)?;
+            // SAFETY: live context; the pool outlives it (a field dropped after the context is
+            // freed). The two bindgen runs bind the same C struct under two Rust names.
             unsafe {
-                let mut params = ggml_sys::ggml_threadpool_params_default(o.n_threads);
-                let tp =
-                    NonNull::new(ggml_sys::ggml_threadpool_new(&mut params)).ok_or_else(|| {
-                        err(format!(
-                            "ggml_threadpool_new failed ({} threads)",
-                            o.n_threads
-                        ))
-                    })?;
-                sys::llama_attach_threadpool(
-                    ctx.ptr.as_ptr(),
-                    tp.as_ptr().cast(),
-                    tp.as_ptr().cast(),
-                );
-                ctx.threadpool = Some(tp);
-            }
+                sys::llama_attach_threadpool(ctx.ptr.as_ptr(), tp.raw().cast(), tp.raw().cast())
+            };
+            ctx.threadpool = Some(tp);
         }
         Ok(ctx)
     }
@@ -480,14 +469,8 @@ impl<'m> LlamaContext<'m> {
 
 impl Drop for LlamaContext<'_> {
     fn drop(&mut self) {
-        // SAFETY: we own the context, then its thread pool (no longer referenced once the
-        // context is freed).
-        unsafe {
-            sys::llama_free(self.ptr.as_ptr());
-            if let Some(tp) = self.threadpool {
-                ggml_sys::ggml_threadpool_free(tp.as_ptr());
-            }
-        }
+        // SAFETY: we own the context; its thread pool, a field, is dropped after this.
+        unsafe { sys::llama_free(self.ptr.as_ptr()) };
     }
 }
 

@@ -23,6 +23,7 @@ mod types;
 
 pub use backend::{
     configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Event, Sched,
+    ThreadPool,
 };
 pub use buffer::{BufferRef, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};

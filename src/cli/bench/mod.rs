@@ -370,19 +370,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
             eprintln!("bench: llama.cpp at {}", report::budget_name(b));
             match baseline_in_child(&args, Budget(b)) {
                 Ok(v) => {
-                    if let Some(exe) = &args.llama_bench {
-                        let k = stock::Knobs {
-                            gpu: args.gpu,
-                            n_layer: facts.hp.n_layer,
-                            threads: args.threads(),
-                            reps: args.reps,
-                        };
-                        let st = stock::run(exe, &args.model, &v, &k);
-                        settings.extend(v);
-                        settings.extend(st);
-                    } else {
-                        settings.extend(v);
-                    }
+                    let knobs = stock::Knobs {
+                        gpu: args.gpu,
+                        n_layer: facts.hp.n_layer,
+                        threads: args.threads(),
+                        reps: args.reps,
+                    };
+                    let st = args
+                        .llama_bench
+                        .as_ref()
+                        .map_or_else(Vec::new, |exe| stock::run(exe, &args.model, &v, &knobs));
+                    settings.extend(v);
+                    settings.extend(st);
                 }
                 Err(e) => settings.push(Setting {
                     engine: "llama.cpp".into(),

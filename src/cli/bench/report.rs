@@ -197,6 +197,14 @@ pub fn rows(
                     .find(|x| x.label == s.label)
                     .and_then(|x| x.get(&name))
             });
+            // Stock measures no memory: a stock best shows the in-process run at its setting.
+            let best_mem = best.and_then(|(s, _)| {
+                if s.engine == super::stock::ENGINE {
+                    at("llama.cpp").find(|x| x.label == s.label)
+                } else {
+                    Some(s)
+                }
+            });
             let hit = ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.hit_rate));
             // The bound follows the bytes: prefetched hits crossed PCIe too.
             let own_hit = ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.cache_hit_rate));
@@ -223,21 +231,9 @@ pub fn rows(
                 ratio: ours.zip(best).map(|((_, o), (_, l))| o.mean / l.mean),
                 ours_vram_bytes: ours.and_then(|(s, _)| s.vram_bytes),
                 ours_fits: ours.map(|(s, _)| s.fits),
-                // Stock reports no memory; its placement is the in-process run's at the same label.
-                llama_vram_bytes: best.and_then(|(s, _)| {
-                    s.vram_bytes
-                        .or_else(|| at("llama.cpp").find(|x| x.label == s.label)?.vram_bytes)
-                }),
+                llama_vram_bytes: best_mem.and_then(|s| s.vram_bytes),
                 ours_rss_bytes: ours.map(|(s, _)| s.host_rss_bytes),
-                llama_rss_bytes: best.and_then(|(s, _)| {
-                    if s.engine == super::stock::ENGINE {
-                        at("llama.cpp")
-                            .find(|x| x.label == s.label)
-                            .map(|x| x.host_rss_bytes)
-                    } else {
-                        Some(s.host_rss_bytes)
-                    }
-                }),
+                llama_rss_bytes: best_mem.map(|s| s.host_rss_bytes),
                 hit_rate: hit,
                 cache_hit_rate: own_hit,
                 pcie_gbs: ours.and_then(|(_, m)| m.offload.as_ref().map(|o| o.pcie_gbs)),
