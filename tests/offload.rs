@@ -24,18 +24,22 @@ fn device() -> Device {
 }
 
 fn engine(path: &Path, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
-    engine_bw(path, gpu_mem, policy, None)
+    engine_bw(path, gpu_mem, policy, None, false)
 }
 
+/// With a cost model (`offload_bandwidths`) and the decode path (`direct`: stop-free decode,
+/// a GPU build only; the CPU channel serves only the stopping path).
 fn engine_bw(
     path: &Path,
     gpu_mem: Option<u64>,
     policy: PolicyKind,
     offload_bandwidths: Option<(f64, f64)>,
+    direct_decode: bool,
 ) -> Engine {
     let opts = EngineOptions {
         policy,
         offload_bandwidths,
+        direct_decode,
         ..small(gpu_mem)
     };
     Engine::load(path, opts, &|_, _| {}).unwrap()
@@ -99,27 +103,35 @@ fn check_arch(arch: &str) {
     let fixed = budget_floor(&path, small(None));
     let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
-    let slot = probe.expert_slot_bytes().unwrap();
+    // The cache's size for a case (direct decode reserves placement slack, the stopping path
+    // does not: see `Offload::alloc_slots`).
+    let probe_direct = engine_bw(&path, Some(fixed), PolicyKind::default(), None, true);
+    let cache_bytes = |n: usize, direct: bool| {
+        let p = if direct { &probe_direct } else { &probe };
+        p.expert_cache_bytes(n).unwrap()
+    };
     let n_expert = probe.hp.n_expert;
     let k = probe.hp.n_expert_used;
-    drop(probe);
 
-    // (slots, policy, cost model): a slow PCIe and a fast CPU push misses to the CPU channel;
-    // fewer slots than experts per token make the CPU take the excess.
+    // (slots, policy, cost model, direct decode): a slow PCIe and a fast CPU push misses to the
+    // CPU channel; fewer slots than experts per token make the CPU take the excess. Direct
+    // (stop-free) decode runs on GPU builds only; elsewhere those cases stop like the rest.
     let cpu_heavy = Some((1e9, 1e12));
     let cases = [
-        (0, PolicyKind::default(), None),
-        (k - 1, PolicyKind::default(), None),
-        (k, PolicyKind::Lru, None),
-        (k, PolicyKind::Lfu, cpu_heavy),
-        (k + 1, PolicyKind::default(), None),
-        (n_expert - 1, PolicyKind::default(), cpu_heavy),
+        (0, PolicyKind::default(), None, false),
+        (k - 1, PolicyKind::default(), None, false),
+        (k - 1, PolicyKind::default(), None, true),
+        (k, PolicyKind::Lru, None, true),
+        (k, PolicyKind::Lfu, cpu_heavy, false),
+        (k + 1, PolicyKind::default(), None, false),
+        (k + 1, PolicyKind::default(), None, true),
+        (n_expert - 1, PolicyKind::default(), cpu_heavy, false),
     ];
     let mut cpu_uses = 0;
-    for (slots, policy, bw) in cases {
-        // Half a slot of slack covers the per-matrix padding and alignment.
-        let budget = fixed + slots * slot + slot / 2;
-        let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw);
+    for (slots, policy, bw, direct) in cases {
+        // The cache's own figure, padding (and direct decode's placement slack) included.
+        let budget = fixed + cache_bytes(slots as usize, direct);
+        let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw, direct);
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
         for (pos, (g, w)) in got_prompt.iter().zip(&want_prompt).enumerate() {
@@ -131,16 +143,40 @@ fn check_arch(arch: &str) {
         }
         eng.reset();
         let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
-        // Same kernels, same numbers: identical tokens, cosine ~1 at every step. Except for
-        // CPU-channel experts on a GPU build: ggml's CPU and CUDA kernels round differently
-        // (q8_K vs q8_1 activations), and on these tiny models that can flip a later layer's
-        // top-k choice — a discrete change, as between llama.cpp's own GPU and `--n-cpu-moe`
-        // runs. There the decode steps must agree on average and on most tokens.
-        let cpu_vs_gpu = cfg!(feature = "cuda") && !has_biases;
+        // Same kernels, same numbers: identical tokens, cosine ~1 at every step. Except where
+        // this case's CPU channel computed experts on a GPU build: ggml's CPU and CUDA kernels
+        // round differently (q8_K vs q8_1 activations), and on these tiny models that can flip
+        // a later layer's top-k choice — a discrete change, as between llama.cpp's own GPU and
+        // `--n-cpu-moe` runs. Only there must the decode steps merely agree on average and on
+        // most tokens; slots, staging, prefetch and direct decode are held to the resident path.
+        let st = eng.offload_stats().unwrap();
+        let case_cpu: u64 = st.layers.iter().map(|l| l.cpu).sum();
+        let in_place: u64 = st.layers.iter().map(|l| l.in_place).sum();
+        let cpu_vs_gpu = cfg!(feature = "cuda") && case_cpu > 0;
         let cos: Vec<f64> = (0..got.len())
             .map(|i| cosine(&got_logits[i], &want_logits[i]))
             .collect();
         let same = got.iter().zip(&want).filter(|(g, w)| g == w).count();
+        let min_cos = cos.iter().cloned().fold(f64::INFINITY, f64::min);
+        eprintln!(
+            "{arch} {slots} slots {policy:?} {bw:?}: direct {}, {case_cpu} CPU-channel experts, \
+             {in_place} read in place, hit rate {:.3}, min cosine {min_cos:.6}, {same}/{} tokens",
+            eng.direct_decode(),
+            st.hit_rate(),
+            got.len()
+        );
+        assert_eq!(
+            eng.direct_decode(),
+            direct && cfg!(feature = "cuda"),
+            "{arch} {slots} slots: direct decode"
+        );
+        if eng.direct_decode() && slots < n_expert {
+            // Direct decode ran: with fewer slots than experts, some misses were read in place.
+            assert!(
+                in_place > 0,
+                "{arch} {slots} slots: direct decode read nothing in place"
+            );
+        }
         if cpu_vs_gpu {
             let mean = cos.iter().sum::<f64>() / cos.len() as f64;
             assert!(
@@ -162,7 +198,6 @@ fn check_arch(arch: &str) {
             "{arch}: {} device bytes over the {budget}-byte budget",
             eng.device_bytes()
         );
-        let st = eng.offload_stats().unwrap();
         let t: u64 = st.layers.iter().map(|l| l.hits + l.misses).sum();
         assert!(t > 0, "{arch}: no expert uses counted");
         if slots >= k && bw.is_none() {
@@ -171,7 +206,7 @@ fn check_arch(arch: &str) {
             assert!(st.hit_rate() > 0.0, "{arch} {slots} slots: no hits at all");
         }
         assert!(st.h2d_bytes > 0);
-        cpu_uses += st.layers.iter().map(|l| l.cpu).sum::<u64>();
+        cpu_uses += case_cpu;
     }
     // The CPU-heavy cost model sends misses to the CPU channel, so it ran — except for models
     // with per-expert biases (gpt-oss), whose experts always run on the GPU.
@@ -235,6 +270,7 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
     for (slots, bw) in [(3u64, None), (1, Some((1e9, 1e12)))] {
         let mut o = small(Some(need + slots * slot + slot / 2));
         o.offload_bandwidths = bw;
+        o.direct_decode = false; // the stopping path is what this test counts
         let mut eng = Engine::load(&path, o, &|_, _| {}).unwrap();
         assert_eq!(eng.expert_slots(), Some(slots as usize));
         eng.forward(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
@@ -263,7 +299,11 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
 fn without_prefetch_or_cpu_experts_matches_resident() {
     let path = tiny("qwen3moe");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 200).collect();
-    let opts = small(None);
+    // Prefetch and the CPU channel belong to the stopping decode path.
+    let opts = EngineOptions {
+        direct_decode: false,
+        ..small(None)
+    };
     let mut resident = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
     let (want, want_logits) = run(&mut resident, &prompt, None);
     drop(resident);

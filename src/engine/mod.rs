@@ -58,6 +58,11 @@ pub struct EngineOptions {
     pub offload_bandwidths: Option<(f64, f64)>,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
+    /// Offloading on a GPU: decode single tokens without graph stops (misses read in place
+    /// from the host store, the cache updated between tokens; `experts::direct`).
+    pub direct_decode: bool,
+    /// How direct decode admits misses into the cache.
+    pub admit: crate::experts::Admit,
 }
 
 impl Default for EngineOptions {
@@ -73,6 +78,9 @@ impl Default for EngineOptions {
             prefetch: true,
             cpu_experts: true,
             offload_bandwidths: None,
+            // Measured slower than the stopping path so far (docs/bench-h200.md, session 6).
+            direct_decode: false,
+            admit: crate::experts::Admit::Sync,
         }
     }
 }
@@ -174,6 +182,17 @@ impl Engine {
                 n_ubatch: opts.n_ctx.max(1),
                 prefetch: opts.prefetch,
                 bandwidths: opts.offload_bandwidths,
+                // Experiment switches (until the defaults are settled by measurement).
+                direct: std::env::var("POCKETMOE_DIRECT").map_or(opts.direct_decode, |v| v != "0"),
+                admit: match std::env::var("POCKETMOE_ADMIT") {
+                    Ok(v) => {
+                        crate::experts::Admit::parse(&v).map_err(|msg| EngineError::Model {
+                            path: "POCKETMOE_ADMIT".into(),
+                            msg,
+                        })?
+                    }
+                    Err(_) => opts.admit,
+                },
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()
@@ -291,6 +310,19 @@ impl Engine {
         self.offload
             .as_ref()
             .map(|o| o.slot_bytes_all_layers() as u64)
+    }
+
+    /// Device bytes an expert cache of `n_slots` slots per layer takes, padding included (`None`
+    /// when resident): a budget of the resident parts plus this gives exactly `n_slots`.
+    pub fn expert_cache_bytes(&self, n_slots: usize) -> Option<u64> {
+        self.offload
+            .as_ref()
+            .map(|o| o.slots_alloc_bytes(n_slots) as u64)
+    }
+
+    /// Whether single-token decode runs without graph stops (`experts::direct`).
+    pub fn direct_decode(&self) -> bool {
+        self.offload.as_ref().is_some_and(|o| o.direct_ready())
     }
 
     /// The prefill micro-batch (the offload planner may have lowered the requested one).
@@ -512,12 +544,24 @@ pub(crate) fn run_graph(
     match offload {
         Some(off) => {
             off.begin_step(n);
-            let mut hook = StepHook {
-                off,
-                nodes,
-                n_tokens: n,
-            };
-            sched.compute_hooked(&g.graph(), &mut hook)?;
+            if nodes.is_direct() {
+                off.begin_direct()?;
+            }
+            if nodes.has_stops() {
+                let mut hook = StepHook {
+                    off: &mut *off,
+                    nodes,
+                    n_tokens: n,
+                };
+                sched.compute_hooked(&g.graph(), &mut hook)?;
+            } else {
+                // No stop: one piece, without the eval callback (ggml-cuda may then replay it
+                // as a CUDA graph).
+                sched.compute(&g.graph())?;
+            }
+            if nodes.is_direct() {
+                off.end_direct(nodes)?;
+            }
         }
         None => sched.compute(&g.graph())?,
     }

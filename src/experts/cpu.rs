@@ -131,7 +131,7 @@ fn run_job(
         k: kc,
         nt: 1,
     };
-    let out = expert_ffn(&ctx, &t, x, dims, ids, ids, wt, job.act, &|y, _| y);
+    let out = expert_ffn(&ctx, &t, x, dims, [ids; 3], ids, wt, job.act, &|y, _| y);
     let graph = Graph::new(&ctx, 64);
     graph.build_forward(out);
     ctx.alloc_tensors(backend)?;

@@ -46,6 +46,35 @@ pub struct OffloadOptions {
     pub cpu_threads: usize,
     /// Cost-model bandwidths (PCIe copy, CPU channel), bytes/s; `None`: the defaults.
     pub bandwidths: Option<(f64, f64)>,
+    /// Single-token decode without graph stops where the device allows it ([`Mode::Direct`]);
+    /// `false` keeps the stop after every offloaded router ([`Mode::Slots`]).
+    pub direct: bool,
+    /// How [`Mode::Direct`] steps admit their misses into the cache.
+    pub admit: Admit,
+}
+
+/// How a direct (stop-free) decode step's misses enter the cache, after the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Copies queued before the next step's compute (it waits for them on the device): the
+    /// next step finds them resident.
+    Sync,
+    /// Copies overlap the next step, which still reads those experts in place; they count as
+    /// resident from the step after.
+    Async,
+    /// No admissions: the cache keeps what prefill and multi-token steps put in it.
+    Off,
+}
+
+impl Admit {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "sync" => Ok(Self::Sync),
+            "async" => Ok(Self::Async),
+            "off" => Ok(Self::Off),
+            _ => Err(format!("admission mode {s:?}: expected sync, async or off")),
+        }
+    }
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).
@@ -55,6 +84,11 @@ pub enum Mode {
     Slots,
     /// From the staging area, every used expert copied in (prefill).
     Staging,
+    /// Single-token decode with no graph stop (CUDA): a device-side table maps each selected
+    /// expert to its slot, or, on a miss, to its bytes in the page-locked host store, which the
+    /// GPU reads in place over PCIe (unified addressing). The cache is updated after the step
+    /// (`experts::direct`).
+    Direct,
 }
 
 /// One matrix of one layer's experts.
@@ -86,6 +120,12 @@ pub(super) struct Layer {
     /// Prefill: the step whose experts were all staged ahead of this layer's router (see
     /// `Offload::stage_ahead`), if any.
     pub staged_ahead: Option<u64>,
+    /// Direct mode, per matrix: the expert id that addresses expert 0 in the host store
+    /// relative to the slot tensor (`(store - slots) / expert_bytes`); `None` when the layer
+    /// cannot run direct.
+    pub direct_base: Option<[Option<i32>; 3]>,
+    /// Direct mode: admissions whose copies may still be in flight (expert, slot, step).
+    pub pending: Vec<(u32, u32, u64)>,
 }
 
 pub struct Offload {
@@ -101,6 +141,11 @@ pub struct Offload {
     slots: Option<(Context, TensorIndex)>,
     /// Host scratch for routing reads and control writes.
     pub(super) scratch: usize,
+    /// Page-locked host copy of the direct-mode id table (`off.remap`), then room for the
+    /// routing read-back of every layer of a direct step.
+    pub(super) mirror: usize,
+    /// Every offloaded layer can run [`Mode::Direct`] (set by `alloc_slots`).
+    pub(super) direct_ready: bool,
     pub(super) scratch_len: usize,
     pub(super) xfer: Box<dyn Transfer>,
     /// The compute backend: miss copies and control writes queue on its stream.
@@ -166,6 +211,8 @@ impl Offload {
                     prefetched: Vec::new(),
                     predicted: Vec::new(),
                     staged_ahead: None,
+                    direct_base: None,
+                    pending: Vec::new(),
                 })
             } else {
                 None
@@ -205,7 +252,7 @@ impl Offload {
         let scratch = scratch_buf.base_addr();
 
         // Device: one staging area as large as the largest layer's experts, and control tensors.
-        let dev = Context::new(n_layer * 6 + 1, 0)?;
+        let dev = Context::new(n_layer * 6 + 2, 0)?;
         let stage_bytes = layers
             .iter()
             .flatten()
@@ -231,6 +278,16 @@ impl Offload {
         let ctl_buf =
             dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
         ctl_buf.clear(0);
+        // Direct mode's id table: per layer and matrix, i32 [n_expert] (slot, or store offset).
+        let remap_bytes = 4 * n_expert * 3 * n_layer;
+        let remap_buf = dev.new_buffer(backend, Memory::Device, remap_bytes + 256)?;
+        let remap = dev
+            .new_tensor(GgmlType::I32, &[n_expert as i64, 3 * n_layer as i64])?
+            .set_name("off.remap");
+        remap_buf.place(remap, 0)?;
+        let mirror_buf =
+            store.new_buffer(backend, Memory::Host, remap_bytes + 4 * k * n_layer + 256)?;
+        let mirror = mirror_buf.base_addr();
         let mut ctl_off = 0;
         for (i_moe, (il, l)) in layers
             .iter()
@@ -313,7 +370,9 @@ impl Offload {
             backend: backend.clone(),
             stats: Stats::new(n_layer),
             step: 0,
-            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
+            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
+            mirror,
+            direct_ready: false,
             host_bytes,
             n_slots: 0,
             n_embd,
@@ -340,20 +399,44 @@ impl Offload {
             .sum()
     }
 
-    /// Device bytes `n_slots` slots take in every MoE layer together (with padding).
+    /// Device bytes `n_slots` slots take in every MoE layer together (with padding, and, where
+    /// direct decode may run, one expert's worth per matrix so each slot tensor can be placed
+    /// congruent to its store: see [`Offload::alloc_slots`]).
     pub fn slots_alloc_bytes(&self, n_slots: usize) -> usize {
+        let direct = self.direct_candidate();
         self.layers
             .iter()
             .flatten()
             .flat_map(|l| l.mats.iter().flatten())
-            .map(|m| m.alloc_bytes(n_slots))
+            .map(|m| m.alloc_bytes(n_slots) + if direct { m.expert_bytes + 256 } else { 0 })
             .sum()
     }
 
+    /// Whether [`Mode::Direct`] may run on this model and device: asked for, a CUDA backend
+    /// (unified addressing: the GPU reads the page-locked store at its host address), and every
+    /// expert matrix quantised (ggml-cuda then multiplies a single token's experts with its
+    /// mat-vec kernel, which reads the ids on the device and nothing else of them).
+    fn direct_candidate(&self) -> bool {
+        self.opts.direct
+            && self.backend.is_cuda()
+            && self
+                .layers
+                .iter()
+                .flatten()
+                .flat_map(|l| l.mats.iter().flatten())
+                .all(|m| m.ty.is_quantized())
+    }
+
     /// Gives every MoE layer `n_slots` cache slots on `backend` (at most one per expert).
+    ///
+    /// Direct decode (see [`Mode::Direct`]) addresses a miss through the slot tensor: expert `e`
+    /// of matrix `m` is "slot" `base_m + e`, where `base_m = (store_m - slots_m) / bytes_m`, so
+    /// each slot tensor is placed at an address congruent to its store modulo the expert size,
+    /// and the resulting block offsets must fit ggml-cuda's 32-bit index arithmetic.
     pub fn alloc_slots(&mut self, backend: &Backend, n_slots: usize) -> Result<(), GgmlError> {
         let n_slots = n_slots.min(self.n_expert);
         let n_layer = self.layers.len();
+        let direct = self.direct_candidate() && n_slots > 0;
         let ctx = Context::new(n_layer * 3 + 1, 0)?;
         let size = if n_slots == 0 {
             0
@@ -364,9 +447,15 @@ impl Offload {
         // Zeroed: a masked-out slot id points at slot 0, and zero blocks compute to zeros
         // (never NaN) before slot 0 was ever filled.
         buf.clear(0);
+        let base = buf.base_addr();
         let mut off = 0;
+        let mut all_direct = direct;
+        let store_addrs: Vec<[Option<usize>; 3]> = (0..n_layer)
+            .map(|il| std::array::from_fn(|m| self.store_tensor(il, m).map(|t| t.data_addr())))
+            .collect();
         for (il, l) in self.layers.iter_mut().enumerate() {
             let Some(l) = l else { continue };
+            let mut bases = [None; 3];
             for (m, mat) in l.mats.iter().enumerate() {
                 // No slots: the layer always stages (see `slot_tokens`).
                 let Some(mat) = mat.as_ref().filter(|_| n_slots > 0) else {
@@ -375,14 +464,28 @@ impl Offload {
                 let t = ctx
                     .new_tensor(mat.ty, &[mat.ne[0], mat.ne[1], n_slots as i64])?
                     .set_name(&name(il, &format!("slot{m}")));
+                if direct {
+                    let store = store_addrs[il][m].expect("store tensor of an offloaded matrix");
+                    match congruent_offset(base, off, store, mat.expert_bytes) {
+                        Some(at) => {
+                            off = at;
+                            bases[m] = direct_base(store, base + at, mat, n_slots, self.n_expert);
+                        }
+                        None => bases[m] = None,
+                    }
+                    all_direct &= bases[m].is_some();
+                }
                 off = buf.place(t, off)?;
             }
+            l.direct_base = direct.then_some(bases);
+            l.pending.clear();
             l.cache = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
         }
         let idx = ctx.index();
         self.slots = Some((ctx, idx));
         self.dev_bytes += size;
         self.n_slots = n_slots;
+        self.direct_ready = all_direct;
         Ok(())
     }
 
@@ -397,6 +500,9 @@ impl Offload {
     /// Slots when the micro-batch's experts fit the cache, or for a single token when the CPU
     /// channel can take what does not fit; staging otherwise.
     pub fn mode(&self, n_tokens: usize) -> Mode {
+        if n_tokens == 1 && self.direct_ready {
+            return Mode::Direct;
+        }
         let overflow_to_cpu = n_tokens == 1
             && self.n_slots > 0
             && self.cpu.is_some()
@@ -406,6 +512,11 @@ impl Offload {
         } else {
             Mode::Staging
         }
+    }
+
+    /// Whether single-token steps run [`Mode::Direct`].
+    pub fn direct_ready(&self) -> bool {
+        self.direct_ready
     }
 
     pub fn is_offloaded(&self, il: usize) -> bool {
@@ -442,6 +553,24 @@ impl Offload {
             .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
     }
 
+    /// Direct mode's id table of layer `il`, matrix `m`: i32 [1, n_expert], a view of
+    /// `off.remap` (rows of one element, so `get_rows` maps expert ids through it).
+    pub fn remap_view<'a>(&'a self, ctx: &'a Context, il: usize, m: usize) -> Tensor<'a> {
+        let t = self.remap();
+        ctx.view(
+            t,
+            &[1, self.n_expert as i64],
+            &[4],
+            4 * self.n_expert * (3 * il + m),
+        )
+    }
+
+    pub(super) fn remap(&self) -> Tensor<'_> {
+        self.dev
+            .get(&self.dev_idx, "off.remap")
+            .expect("the offload id table exists")
+    }
+
     /// Control tensors of layer `il`: slot ids i32 [k, t_max] and mask f32 [1, k, t_max].
     pub fn ctl(&self, il: usize) -> (Tensor<'_>, Tensor<'_>) {
         let get = |w: &str| {
@@ -451,4 +580,41 @@ impl Offload {
         };
         (get("ids"), get("mask"))
     }
+}
+
+/// The smallest offset `>= off` in a buffer at `base` whose address is congruent to `store`
+/// modulo `expert_bytes` and 256-aligned (ggml's tensor alignment), if one exists.
+fn congruent_offset(base: usize, off: usize, store: usize, expert_bytes: usize) -> Option<usize> {
+    let eb = expert_bytes;
+    let first = off + (store % eb + eb - (base + off) % eb) % eb;
+    (0..256)
+        .map(|j| first + j * eb)
+        .find(|&at| (base + at) % 256 == 0)
+        .filter(|&at| at < off + eb + 256)
+}
+
+/// The id of expert 0 in the store relative to a slot tensor at `slots` (see
+/// [`Offload::alloc_slots`]), when every id a step can use (slots, and `base..base + n_expert`)
+/// keeps ggml-cuda's block index within `i32`.
+fn direct_base(
+    store: usize,
+    slots: usize,
+    mat: &Mat,
+    n_slots: usize,
+    n_expert: usize,
+) -> Option<i32> {
+    let eb = mat.expert_bytes as i128;
+    let d = store as i128 - slots as i128;
+    if d % eb != 0 {
+        return None;
+    }
+    let b = d / eb;
+    // Blocks per expert: ggml-cuda's mat-vec kernel indexes quant blocks with 32-bit ints.
+    let blocks = eb / mat.ty.type_size() as i128;
+    let lo = b.min(0);
+    let hi = (b + n_expert as i128).max(n_slots as i128);
+    let fits = |id: i128| (id.abs() + 1) * blocks < i32::MAX as i128;
+    (fits(lo) && fits(hi))
+        .then(|| i32::try_from(b).ok())
+        .flatten()
 }

@@ -15,6 +15,8 @@ pub struct LayerStats {
     pub misses: u64,
     /// Misses computed on the CPU.
     pub cpu: u64,
+    /// Misses the GPU read in place from the host store (direct decode).
+    pub in_place: u64,
     /// Experts whose bytes crossed PCIe (miss copies, prefetches and prefill staging).
     pub copies: u64,
     /// Prefetched experts, and how many of them the layer then used.
@@ -60,6 +62,7 @@ impl Stats {
             t.hits += l.hits;
             t.misses += l.misses;
             t.cpu += l.cpu;
+            t.in_place += l.in_place;
             t.copies += l.copies;
             t.prefetched += l.prefetched;
             t.prefetch_used += l.prefetch_used;
@@ -106,13 +109,14 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU, {:.1}% read in place; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
             t.hits,
             t.misses,
             100.0 * self.cpu_share(),
+            100.0 * ratio(t.in_place, t.misses),
             self.cache_hit_rate(),
             self.h2d_bytes as f64 / 1e9,
             self.wait_copy_s,
@@ -137,6 +141,7 @@ impl Stats {
             l.hits -= e.hits;
             l.misses -= e.misses;
             l.cpu -= e.cpu;
+            l.in_place -= e.in_place;
             l.copies -= e.copies;
             l.prefetched -= e.prefetched;
             l.prefetch_used -= e.prefetch_used;

@@ -41,6 +41,8 @@ pub struct MoeNode {
 /// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
     by_anchor: HashMap<usize, (Stop, Resolved)>,
+    /// Direct layers (no stop): layer and the address of its selected ids, read after the step.
+    pub(super) direct: Vec<(usize, usize)>,
 }
 
 #[derive(Clone, Copy)]
@@ -65,7 +67,12 @@ impl GraphNodes {
     /// Resolves names to node ids and data addresses; call after the graph is allocated.
     pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
         let mut by_anchor = HashMap::new();
+        let mut direct = Vec::new();
         for n in nodes {
+            if n.mode == Mode::Direct {
+                direct.push((n.il, g.tensor(&n.selected).data_addr()));
+                continue;
+            }
             let r = Resolved {
                 il: n.il,
                 mode: n.mode,
@@ -80,7 +87,18 @@ impl GraphNodes {
                 by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
             }
         }
-        Self { by_anchor }
+        Self { by_anchor, direct }
+    }
+
+    /// Whether the step stops at all (else the scheduler runs it without the eval callback,
+    /// in one piece).
+    pub fn has_stops(&self) -> bool {
+        !self.by_anchor.is_empty()
+    }
+
+    /// Whether the step has direct layers (see `experts::direct`).
+    pub fn is_direct(&self) -> bool {
+        !self.direct.is_empty()
     }
 }
 
@@ -208,7 +226,7 @@ impl Offload {
 
     /// Per matrix: (store base, slot base, staging base, bytes per expert); `None` for a
     /// matrix the model lacks.
-    fn bases(&self, il: usize) -> Bases {
+    pub(super) fn bases(&self, il: usize) -> Bases {
         let layer = self.layers[il].as_ref().expect("offloaded layer");
         std::array::from_fn(|m| {
             let mat = layer.mats[m].as_ref()?;
@@ -275,6 +293,7 @@ impl Offload {
                     self.stage_ahead(il)?;
                 }
             }
+            Mode::Direct => unreachable!("direct layers never stop"),
             Mode::Slots => {
                 // The previous layer's prefetches into this layer's slots land before anything
                 // queued on the compute stream from here: the miss copies below (which may
@@ -518,7 +537,7 @@ impl Offload {
 const CPU_START_S: f64 = 40e-6;
 
 /// Per matrix of a layer: (store base, slot base, staging base, bytes per expert).
-type Bases = [Option<(usize, usize, usize, usize)>; 3];
+pub(super) type Bases = [Option<(usize, usize, usize, usize)>; 3];
 
 /// Queues the copy of expert `e` into its place in the staging area: from slot `cached` when the
 /// cache holds it (device to device), else from the host store. Returns the bytes that cross PCIe.

@@ -338,6 +338,12 @@ impl Event {
         // SAFETY: a live event of this backend's device (both checked CUDA at creation).
         unsafe { sys::ggml_backend_event_wait(backend.raw(), self.ptr.as_ptr()) }
     }
+
+    /// Waits (on the host) until the work recorded in this event has run.
+    pub fn synchronize(&self) {
+        // SAFETY: a live event.
+        unsafe { sys::ggml_backend_event_synchronize(self.ptr.as_ptr()) }
+    }
 }
 
 impl Drop for Event {

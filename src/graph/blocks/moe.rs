@@ -170,7 +170,8 @@ impl<'a> GraphBuilder<'a> {
                 Some(self.wl(il, "ffn_down_exps.weight")),
             ];
             let t = ExpertTensors { w, biases };
-            return self.expert_ffn(&t, x, il, r.selected, r.selected, r.weights, opts);
+            let ids = [r.selected; 3];
+            return self.expert_ffn(&t, x, il, ids, r.selected, r.weights, opts);
         };
         // The hook reads these after the anchor; outputs are never overwritten by the allocator.
         ctx.set_output(r.selected);
@@ -210,7 +211,20 @@ impl<'a> GraphBuilder<'a> {
             Mode::Staging => {
                 let w = std::array::from_fn(|m| off.staging_tensor(il, m));
                 let t = ExpertTensors { w, biases };
-                self.expert_ffn(&t, x, il, r.selected, r.selected, weights, opts)
+                self.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
+            }
+            Mode::Direct => {
+                // Each selected expert's id through the layer's device-side table: its slot, or
+                // its place in the host store (read in place). One table per matrix, since each
+                // matrix's store lies at its own distance from its slots.
+                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
+                let ids = std::array::from_fn(|m| {
+                    let t = ctx.get_rows(off.remap_view(ctx, il, m), r.selected); // i32 [1, k, 1]
+                    let t = ctx.reshape(t, &[k, nt]).expect("direct ids"); // i32 [k, nt]
+                    self.cb(t, &format!("ffn_moe_direct_ids{m}"), il as i32)
+                });
+                let t = ExpertTensors { w, biases };
+                self.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
             }
             Mode::Slots => {
                 let w = std::array::from_fn(|m| off.slot_tensor(il, m));
@@ -219,7 +233,7 @@ impl<'a> GraphBuilder<'a> {
                 let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
                 let weights = ctx.mul(weights, mask); // [1, k, nt]
                 let t = ExpertTensors { w, biases };
-                let out = self.expert_ffn(&t, x, il, ids, r.selected, weights, opts);
+                let out = self.expert_ffn(&t, x, il, [ids; 3], r.selected, weights, opts);
                 if off.cpu_enabled(il) {
                     // The CPU channel's share, written by the step hook once the GPU's is done.
                     let gpu = self.cb(out, "ffn_moe_out_gpu", il as i32);
@@ -236,7 +250,8 @@ impl<'a> GraphBuilder<'a> {
         out
     }
 
-    /// up/gate/down through `mul_mat_id` with expert ids `ids` (into `t.w`'s third dimension),
+    /// up/gate/down through `mul_mat_id` with expert ids `ids` (per matrix, into `t.w`'s third
+    /// dimension),
     /// per-expert biases picked by `bias_ids`, the activation, and the `weights`-weighted sum
     /// over the k experts of each token: `x` [n_embd, nt] -> [n_embd, nt].
     #[allow(clippy::too_many_arguments)]
@@ -245,7 +260,7 @@ impl<'a> GraphBuilder<'a> {
         t: &ExpertTensors<'a>,
         x: Tensor<'a>,
         il: usize,
-        ids: Tensor<'a>,
+        ids: [Tensor<'a>; 3],
         bias_ids: Tensor<'a>,
         weights: Tensor<'a>,
         opts: &MoeOpts,
@@ -278,7 +293,7 @@ pub fn expert_ffn<'a>(
     t: &ExpertTensors<'a>,
     x: Tensor<'a>,
     d: FfnDims,
-    ids: Tensor<'a>,
+    ids: [Tensor<'a>; 3],
     bias_ids: Tensor<'a>,
     weights: Tensor<'a>,
     act_kind: ExpertAct,
@@ -294,11 +309,15 @@ pub fn expert_ffn<'a>(
     let [up_w, gate_w, down_w] = t.w;
     let up_w = up_w.expect("experts have an up matrix");
     let down_w = down_w.expect("experts have a down matrix");
-    let up = ctx.mul_mat_id(up_w, x3, ids); // [n_ff, k, nt]
+    let [up_ids, gate_ids, down_ids] = ids;
+    let up = ctx.mul_mat_id(up_w, x3, up_ids); // [n_ff, k, nt]
     let up = name(biased(up, 0), "ffn_moe_up");
     let act = match gate_w {
         Some(gate) => {
-            let g = name(biased(ctx.mul_mat_id(gate, x3, ids), 1), "ffn_moe_gate");
+            let g = name(
+                biased(ctx.mul_mat_id(gate, x3, gate_ids), 1),
+                "ffn_moe_gate",
+            );
             match act_kind {
                 ExpertAct::Swiglu => name(ctx.swiglu_split(g, up), "ffn_moe_swiglu"),
                 ExpertAct::SwigluOai => {
@@ -308,7 +327,7 @@ pub fn expert_ffn<'a>(
         }
         None => name(ctx.silu(up), "ffn_moe_silu"),
     };
-    let experts = name(ctx.mul_mat_id(down_w, act, ids), "ffn_moe_down"); // [n_embd, k, nt]
+    let experts = name(ctx.mul_mat_id(down_w, act, down_ids), "ffn_moe_down"); // [n_embd, k, nt]
     let experts = name(biased(experts, 2), "ffn_moe_down_biased");
     let experts = name(ctx.mul(experts, weights), "ffn_moe_weighted");
     // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
