@@ -2,8 +2,12 @@
 //! `llama_model::load_hparams` and each arch's `load_arch_hparams` read them) or set by a synth
 //! preset. One struct for every architecture: fields an architecture does not use stay 0/None.
 //!
-//! Invariant after [`Hparams::validate`]: sizes are positive where the architecture needs them,
-//! `n_expert_used <= n_expert`, and shapes computed from these fields cannot overflow u64.
+//! Invariant after [`Hparams::validate`]: every field a graph or a shape reads is in a range
+//! that builds and runs (sizes positive and at most 2^24, head sizes consistent with the rotary
+//! dimensions and the head counts, `n_expert_used <= n_expert`, epsilons and RoPE bases finite
+//! and positive, ...), so shapes computed from these fields cannot overflow u64 and no ggml
+//! assertion, hang or huge allocation waits for the first request. Each refusal names the GGUF
+//! key (`{arch}.*`), its value and what is allowed; the loader prefixes the file.
 
 /// How router logits become expert weights (llama.cpp `LLAMA_EXPERT_GATING_FUNC_TYPE_*`, the
 /// values of `{arch}.expert_gating_func`).
@@ -56,7 +60,26 @@ pub trait Meta {
         let _ = key;
         None
     }
+    /// Whether `key` is present with any value (also one the typed accessors cannot read, e.g.
+    /// a negative integer where a size is expected).
+    fn has(&self, key: &str) -> bool {
+        self.u64(key).is_some()
+            || self.f32(key).is_some()
+            || self.bool(key).is_some()
+            || self.array_len(key).is_some()
+            || self.str(key).is_some()
+    }
 }
+
+/// Largest size of one dimension (embedding width, heads, head size, FFN width, experts,
+/// vocabulary): no real model comes near 16M; larger is corrupt metadata.
+pub const MAX_DIM: u64 = 1 << 24;
+
+/// Most blocks a file may declare.
+pub const MAX_LAYERS: u64 = 4096;
+
+/// Largest context length (ggml takes positions and RoPE's original context as `int`).
+pub const MAX_CTX: u64 = i32::MAX as u64;
 
 /// Keys every architecture needs (after the `{arch}.` prefix).
 pub const COMMON_REQUIRED: &[&str] = &[
@@ -196,6 +219,13 @@ impl Hparams {
         }
     }
 
+    /// deepseek2 "lite" variants (DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B: 26 or 27
+    /// blocks, or 48 with a 128256-token vocabulary; llama.cpp's rule) have no q compression.
+    pub fn is_deepseek2_lite(&self) -> bool {
+        let n = self.n_layer_decode();
+        self.arch == "deepseek2" && (n == 27 || n == 26 || (n == 48 && self.n_vocab == 128256))
+    }
+
     /// Whether block `il` is a trailing MTP ("nextn") block.
     pub fn is_nextn_layer(&self, il: usize) -> bool {
         il >= self.n_layer_decode()
@@ -258,20 +288,42 @@ impl Hparams {
     /// errors naming the key; optional ones take llama.cpp's defaults.
     pub fn from_meta(arch: &str, required: &[&str], meta: &dyn Meta) -> Result<Self, String> {
         let k = |s: &str| format!("{arch}.{s}");
-        let present = |key: &str| {
-            meta.u64(key).is_some()
-                || meta.f32(key).is_some()
-                || meta.bool(key).is_some()
-                || meta.array_len(key).is_some()
-                || meta.str(key).is_some()
-        };
         for key in COMMON_REQUIRED.iter().chain(required) {
-            if !present(&k(key)) {
+            if !meta.has(&k(key)) {
                 return Err(format!("missing required metadata key {}", k(key)));
             }
         }
-        let u = |s: &str| meta.u64(&k(s));
-        let f = |s: &str| meta.f32(&k(s));
+        // A key that is present but not readable as what it holds (a negative or float size, a
+        // string RoPE base, ...) is an error, not an absent key that takes the default.
+        let unreadable = std::cell::RefCell::new(None::<String>);
+        let wrong_type = |key: String, what: &str| {
+            let msg = match meta.f32(&key) {
+                Some(v) => format!("{key} = {v}: must be {what}"),
+                None => format!("{key} holds a value of another type: must be {what}"),
+            };
+            unreadable.borrow_mut().get_or_insert(msg);
+        };
+        let u = |s: &str| {
+            let v = meta.u64(&k(s));
+            if v.is_none() && meta.has(&k(s)) {
+                wrong_type(k(s), "a non-negative integer");
+            }
+            v
+        };
+        let f = |s: &str| {
+            let v = meta.f32(&k(s));
+            if v.is_none() && meta.has(&k(s)) {
+                wrong_type(k(s), "a number");
+            }
+            v
+        };
+        let b = |s: &str| {
+            let v = meta.bool(&k(s));
+            if v.is_none() && meta.has(&k(s)) {
+                wrong_type(k(s), "true or false");
+            }
+            v
+        };
         let n_embd = u("embedding_length").unwrap_or(0);
         let n_head = u("attention.head_count").unwrap_or(0);
         let head_default = n_embd.checked_div(n_head).unwrap_or(0);
@@ -279,14 +331,22 @@ impl Hparams {
         let head_dim_v = u("attention.value_length").unwrap_or(head_default);
         let n_rot = u("rope.dimension_count").unwrap_or(head_dim_k);
         let rope_freq_base = f("rope.freq_base").unwrap_or(10000.0);
-        let n_vocab = u("vocab_size")
-            .or_else(|| meta.array_len("tokenizer.ggml.tokens"))
-            .ok_or_else(|| {
-                format!(
-                    "neither {} nor tokenizer.ggml.tokens gives the vocabulary size",
-                    k("vocab_size")
-                )
-            })?;
+        let n_tokens = meta.array_len("tokenizer.ggml.tokens");
+        let n_vocab = u("vocab_size").or(n_tokens).ok_or_else(|| {
+            format!(
+                "neither {} nor tokenizer.ggml.tokens gives the vocabulary size",
+                k("vocab_size")
+            )
+        })?;
+        // llama.cpp sizes the embedding and output by the token list; a different vocab_size
+        // would give ids the tokenizer does not know (or tensors of another shape).
+        if let Some(n) = n_tokens.filter(|&n| n != n_vocab) {
+            return Err(format!(
+                "{} = {n_vocab} differs from the {n} entries of tokenizer.ggml.tokens: \
+                 they must be equal",
+                k("vocab_size")
+            ));
+        }
         let gating_key = u("expert_gating_func").filter(|&v| v != 0); // 0 = NONE: the arch default
         let gating = match gating_key {
             None | Some(1) => Gating::Softmax,
@@ -295,7 +355,8 @@ impl Hparams {
             Some(4) => Gating::SqrtSoftplus,
             Some(v) => {
                 return Err(format!(
-                    "{}: unknown gating function {v}",
+                    "{} = {v}: unknown gating function (1 softmax, 2 sigmoid, 3 softmax over \
+                     the selected experts, 4 sqrt-softplus; 0 or absent: the architecture's)",
                     k("expert_gating_func")
                 ))
             }
@@ -334,7 +395,7 @@ impl Hparams {
             n_expert_groups: u("expert_group_count").unwrap_or(0),
             n_group_used: u("expert_group_used_count").unwrap_or(0),
             gating,
-            expert_weights_norm: meta.bool(&k("expert_weights_norm")).unwrap_or(false),
+            expert_weights_norm: b("expert_weights_norm").unwrap_or(false),
             expert_weights_scale: f("expert_weights_scale").unwrap_or(0.0),
             rope_freq_base,
             n_rot,
@@ -370,6 +431,11 @@ impl Hparams {
             swiglu_clamp_exp,
             swiglu_clamp_shexp: f("swiglu_clamp_shexp").unwrap_or(swiglu_clamp_exp),
         };
+        if let Some(e) = unreadable.borrow_mut().take() {
+            return Err(e);
+        }
+        // Before the arch rules, which allocate per block.
+        hp.check_block_count()?;
         hp.apply_arch_rules(meta, gating_key.is_some())?;
         hp.validate()?;
         Ok(hp)
@@ -419,20 +485,10 @@ impl Hparams {
             self.n_ff_exp = self.n_ff / self.n_expert_used;
         }
         match a.as_str() {
-            "llama" if self.n_rot != self.head_dim_k => {
-                return Err(format!(
-                    "{}: invalid n_rot {}, expected {}",
-                    k("rope.dimension_count"),
-                    self.n_rot,
-                    self.head_dim_k
-                ));
-            }
             "deepseek2" => {
-                // "Lite" variants (DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B) have no q
-                // compression: q_lora_rank is not read; every other file must give it.
-                let n = self.n_layer_decode();
-                let is_lite = n == 27 || n == 26 || (n == 48 && self.n_vocab == 128256);
-                if is_lite {
+                // "Lite" variants have no q compression: q_lora_rank is not read; every other
+                // file must give it.
+                if self.is_deepseek2_lite() {
                     self.q_lora_rank = 0;
                 } else if meta.u64(&k("attention.q_lora_rank")).is_none() {
                     return Err(format!(
@@ -483,144 +539,437 @@ impl Hparams {
         Ok(())
     }
 
-    /// Consistency checks, each naming the field (`n_expert_used > n_expert`, zero sizes, ...).
-    pub fn validate(&self) -> Result<(), String> {
+    /// `block_count` and `nextn_predict_layers` in range: checked before anything is sized per
+    /// block (`apply_arch_rules`), and again by [`validate`](Self::validate).
+    fn check_block_count(&self) -> Result<(), String> {
         let a = &self.arch;
-        let limit = 1u64 << 24; // no real dimension comes near 16M; larger is corrupt metadata
-        for (name, v) in [
-            ("embedding_length", self.n_embd),
-            ("attention.head_count", self.n_head),
-            ("vocab size", self.n_vocab),
-        ] {
-            if v == 0 || v > limit {
-                return Err(format!("{a}.{name} = {v} is out of range (1..={limit})"));
-            }
-        }
-        for (name, v) in [
-            ("attention.head_count_kv", self.n_head_kv),
-            ("attention.key_length", self.head_dim_k),
-            ("attention.value_length", self.head_dim_v),
-            ("feed_forward_length", self.n_ff),
-            ("expert_feed_forward_length", self.n_ff_exp),
-            ("expert_count", self.n_expert),
-            ("expert_used_count", self.n_expert_used),
-        ] {
-            if v > limit {
-                return Err(format!(
-                    "{a}.{name} = {v} is out of range (at most {limit})"
-                ));
-            }
-        }
-        if self.n_layer == 0 || self.n_layer > 4096 {
+        let n = self.n_layer as u64;
+        if !(1..=MAX_LAYERS).contains(&n) {
             return Err(format!(
-                "{a}.block_count = {} is out of range (1..=4096)",
-                self.n_layer
+                "{a}.block_count = {n}: must be in 1..={MAX_LAYERS}"
             ));
         }
         if self.n_layer_nextn >= self.n_layer {
             return Err(format!(
-                "{a}.nextn_predict_layers = {} leaves no decode blocks of {}",
+                "{a}.nextn_predict_layers = {}: must be less than {a}.block_count = {} (it would \
+                 leave no block to decode)",
                 self.n_layer_nextn, self.n_layer
             ));
         }
-        if self.n_expert == 0 {
+        Ok(())
+    }
+
+    /// Checks every field against what the shapes and graphs can take. The error names the GGUF
+    /// key (`{arch}.*`, as the file spells it), its value and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        self.check_block_count()?;
+        let a = &self.arch;
+        let key = |s: &str| format!("{a}.{s}");
+        let is = |s: &str, v: u64| format!("{} = {v}", key(s));
+        range(&key("embedding_length"), self.n_embd, 1, MAX_DIM, "")?;
+        range(
+            &key("vocab_size"),
+            self.n_vocab,
+            1,
+            MAX_DIM,
+            " (the vocabulary size: this key, else the length of tokenizer.ggml.tokens)",
+        )?;
+        range(&key("context_length"), self.n_ctx_train, 1, MAX_CTX, "")?;
+        range(&key("attention.head_count"), self.n_head, 1, MAX_DIM, "")?;
+        let heads = format!(" ({})", is("attention.head_count", self.n_head));
+        range(
+            &key("attention.head_count_kv"),
+            self.n_head_kv,
+            1,
+            self.n_head,
+            &heads,
+        )?;
+        if self.n_head % self.n_head_kv != 0 {
             return Err(format!(
-                "{a}.expert_count is 0: not a Mixture-of-Experts model"
+                "{}: must divide {} (each KV head serves the same number of query heads)",
+                is("attention.head_count_kv", self.n_head_kv),
+                is("attention.head_count", self.n_head)
             ));
         }
-        if self.n_expert_used == 0 || self.n_expert_used > self.n_expert {
+        range(
+            &key("attention.key_length"),
+            self.head_dim_k,
+            1,
+            MAX_DIM,
+            "",
+        )?;
+        range(
+            &key("attention.value_length"),
+            self.head_dim_v,
+            1,
+            MAX_DIM,
+            "",
+        )?;
+        // Head sizes the graphs rely on (llama.cpp asserts the same when it builds them).
+        if is_arch(a, ONE_HEAD_SIZE) && self.head_dim_v != self.head_dim_k {
             return Err(format!(
-                "{a}.expert_used_count = {} must be in 1..={} ({a}.expert_count)",
-                self.n_expert_used, self.n_expert
+                "{}: must equal {} (keys and values share one head size in {a})",
+                is("attention.value_length", self.head_dim_v),
+                is("attention.key_length", self.head_dim_k)
             ));
         }
-        if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+        if is_arch(a, &["qwen2moe", "olmoe"]) && self.n_head * self.head_dim_k != self.n_embd {
             return Err(format!(
-                "{a}.attention.head_count = {} is not a multiple of {a}.attention.head_count_kv = {}",
-                self.n_head, self.n_head_kv
+                "{}: times {} must make {} (the query projection is square in {a})",
+                is("attention.key_length", self.head_dim_k),
+                is("attention.head_count", self.n_head),
+                is("embedding_length", self.n_embd)
             ));
         }
-        if self.n_group_used > self.n_expert_groups {
+        self.check_rope()?;
+        let eps = self.rms_eps;
+        if !(eps > 0.0 && eps <= 1.0) {
             return Err(format!(
-                "{a}.expert_group_used_count = {} > {a}.expert_group_count = {}",
-                self.n_group_used, self.n_expert_groups
+                "{} = {eps}: must be a number in (0, 1] (real models use 1e-6 to 1e-5)",
+                key("attention.layer_norm_rms_epsilon")
             ));
         }
-        if self.n_expert_groups > 0 && self.n_expert % self.n_expert_groups != 0 {
+        for (s, v) in [
+            ("feed_forward_length", self.n_ff),
+            ("expert_feed_forward_length", self.n_ff_exp),
+            ("expert_shared_feed_forward_length", self.n_ff_shexp),
+        ] {
+            range(&key(s), v, 0, MAX_DIM, "")?;
+        }
+        let lead = self.n_layer_dense_lead as u64;
+        if lead > 0 && self.n_ff == 0 {
             return Err(format!(
-                "{a}.expert_count = {} is not divisible into {} groups",
-                self.n_expert, self.n_expert_groups
+                "{}: must be positive, it sizes the FFN of the dense blocks ({})",
+                is("feed_forward_length", 0),
+                is("leading_dense_block_count", lead)
             ));
         }
-        if self.n_layer_dense_lead > self.n_layer {
+        self.check_experts()?;
+        self.check_sliding_window()?;
+        for (s, v) in [
+            ("expert_weights_scale", self.expert_weights_scale),
+            ("swiglu_clamp_exp", self.swiglu_clamp_exp),
+            ("swiglu_clamp_shexp", self.swiglu_clamp_shexp),
+            ("hyper_connection.epsilon", self.hc_eps),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!(
+                    "{} = {v}: must be a finite number >= 0 (0: none)",
+                    key(s)
+                ));
+            }
+        }
+        self.validate_arch_fields()
+    }
+
+    /// Rotary dimensions, RoPE bases and scaling.
+    fn check_rope(&self) -> Result<(), String> {
+        let a = &self.arch;
+        let key = |s: &str| format!("{a}.{s}");
+        // Rotated in pairs, within the key head (the decompressed one in MLA files).
+        let (head_key, head) = if self.head_dim_k_mla > self.head_dim_k {
+            ("attention.key_length_mla", self.head_dim_k_mla)
+        } else {
+            ("attention.key_length", self.head_dim_k)
+        };
+        check_rot(
+            &key("rope.dimension_count"),
+            self.n_rot,
+            &key(head_key),
+            head,
+        )?;
+        if is_arch(a, WHOLE_HEAD_ROPE) && self.n_rot != self.head_dim_k {
             return Err(format!(
-                "{a}.leading_dense_block_count = {} > block_count = {}",
-                self.n_layer_dense_lead, self.n_layer
+                "{} = {}: must equal {} = {} ({a} rotates whole heads)",
+                key("rope.dimension_count"),
+                self.n_rot,
+                key("attention.key_length"),
+                self.head_dim_k
             ));
         }
-        if self.n_rot > self.head_dim_k.max(self.head_dim_k_mla) {
-            return Err(format!(
-                "{a}.rope.dimension_count = {} exceeds the head size {}",
-                self.n_rot, self.head_dim_k
-            ));
+        for (s, v) in [
+            ("rope.freq_base", self.rope_freq_base),
+            (
+                "attention.compress_rope_freq_base",
+                self.compress_rope_freq_base,
+            ),
+            ("rope.freq_base_swa", self.rope_freq_base_swa),
+        ] {
+            // 0 stands for "unset" only where the field has a fallback (not rope.freq_base).
+            let unset_ok = s != "rope.freq_base" && v == 0.0;
+            if !(unset_ok || (v.is_finite() && v > 0.0)) {
+                return Err(format!(
+                    "{} = {v}: must be a finite number > 0 (real models use 1e4 to 1e7)",
+                    key(s)
+                ));
+            }
         }
         if !self.rope_scaling_factor.is_finite() || self.rope_scaling_factor < 0.0 {
             return Err(format!(
-                "{a}.rope.scaling.factor = {} must be a finite non-negative number",
+                "{} = {}: must be a finite number >= 0 (0: no scaling)",
+                key("rope.scaling.factor"),
                 self.rope_scaling_factor
             ));
         }
         if !self.rope_yarn_log_mul.is_finite() {
             return Err(format!(
-                "{a}.rope.scaling.yarn_log_multiplier = {} is not finite",
+                "{} = {}: must be a finite number",
+                key("rope.scaling.yarn_log_multiplier"),
                 self.rope_yarn_log_mul
             ));
         }
-        self.validate_arch_fields(limit)
+        range(
+            &key("rope.scaling.original_context_length"),
+            self.n_ctx_orig_yarn,
+            0,
+            MAX_CTX,
+            " (0: context_length)",
+        )?;
+        if !(self.attn_temp_scale.is_finite() && self.attn_temp_scale >= 0.0) {
+            return Err(format!(
+                "{} = {}: must be a finite number >= 0 (0: none)",
+                key("attention.temperature_scale"),
+                self.attn_temp_scale
+            ));
+        }
+        Ok(())
+    }
+
+    /// Expert counts, routing groups and dense blocks.
+    fn check_experts(&self) -> Result<(), String> {
+        let a = &self.arch;
+        let key = |s: &str| format!("{a}.{s}");
+        let is = |s: &str, v: u64| format!("{} = {v}", key(s));
+        if self.n_expert == 0 {
+            return Err(format!(
+                "{}: not a Mixture-of-Experts model (PocketMoE runs MoE models; the count must be \
+                 in 1..={MAX_DIM})",
+                is("expert_count", 0)
+            ));
+        }
+        range(&key("expert_count"), self.n_expert, 1, MAX_DIM, "")?;
+        let experts = format!(" ({})", is("expert_count", self.n_expert));
+        range(
+            &key("expert_used_count"),
+            self.n_expert_used,
+            1,
+            self.n_expert,
+            &experts,
+        )?;
+        range(
+            &key("expert_shared_count"),
+            self.n_expert_shared,
+            0,
+            MAX_DIM,
+            "",
+        )?;
+        let n_decode = self.n_layer_decode() as u64;
+        range(
+            &key("leading_dense_block_count"),
+            self.n_layer_dense_lead as u64,
+            0,
+            n_decode - 1,
+            &format!(
+                " (at least one of the {n_decode} decoded blocks must be MoE: {}, {})",
+                is("block_count", self.n_layer as u64),
+                is("nextn_predict_layers", self.n_layer_nextn as u64)
+            ),
+        )?;
+        let (groups, used) = (self.n_expert_groups, self.n_group_used);
+        range(
+            &key("expert_group_count"),
+            groups,
+            0,
+            self.n_expert,
+            &experts,
+        )?;
+        if used > groups {
+            return Err(format!(
+                "{}: must be at most {}",
+                is("expert_group_used_count", used),
+                is("expert_group_count", groups)
+            ));
+        }
+        if groups > 1 {
+            if self.n_expert % groups != 0 {
+                return Err(format!(
+                    "{}: must divide {} into equal groups",
+                    is("expert_group_count", groups),
+                    is("expert_count", self.n_expert)
+                ));
+            }
+            let per = self.n_expert / groups;
+            if used > 0 && per < 2 {
+                return Err(format!(
+                    "{}: leaves {per} expert per group of {}; group-limited routing scores a \
+                     group by its two best experts (at most expert_count / 2 groups)",
+                    is("expert_group_count", groups),
+                    is("expert_count", self.n_expert)
+                ));
+            }
+            if used > 0 && self.n_expert_used > used * per {
+                return Err(format!(
+                    "{}: more than the {} experts of the {} selected groups ({})",
+                    is("expert_used_count", self.n_expert_used),
+                    used * per,
+                    used,
+                    is("expert_group_used_count", used)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sliding-window attention: the window, and the head sizes / rotary dims / RoPE base of
+    /// windowed blocks (each 0 = the full-attention value).
+    fn check_sliding_window(&self) -> Result<(), String> {
+        let a = &self.arch;
+        let key = |s: &str| format!("{a}.{s}");
+        for (s, v) in [
+            ("attention.key_length_swa", self.head_dim_k_swa),
+            ("attention.value_length_swa", self.head_dim_v_swa),
+            ("rope.dimension_count_swa", self.n_rot_swa),
+        ] {
+            range(&key(s), v, 0, MAX_DIM, " (0: as in full-attention blocks)")?;
+        }
+        let Some(il) = self.swa_layers.iter().position(|&w| w) else {
+            return Ok(());
+        };
+        if self.sliding_window == 0 {
+            return Err(format!(
+                "{} = 0: must be positive (block {il} and others use sliding-window attention)",
+                key("attention.sliding_window")
+            ));
+        }
+        if self.n_rot_swa > 0 {
+            let (hk, head) = if self.head_dim_k_swa > 0 {
+                ("attention.key_length_swa", self.head_dim_k_swa)
+            } else {
+                ("attention.key_length", self.head_dim_k)
+            };
+            check_rot(
+                &key("rope.dimension_count_swa"),
+                self.n_rot_swa,
+                &key(hk),
+                head,
+            )?;
+        }
+        if a == "gpt-oss" {
+            // The tables size q/k/v by the rotary dims and the graph splits heads by the head
+            // sizes, one size for every block: they must agree.
+            let n_rot = self.n_rot;
+            for (s, v) in [
+                ("attention.key_length", self.head_dim_k),
+                ("attention.value_length", self.head_dim_v),
+                ("attention.key_length_swa", self.head_dim_k_swa),
+                ("attention.value_length_swa", self.head_dim_v_swa),
+                ("rope.dimension_count_swa", self.n_rot_swa),
+            ] {
+                if v != 0 && v != n_rot {
+                    return Err(format!(
+                        "{} = {v}: must equal {} = {n_rot} (gpt-oss heads are rotated whole, \
+                         one head size for every block)",
+                        key(s),
+                        key("rope.dimension_count")
+                    ));
+                }
+            }
+            let (b, b_swa) = (self.rope_freq_base, self.rope_freq_base_swa);
+            if b_swa != 0.0 && b_swa != b {
+                return Err(format!(
+                    "{} = {b_swa}: differs from {} = {b}; a separate RoPE base for \
+                     sliding-window blocks is not built",
+                    key("rope.freq_base_swa"),
+                    key("rope.freq_base")
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Range checks of the architecture-specific fields (MLA, DeepSeek-V4) that shapes use.
-    fn validate_arch_fields(&self, limit: u64) -> Result<(), String> {
+    fn validate_arch_fields(&self) -> Result<(), String> {
         let a = &self.arch;
-        for (name, v) in [
+        let key = |s: &str| format!("{a}.{s}");
+        let is = |s: &str, v: u64| format!("{} = {v}", key(s));
+        for (s, v) in [
             ("attention.q_lora_rank", self.q_lora_rank),
             ("attention.kv_lora_rank", self.kv_lora_rank),
             ("attention.key_length_mla", self.head_dim_k_mla),
             ("attention.value_length_mla", self.head_dim_v_mla),
-            ("attention.key_length_swa", self.head_dim_k_swa),
-            ("attention.value_length_swa", self.head_dim_v_swa),
             ("attention.indexer.head_count", self.indexer_n_head),
             ("attention.indexer.key_length", self.indexer_head_dim),
             ("attention.output_group_count", self.o_group_count),
             ("attention.output_lora_rank", self.o_lora_rank),
             ("hyper_connection.count", self.hc_mult),
-            ("expert_shared_count", self.n_expert_shared),
-            ("expert_shared_feed_forward_length", self.n_ff_shexp),
         ] {
-            if v > limit {
-                return Err(format!(
-                    "{a}.{name} = {v} is out of range (at most {limit})"
-                ));
-            }
+            range(&key(s), v, 0, MAX_DIM, "")?;
         }
+        range(
+            &key("attention.indexer.top_k"),
+            self.indexer_top_k,
+            0,
+            MAX_CTX,
+            "",
+        )?;
+        range(
+            &key("hyper_connection.sinkhorn_iterations"),
+            self.hc_sinkhorn_iters,
+            0,
+            1024,
+            "",
+        )?;
         match a.as_str() {
             "deepseek2" => {
                 if self.kv_lora_rank == 0 {
-                    return Err(format!("{a}.attention.kv_lora_rank is 0"));
+                    return Err(format!(
+                        "{}: must be positive (the compressed KV width of MLA)",
+                        is("attention.kv_lora_rank", 0)
+                    ));
+                }
+                if (self.head_dim_k_mla == 0) != (self.head_dim_v_mla == 0) {
+                    return Err(format!(
+                        "{} and {}: MLA files give both (split attn_k_b/attn_v_b), legacy files \
+                         neither (fused attn_kv_b)",
+                        is("attention.key_length_mla", self.head_dim_k_mla),
+                        is("attention.value_length_mla", self.head_dim_v_mla)
+                    ));
+                }
+                if self.is_mla() {
+                    // The cache holds one latent row per position: kv_lora_rank + the rotary key.
+                    let (k, v) = (self.kv_lora_rank + self.n_rot, self.kv_lora_rank);
+                    if self.head_dim_k != k || self.head_dim_v != v {
+                        return Err(format!(
+                            "{} and {}: an MLA file's latent key and value heads must be {} + {} \
+                             = {k} and {v}",
+                            is("attention.key_length", self.head_dim_k),
+                            is("attention.value_length", self.head_dim_v),
+                            is("attention.kv_lora_rank", self.kv_lora_rank),
+                            is("rope.dimension_count", self.n_rot)
+                        ));
+                    }
                 }
                 if self.mla_head_dim_k() <= self.n_rot {
+                    let s = if self.is_mla() {
+                        "attention.key_length_mla"
+                    } else {
+                        "attention.key_length"
+                    };
                     return Err(format!(
-                        "{a}: MLA key head {} leaves no non-rotary part beside rope.dimension_count = {}",
-                        self.mla_head_dim_k(),
-                        self.n_rot
+                        "{}: must exceed {} (an MLA key head has a non-rotary part)",
+                        is(s, self.mla_head_dim_k()),
+                        is("rope.dimension_count", self.n_rot)
                     ));
                 }
                 if self.n_expert_shared == 0 {
-                    return Err(format!("{a}.expert_shared_count is 0 (DeepSeek blocks always hold a shared expert)"));
+                    return Err(format!(
+                        "{}: must be positive (DeepSeek blocks always hold a shared expert)",
+                        is("expert_shared_count", 0)
+                    ));
                 }
             }
             "deepseek4" => {
-                for (name, v) in [
+                for (s, v) in [
                     ("attention.q_lora_rank", self.q_lora_rank),
                     ("attention.output_group_count", self.o_group_count),
                     ("attention.output_lora_rank", self.o_lora_rank),
@@ -629,13 +978,13 @@ impl Hparams {
                     ("expert_feed_forward_length", self.n_ff_exp),
                 ] {
                     if v == 0 {
-                        return Err(format!("{a}.{name} is 0"));
+                        return Err(format!("{}: must be positive", is(s, 0)));
                     }
                 }
                 if (self.n_head * self.head_dim_k_at(0)) % self.o_group_count != 0 {
                     return Err(format!(
-                        "{a}.attention.output_group_count = {} does not divide n_head * head size = {}",
-                        self.o_group_count,
+                        "{}: does not divide n_head * head size = {}",
+                        is("attention.output_group_count", self.o_group_count),
                         self.n_head * self.head_dim_k_at(0)
                     ));
                 }
@@ -658,12 +1007,13 @@ impl Hparams {
                 if self.compress_ratios.contains(&4)
                     && (self.indexer_n_head == 0 || self.indexer_head_dim == 0)
                 {
-                    return Err(format!("{a}: compression ratio 4 needs attention.indexer.head_count and key_length"));
+                    return Err(format!("{a}: compression ratio 4 needs {a}.attention.indexer.head_count and {a}.attention.indexer.key_length"));
                 }
                 if self.hash_layer_count > self.n_layer {
                     return Err(format!(
-                        "{a}.hash_layer_count = {} > block_count = {}",
-                        self.hash_layer_count, self.n_layer
+                        "{}: must be at most {}",
+                        is("hash_layer_count", self.hash_layer_count as u64),
+                        is("block_count", self.n_layer as u64)
                     ));
                 }
             }
@@ -671,4 +1021,42 @@ impl Hparams {
         }
         Ok(())
     }
+}
+
+/// Architectures whose keys and values have one head size (llama.cpp's graphs assert it).
+const ONE_HEAD_SIZE: &[&str] = &[
+    "qwen3moe",
+    "qwen2moe",
+    "olmoe",
+    "llama",
+    "minimax-m2",
+    "glm4moe",
+    "gpt-oss",
+];
+
+/// Architectures that rotate whole heads (`rope.dimension_count == attention.key_length`).
+const WHOLE_HEAD_ROPE: &[&str] = &["qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss"];
+
+fn is_arch(arch: &str, list: &[&str]) -> bool {
+    list.contains(&arch)
+}
+
+/// `key = v` must lie in `lo..=hi`; `why` says where a bound comes from.
+fn range(key: &str, v: u64, lo: u64, hi: u64, why: &str) -> Result<(), String> {
+    if (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!("{key} = {v}: must be in {lo}..={hi}{why}"))
+    }
+}
+
+/// Rotary dimensions `key = n_rot`: rotated in pairs (even), at least one pair, at most the key
+/// head `head_key = head` (ggml's rope spins forever on 0 dims).
+fn check_rot(key: &str, n_rot: u64, head_key: &str, head: u64) -> Result<(), String> {
+    if n_rot < 2 || n_rot > head || n_rot % 2 != 0 {
+        return Err(format!(
+            "{key} = {n_rot}: must be an even number in 2..={head} ({head_key} = {head})"
+        ));
+    }
+    Ok(())
 }

@@ -34,6 +34,9 @@ impl hparams::Meta for crate::gguf::GgufModel {
     fn array_len(&self, key: &str) -> Option<u64> {
         self.get_array(key).map(|a| a.len() as u64)
     }
+    fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
     fn u64_array(&self, key: &str) -> Option<Vec<u64>> {
         let a = self.get_array(key)?;
         if let Some(b) = a.as_bools() {

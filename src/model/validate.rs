@@ -1,7 +1,9 @@
 //! Checks a GGUF's tensors against its architecture's table: every expected tensor present with
 //! the expected shape, nothing unexpected, and types that make sense for the role. Each finding
-//! names the tensor. Classification (`role_of`) is what the placement planner uses.
-use super::{ArchSpec, Hparams, Role};
+//! names the tensor; a wrong shape or a missing tensor also names the metadata keys (with their
+//! values) that the expectation follows from, since either the tensor or those keys are wrong.
+//! Classification (`role_of`) is what the placement planner uses.
+use super::{ArchSpec, Hparams, Role, TensorSpec};
 use crate::ggml::GgmlType;
 use crate::gguf::TensorInfo;
 use std::collections::HashMap;
@@ -11,6 +13,8 @@ use std::collections::HashMap;
 pub enum Finding {
     Missing {
         name: String,
+        /// Metadata (`key = value`) that makes the tensor expected, see [`Finding::Shape`].
+        because: Vec<String>,
     },
     MissingOptional {
         name: String,
@@ -18,10 +22,19 @@ pub enum Finding {
     Unexpected {
         name: String,
     },
+    /// A `blk.N.*` tensor with N at or past the block count: the file has more blocks than its
+    /// metadata says (llama.cpp refuses the extra tensors).
+    BeyondBlocks {
+        name: String,
+        /// `{arch}.block_count = n`.
+        block_count: String,
+    },
     Shape {
         name: String,
         expected: Vec<u64>,
         found: Vec<u64>,
+        /// The metadata (`key = value`) the expected shape follows from.
+        from: Vec<String>,
     },
     Type {
         name: String,
@@ -43,7 +56,13 @@ impl Finding {
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Finding::Missing { name } => write!(f, "missing required tensor {name}"),
+            Finding::Missing { name, because } => {
+                write!(f, "missing required tensor {name}")?;
+                if !because.is_empty() {
+                    write!(f, " (expected given {})", because.join(", "))?;
+                }
+                Ok(())
+            }
             Finding::MissingOptional { name } => write!(f, "optional tensor {name} is absent"),
             Finding::Unexpected { name } => write!(
                 f,
@@ -53,11 +72,22 @@ impl std::fmt::Display for Finding {
                 name,
                 expected,
                 found,
-            } => write!(
-                f,
-                "tensor {name} has shape {found:?}, expected {expected:?}"
-            ),
+                from,
+            } => {
+                write!(
+                    f,
+                    "tensor {name} has shape {found:?}, expected {expected:?}"
+                )?;
+                if !from.is_empty() {
+                    write!(f, " from {}", from.join(", "))?;
+                }
+                Ok(())
+            }
             Finding::Type { name, ty, why } => write!(f, "tensor {name} has type {ty}: {why}"),
+            Finding::BeyondBlocks { name, block_count } => write!(
+                f,
+                "tensor {name} belongs to a block past {block_count} (blocks are numbered from 0)"
+            ),
         }
     }
 }
@@ -89,7 +119,8 @@ pub fn validate(arch: &ArchSpec, hp: &Hparams, tensors: &[TensorInfo]) -> Valida
         let Some(t) = by_name.get(name.as_str()) else {
             let required = arch.required_in(spec, hp, block);
             findings.push(if required {
-                Finding::Missing { name }
+                let because = explain(hp, |h| expects(arch, h, spec, block));
+                Finding::Missing { name, because }
             } else {
                 Finding::MissingOptional { name }
             });
@@ -97,10 +128,13 @@ pub fn validate(arch: &ArchSpec, hp: &Hparams, tensors: &[TensorInfo]) -> Valida
         };
         let expected = (spec.shape)(hp, block.unwrap_or(0));
         if t.shape() != expected.as_slice() {
+            let il = block.unwrap_or(0);
+            let from = explain(hp, |h| (spec.shape)(h, il) == expected);
             findings.push(Finding::Shape {
                 name: name.clone(),
                 expected,
                 found: t.shape().to_vec(),
+                from,
             });
         }
         let one_dim = t.shape().iter().filter(|&&d| d > 1).count() <= 1;
@@ -122,6 +156,17 @@ pub fn validate(arch: &ArchSpec, hp: &Hparams, tensors: &[TensorInfo]) -> Valida
     }
     for t in tensors {
         if !roles.contains_key(&t.name) {
+            let block = t
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next())
+                .and_then(|n| n.parse::<usize>().ok());
+            if block.is_some_and(|il| il >= hp.n_layer) {
+                findings.push(Finding::BeyondBlocks {
+                    name: t.name.clone(),
+                    block_count: format!("{}.block_count = {}", hp.arch, hp.n_layer),
+                });
+            }
             findings.push(Finding::Unexpected {
                 name: t.name.clone(),
             });
@@ -129,4 +174,71 @@ pub fn validate(arch: &ArchSpec, hp: &Hparams, tensors: &[TensorInfo]) -> Valida
         }
     }
     Validation { findings, roles }
+}
+
+/// Whether a file for `hp` must hold `spec` in `block` (None: a global tensor).
+fn expects(arch: &ArchSpec, hp: &Hparams, spec: &TensorSpec, block: Option<usize>) -> bool {
+    block.is_none_or(|il| il < hp.n_layer && spec.in_layer(hp, il))
+        && arch.required_in(spec, hp, block)
+}
+
+/// A shape/membership depends on a field: (GGUF key after `{arch}.`, read, write).
+type Field = (&'static str, fn(&Hparams) -> u64, fn(&mut Hparams, u64));
+
+macro_rules! field {
+    ($key:literal, $f:ident) => {
+        ($key, |h| h.$f as u64, |h, v| h.$f = v as _)
+    };
+}
+
+/// The metadata fields the tables' shapes and block predicates read.
+const FIELDS: &[Field] = &[
+    field!("vocab_size", n_vocab),
+    field!("embedding_length", n_embd),
+    field!("block_count", n_layer),
+    field!("nextn_predict_layers", n_layer_nextn),
+    field!("leading_dense_block_count", n_layer_dense_lead),
+    field!("attention.head_count", n_head),
+    field!("attention.head_count_kv", n_head_kv),
+    field!("attention.key_length", head_dim_k),
+    field!("attention.value_length", head_dim_v),
+    field!("rope.dimension_count", n_rot),
+    field!("feed_forward_length", n_ff),
+    field!("expert_feed_forward_length", n_ff_exp),
+    field!("expert_shared_feed_forward_length", n_ff_shexp),
+    field!("expert_count", n_expert),
+    field!("expert_shared_count", n_expert_shared),
+    field!("attention.q_lora_rank", q_lora_rank),
+    field!("attention.kv_lora_rank", kv_lora_rank),
+    field!("attention.key_length_mla", head_dim_k_mla),
+    field!("attention.value_length_mla", head_dim_v_mla),
+    field!("attention.key_length_swa", head_dim_k_swa),
+    field!("attention.value_length_swa", head_dim_v_swa),
+    field!("rope.dimension_count_swa", n_rot_swa),
+    field!("attention.indexer.head_count", indexer_n_head),
+    field!("attention.indexer.key_length", indexer_head_dim),
+    field!("attention.output_group_count", o_group_count),
+    field!("attention.output_lora_rank", o_lora_rank),
+    field!("hyper_connection.count", hc_mult),
+    field!("hash_layer_count", hash_layer_count),
+];
+
+/// The fields (`{arch}.key = value`) on which `holds` depends: those for which `holds(hp)` is
+/// true but turns false when the field alone is one more or (from 2 up) one less.
+fn explain(hp: &Hparams, holds: impl Fn(&Hparams) -> bool) -> Vec<String> {
+    FIELDS
+        .iter()
+        .filter(|(_, get, set)| {
+            let v = get(hp);
+            [v.checked_add(1), v.checked_sub(1).filter(|&w| w >= 1)]
+                .into_iter()
+                .flatten()
+                .any(|w| {
+                    let mut h = hp.clone();
+                    set(&mut h, w);
+                    !holds(&h)
+                })
+        })
+        .map(|(key, get, _)| format!("{}.{key} = {}", hp.arch, get(hp)))
+        .collect()
 }

@@ -35,8 +35,9 @@ pub fn unsupported(hp: &Hparams) -> Option<String> {
     match hp.arch.as_str() {
         // Legacy files (fused attn_kv_b) decompress K/V to every head: one KV head per q head.
         "deepseek2" if !hp.is_mla() && hp.n_head_kv != hp.n_head => Some(format!(
-            "deepseek2: legacy file (fused attn_kv_b) with attention.head_count_kv = {} != \
-             attention.head_count = {}",
+            "deepseek2.attention.head_count_kv = {}: a legacy file (fused attn_kv_b, no \
+             deepseek2.attention.key_length_mla) needs one KV head per query head \
+             (deepseek2.attention.head_count = {})",
             hp.n_head_kv, hp.n_head
         )),
         "deepseek2" if hp.attn_temp_scale != 0.0 => Some(

@@ -475,6 +475,9 @@ fn deepseek_v3_real_shapes() {
         n_layer_dense_lead: 3,
         n_expert_groups: 8,
         n_group_used: 4,
+        n_ctx_train: 163840,
+        rope_freq_base: 10000.0,
+        rms_eps: 1e-6,
         ..Default::default()
     };
     h.validate().unwrap();
@@ -863,7 +866,10 @@ fn from_meta_gating_and_expert_width() {
         &MapMeta::new("llama", &[("rope.dimension_count", V::U(32))]),
     )
     .unwrap_err();
-    assert!(e.contains("n_rot"), "{e}");
+    assert!(
+        e.contains("llama.rope.dimension_count = 32") && e.contains("llama.attention.key_length"),
+        "{e}"
+    );
     assert_eq!(
         load(
             "minimax-m2",
@@ -975,4 +981,201 @@ fn from_meta_deepseek4() {
         &MapMeta::new("deepseek4", &kv).without("expert_weights_norm")
     )
     .is_err());
+}
+
+#[test]
+fn every_synth_preset_validates() {
+    for p in crate::synth::presets::all() {
+        let h = &p.hparams;
+        h.validate()
+            .unwrap_or_else(|e| panic!("{} {}: {e}", h.arch, p.name));
+    }
+}
+
+/// Values that used to load and then hang, abort or give NaN at the first request (issue 17)
+/// are refused by `from_meta`, naming the key, its value and what is allowed.
+#[test]
+fn from_meta_refuses_bad_values_naming_the_key() {
+    let cases: &[(&str, V, &str)] = &[
+        // ggml's rope spins forever on 0 rotary dims; odd dims are not rotated pairs.
+        (
+            "rope.dimension_count",
+            V::U(0),
+            "rope.dimension_count = 0: must be an even number in 2..=64",
+        ),
+        (
+            "rope.dimension_count",
+            V::U(63),
+            "rope.dimension_count = 63: must be an even number",
+        ),
+        (
+            "rope.dimension_count",
+            V::U(128),
+            "rope.dimension_count = 128: must be an even number in 2..=64",
+        ),
+        // ggml asserts eps >= 0 (abort); 0 divides by zero on a zero row; inf gives NaN.
+        (
+            "attention.layer_norm_rms_epsilon",
+            V::F(-1.0),
+            "attention.layer_norm_rms_epsilon = -1: must be a number in (0, 1]",
+        ),
+        (
+            "attention.layer_norm_rms_epsilon",
+            V::F(f32::NAN),
+            "attention.layer_norm_rms_epsilon = NaN",
+        ),
+        (
+            "attention.layer_norm_rms_epsilon",
+            V::F(0.0),
+            "attention.layer_norm_rms_epsilon = 0",
+        ),
+        (
+            "rope.freq_base",
+            V::F(0.0),
+            "rope.freq_base = 0: must be a finite number > 0",
+        ),
+        (
+            "rope.freq_base",
+            V::F(f32::INFINITY),
+            "rope.freq_base = inf",
+        ),
+        (
+            "rope.scaling.original_context_length",
+            V::U(1 << 31),
+            "rope.scaling.original_context_length = 2147483648: must be in 0..=2147483647",
+        ),
+        (
+            "context_length",
+            V::U(0),
+            "context_length = 0: must be in 1..=2147483647",
+        ),
+        (
+            "expert_weights_scale",
+            V::F(f32::NAN),
+            "expert_weights_scale = NaN: must be a finite number >= 0",
+        ),
+        // A size of the wrong type is not silently replaced by the default.
+        (
+            "block_count",
+            V::F(2.5),
+            "block_count = 2.5: must be a non-negative integer",
+        ),
+        (
+            "rope.dimension_count",
+            V::F(-1.0),
+            "rope.dimension_count = -1: must be a non-negative integer",
+        ),
+        (
+            "rope.freq_base",
+            V::B(true),
+            "rope.freq_base holds a value of another type: must be a number",
+        ),
+        // Sizes and their agreements.
+        (
+            "block_count",
+            V::U(u32::MAX as u64),
+            "block_count = 4294967295: must be in 1..=4096",
+        ),
+        (
+            "embedding_length",
+            V::U(1 << 31),
+            "embedding_length = 2147483648: must be in 1..=16777216",
+        ),
+        (
+            "attention.head_count_kv",
+            V::U(3),
+            "attention.head_count_kv = 3: must divide qwen3moe.attention.head_count = 4",
+        ),
+        (
+            "attention.value_length",
+            V::U(32),
+            "attention.value_length = 32: must equal qwen3moe.attention.key_length = 64",
+        ),
+        (
+            "expert_used_count",
+            V::U(9),
+            "expert_used_count = 9: must be in 1..=8 (qwen3moe.expert_count = 8)",
+        ),
+        (
+            "expert_count",
+            V::U(0),
+            "expert_count = 0: not a Mixture-of-Experts model",
+        ),
+        (
+            "vocab_size",
+            V::U(0),
+            "vocab_size = 0: must be in 1..=16777216",
+        ),
+        (
+            "nextn_predict_layers",
+            V::U(4),
+            "nextn_predict_layers = 4: must be less than qwen3moe.block_count = 4",
+        ),
+        (
+            "expert_gating_func",
+            V::U(9),
+            "expert_gating_func = 9: unknown gating function",
+        ),
+    ];
+    for (key, v, want) in cases {
+        let e = load("qwen3moe", &MapMeta::new("qwen3moe", &[(key, v.clone())])).unwrap_err();
+        assert!(e.contains(&format!("qwen3moe.{want}")), "{key}: {e}");
+    }
+    // The unmodified base loads.
+    load("qwen3moe", &MapMeta::new("qwen3moe", &[])).unwrap();
+}
+
+#[test]
+fn validate_refuses_inconsistent_groups_and_windows() {
+    let mut h = hp_deepseek2();
+    h.n_expert_groups = 4;
+    h.n_group_used = 2;
+    assert_eq!(h.validate(), Ok(()));
+    // One expert per group: the group score (its two best experts) cannot be formed.
+    h.n_expert_groups = h.n_expert;
+    let e = h.validate().unwrap_err();
+    assert!(
+        e.contains("deepseek2.expert_group_count = 8: leaves 1 expert per group"),
+        "{e}"
+    );
+    // More experts routed than the selected groups hold.
+    h.n_expert_groups = 4;
+    h.n_group_used = 1;
+    h.n_expert_used = 3;
+    let e = h.validate().unwrap_err();
+    assert!(
+        e.contains("deepseek2.expert_used_count = 3: more than the 2 experts"),
+        "{e}"
+    );
+    // MLA: the latent heads are kv_lora_rank + n_rot and kv_lora_rank.
+    let mut h = hp_deepseek2();
+    h.head_dim_k += 2;
+    let e = h.validate().unwrap_err();
+    assert!(e.contains("deepseek2.attention.key_length = 98"), "{e}");
+    let mut h = hp_deepseek2();
+    h.head_dim_v_mla = 0;
+    let e = h.validate().unwrap_err();
+    assert!(
+        e.contains("deepseek2.attention.value_length_mla = 0"),
+        "{e}"
+    );
+    // gpt-oss: windowed blocks need a window; one head size; no separate SWA RoPE base.
+    let mut h = hp_gpt_oss();
+    h.sliding_window = 0;
+    let e = h.validate().unwrap_err();
+    assert!(
+        e.contains("gpt-oss.attention.sliding_window = 0: must be positive"),
+        "{e}"
+    );
+    let mut h = hp_gpt_oss();
+    h.rope_freq_base_swa = 5000.0;
+    let e = h.validate().unwrap_err();
+    assert!(e.contains("gpt-oss.rope.freq_base_swa = 5000"), "{e}");
+    // qwen2moe: the query projection is [n_embd, n_embd].
+    let mut h = hp_qwen2moe();
+    h.head_dim_k = 32;
+    h.head_dim_v = 32;
+    h.n_rot = 32;
+    let e = h.validate().unwrap_err();
+    assert!(e.contains("qwen2moe.attention.key_length = 32: times qwen2moe.attention.head_count = 4 must make qwen2moe.embedding_length = 256"), "{e}");
 }
