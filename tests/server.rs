@@ -9,6 +9,19 @@
 //! - `adversarial_bodies`: malformed, oversized, deeply nested, mistyped and invalid-UTF-8 bodies
 //!   and a few hundred random mutations of a valid one each get a 4xx (never a 5xx or a dropped
 //!   connection), and the server still serves afterwards.
+//! - `slow_clients_are_cut_off`: a body shorter than its Content-Length gets a 408 at
+//!   `--body-timeout`; a head sent byte by byte, and a connection that sends nothing, are cut
+//!   off at `--header-timeout`.
+//! - `connection_cap`: at `--max-connections`, idle connections make room for new ones (a real
+//!   request is served after 20 idle connections), and when every connection is busy a new one
+//!   gets a quick 503 in OpenAI's error shape.
+//! - `sigterm_with_a_stalled_connection`: a request whose body never comes does not keep the
+//!   server past `--shutdown-grace` (+ 1 s); the exit status is 0.
+//! - `queue_zero_serves_when_a_slot_is_free`: `--queue 0` serves an idle server, answers 429
+//!   while the one slot decodes, and `pocketmoe_active_sequences` returns to 0.
+//! - `edge_errors_use_the_openai_shape`: `bearer` in any case, `param: prompt` for a too-long
+//!   completion prompt, and errors of the HTTP layer (bad Content-Length, 1 MiB header, ...)
+//!   with OpenAI's error body.
 
 use pocketmoe::server::{
     self, ApiError, Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health,
@@ -198,8 +211,8 @@ fn http(addr: &str, head: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     let req = format!("{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let _ = s.write_all(body); // the server may answer (413) and close before reading it all
+    // The server may answer (413, 431) and close before reading it all.
+    let _ = s.write_all(req.as_bytes()).and_then(|_| s.write_all(body));
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let text = String::from_utf8_lossy(&out).into_owned();
@@ -582,4 +595,616 @@ fn openai_client_tool_calls() {
     for s in stops {
         let _ = s.send(());
     }
+}
+
+/// Status, headers and body of an HTTP response in `raw` (None: no status line).
+fn parse_answer(raw: &[u8]) -> Option<(u16, String, String)> {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Some((status, head.to_ascii_lowercase(), body.to_string()))
+}
+
+/// Reads until the server closes, the reader errs, or `limit` passes; returns the bytes and
+/// whether the connection ended (EOF or reset) within the limit.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = limit.saturating_sub(t0.elapsed());
+        if left.is_zero() {
+            return (out, false);
+        }
+        s.set_read_timeout(Some(left.min(Duration::from_millis(200))))
+            .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (out, true),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (out, true),
+        }
+    }
+}
+
+/// OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
+fn openai_error(what: &str, body: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{what}: the error body is not JSON ({e}): {body:?}"));
+    let e = &v["error"];
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{what}: no error.message: {body}"
+    );
+    assert!(e["type"].is_string(), "{what}: no error.type: {body}");
+    let obj = e.as_object().unwrap();
+    assert!(
+        obj.contains_key("param") && obj.contains_key("code"),
+        "{what}: error.param / error.code missing: {body}"
+    );
+    v
+}
+
+/// A POST whose body is announced but never comes; returns once the server has started the
+/// request (its `100 Continue`, sent when the handler first reads the body).
+fn stalled_request(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+        let n = s.read(&mut buf).expect("waiting for 100 Continue");
+        assert!(
+            n > 0,
+            "closed before 100 Continue: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 100"),
+        "expected 100 Continue, got {text:?}"
+    );
+    s
+}
+
+#[test]
+fn slow_clients_are_cut_off() {
+    let model = tiny_model("tiny-slow");
+    let srv = Server::start(
+        &model,
+        &[
+            "--header-timeout",
+            "2",
+            "--body-timeout",
+            "2",
+            "--ctx",
+            "64",
+        ],
+    );
+    let addr = srv.addr();
+    // The three clients run at once: each takes about one timeout.
+    let body = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            // 10 of the 100 bytes announced, then nothing.
+            let mut s = TcpStream::connect(&addr).unwrap();
+            let head = format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"messages"
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            let t0 = Instant::now();
+            let (raw, closed) = read_until_closed(&mut s, Duration::from_secs(30));
+            (t0.elapsed(), raw, closed)
+        })
+    };
+    let headers = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            // A valid head, one byte every 250 ms (about 25 s in all): far slower than 2 s.
+            let head = format!("GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nX-Pad: {}\r\n\r\n", "p".repeat(20));
+            let mut s = TcpStream::connect(&addr).unwrap();
+            let t0 = Instant::now();
+            let mut buf = [0u8; 4096];
+            s.set_read_timeout(Some(Duration::from_millis(250)))
+                .unwrap();
+            for (i, b) in head.bytes().enumerate() {
+                if s.write_all(&[b]).is_err() {
+                    return (t0.elapsed(), Vec::new(), i, head.len());
+                }
+                match s.read(&mut buf) {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Ok(n) if n > 0 => {
+                        // An answer: read the rest of it.
+                        let (rest, _) = read_until_closed(&mut s, Duration::from_secs(10));
+                        let raw = [&buf[..n], &rest[..]].concat();
+                        return (t0.elapsed(), raw, i + 1, head.len());
+                    }
+                    _ => return (t0.elapsed(), Vec::new(), i + 1, head.len()), // end of file or reset
+                }
+            }
+            (t0.elapsed(), Vec::new(), head.len(), head.len())
+        })
+    };
+    let idle = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            let t0 = Instant::now();
+            let (raw, closed) = read_until_closed(&mut s, Duration::from_secs(30));
+            (t0.elapsed(), raw, closed)
+        })
+    };
+    // Generous margins: CI's two cores may be busy with other tests' servers.
+    let margin = Duration::from_secs(2 + 8);
+
+    let (took, raw, closed) = body.join().unwrap();
+    assert!(
+        closed,
+        "short body: the connection stayed open for {took:?}"
+    );
+    let (status, head, text) = parse_answer(&raw).unwrap_or_else(|| {
+        panic!(
+            "short body: no answer in {:?}",
+            String::from_utf8_lossy(&raw)
+        )
+    });
+    assert_eq!(status, 408, "short body: {text}");
+    assert!(head.contains("connection: close"), "{head}");
+    let v = openai_error("short body", &text);
+    assert_eq!(v["error"]["code"], "request_timeout", "{text}");
+    assert!(
+        took >= Duration::from_millis(1500) && took < margin,
+        "short body: answered after {took:?} with --body-timeout 2"
+    );
+
+    // (bytes written before the answer or the close, bytes in the head)
+    let (took, raw, sent, total) = headers.join().unwrap();
+    assert!(
+        sent < total,
+        "slow head: all {total} bytes went through in {took:?}, never cut off"
+    );
+    assert!(took < margin, "slow head: cut off only after {took:?}");
+    if let Some((status, _, text)) = parse_answer(&raw) {
+        assert_eq!(status, 408, "slow head: {text}");
+        openai_error("slow head", &text);
+    }
+
+    let (took, raw, closed) = idle.join().unwrap();
+    assert!(closed, "idle connection: still open after {took:?}");
+    assert!(
+        raw.is_empty(),
+        "idle connection: {:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert!(took < margin, "idle connection: closed after {took:?}");
+
+    // Still serving.
+    let (status, text) = http(
+        &addr,
+        &format!("GET /v1/models HTTP/1.1\r\nAuthorization: Bearer {KEY}"),
+        b"",
+    );
+    assert_eq!(status, 200, "{text}");
+    let _ = std::fs::remove_file(model);
+}
+
+#[test]
+fn connection_cap() {
+    let model = tiny_model("tiny-cap");
+    // Timeouts far longer than the test: only the cap closes connections here.
+    let srv = Server::start(
+        &model,
+        &[
+            "--max-connections",
+            "4",
+            "--header-timeout",
+            "300",
+            "--body-timeout",
+            "300",
+            "--ctx",
+            "64",
+        ],
+    );
+    let addr = srv.addr();
+    // 20 connections that send nothing, then a real request.
+    let mut idle: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    let body = br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let (status, text) = post(&addr, "/v1/chat/completions", body);
+    assert_eq!(
+        status, 200,
+        "a real request after 20 idle connections: {text}"
+    );
+    // The idle ones beyond the cap were closed to make room (16 for the last 4 idle, one
+    // more for the request).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut closed = vec![false; idle.len()];
+    while closed.iter().filter(|&&c| c).count() < 16 && Instant::now() < deadline {
+        for (s, c) in idle.iter_mut().zip(closed.iter_mut()).filter(|(_, c)| !**c) {
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut b = [0u8; 16];
+            match s.read(&mut b) {
+                Ok(0) => *c = true,
+                Ok(n) => panic!(
+                    "an idle connection got {:?}",
+                    String::from_utf8_lossy(&b[..n])
+                ),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => *c = true,
+            }
+        }
+    }
+    let n_closed = closed.iter().filter(|&&c| c).count();
+    assert!(
+        n_closed >= 16,
+        "only {n_closed} of 20 idle connections were closed with --max-connections 4"
+    );
+    assert!(
+        !closed[19],
+        "the newest idle connection was closed rather than an older one"
+    );
+    drop(idle);
+
+    // Four requests in progress (their bodies never come): a fifth connection is refused with
+    // a 503 at once, in OpenAI's shape.
+    let stalled: Vec<TcpStream> = (0..4).map(|_| stalled_request(&addr)).collect();
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    let t0 = Instant::now();
+    let head =
+        format!("GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    let _ = s.write_all(head.as_bytes());
+    let (raw, ended) = read_until_closed(&mut s, Duration::from_secs(20));
+    let took = t0.elapsed();
+    let (status, head, text) = parse_answer(&raw).unwrap_or_else(|| {
+        panic!(
+            "over the cap: no answer ({:?})",
+            String::from_utf8_lossy(&raw)
+        )
+    });
+    assert_eq!(
+        status, 503,
+        "over the cap with every connection busy: {text}"
+    );
+    assert!(ended, "the refused connection was not closed");
+    assert!(took < Duration::from_secs(10), "the 503 took {took:?}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let v = openai_error("over the cap", &text);
+    assert_eq!(v["error"]["type"], "server_error", "{text}");
+
+    // The stalled clients leave; the server serves again.
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, text) = post(&addr, "/v1/chat/completions", body);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{text}");
+        assert!(
+            Instant::now() < deadline,
+            "still 503 after the stalled clients left"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_file(model);
+}
+
+#[test]
+fn sigterm_with_a_stalled_connection() {
+    let model = tiny_model("tiny-stall");
+    let srv = Server::start(
+        &model,
+        &[
+            "--shutdown-grace",
+            "2",
+            "--header-timeout",
+            "300",
+            "--body-timeout",
+            "300",
+            "--ctx",
+            "64",
+        ],
+    );
+    let addr = srv.addr();
+    let mut stalled = stalled_request(&addr);
+    let _idle = TcpStream::connect(&addr).unwrap();
+    let mut partial = TcpStream::connect(&addr).unwrap();
+    partial.write_all(b"GET /v1/mo").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut srv = srv;
+    let pid = srv.child.id() as libc::pid_t;
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let t0 = Instant::now();
+    // Grace 2 s, connections closed 1 s after it; the rest is margin for a busy machine.
+    let limit = Duration::from_secs(2 + 1 + 7);
+    let status = loop {
+        if let Some(st) = srv.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "still running {:?} after SIGTERM with --shutdown-grace 2 and a stalled request",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = t0.elapsed();
+    assert!(status.success(), "exit status {status} after SIGTERM");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "exited after {took:?}: before the grace period was over"
+    );
+    let (_, closed) = read_until_closed(&mut stalled, Duration::from_secs(5));
+    assert!(closed, "the stalled connection is still open");
+    let _ = std::fs::remove_file(model);
+}
+
+/// Polls `/metrics` until `line` appears (or `limit` passes); returns the last text.
+fn metrics_until(addr: &str, line: &str, limit: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let (status, text) = http(
+            addr,
+            &format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {KEY}"),
+            b"",
+        );
+        assert_eq!(status, 200, "{text}");
+        if text.lines().any(|l| l == line) || t0.elapsed() > limit {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn metric_line<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .unwrap_or("(missing)")
+}
+
+#[test]
+fn queue_zero_serves_when_a_slot_is_free() {
+    let model = tiny_model("tiny-q0");
+    let srv = Server::start(
+        &model,
+        &["--parallel", "1", "--queue", "0", "--ctx", "4096"],
+    );
+    let addr = srv.addr();
+    let chat = "/v1/chat/completions";
+    let short =
+        br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}"#;
+    // An idle server has a free slot: the request is served, not refused.
+    let (status, text) = post(&addr, chat, short);
+    assert_eq!(status, 200, "--queue 0 on an idle server: {text}");
+    // The request is over: nothing decodes. (The worker lowers its counters before the last
+    // event goes out, so this holds as soon as the response has arrived.)
+    let (_, m) = http(
+        &addr,
+        &format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {KEY}"),
+        b"",
+    );
+    assert_eq!(
+        metric_line(&m, "pocketmoe_active_sequences"),
+        "pocketmoe_active_sequences 0",
+        "after the request ended"
+    );
+    assert_eq!(
+        metric_line(&m, "pocketmoe_queue_depth"),
+        "pocketmoe_queue_depth 0"
+    );
+
+    // One slot, decoding a long stream (token 100 forced: no early end): no waiting room, so
+    // another request gets 429.
+    let long = br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000, "temperature": 0, "logit_bias": {"100": 100}, "stream": true}"#;
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST {chat} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        long.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(long).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The first token (a non-empty content delta), not just the role chunk.
+    let first_token = |b: &[u8]| {
+        let t = String::from_utf8_lossy(b);
+        t.match_indices("{\"content\":\"")
+            .any(|(i, m)| !t[i + m.len()..].starts_with('"'))
+    };
+    while !first_token(&got) {
+        let n = s.read(&mut buf).expect("reading the stream");
+        assert!(
+            n > 0,
+            "stream ended early: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(!String::from_utf8_lossy(&got).contains("[DONE]"));
+    let (status, text) = post(&addr, chat, short);
+    assert_eq!(status, 429, "--queue 0 with the only slot decoding: {text}");
+    assert_eq!(
+        openai_error("busy", &text)["error"]["code"],
+        "rate_limit_exceeded"
+    );
+    let (_, m) = http(
+        &addr,
+        &format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {KEY}"),
+        b"",
+    );
+    assert_eq!(
+        metric_line(&m, "pocketmoe_active_sequences"),
+        "pocketmoe_active_sequences 1",
+        "while the stream decodes"
+    );
+    // The client leaves; its sequence is dropped and the gauge returns to 0.
+    drop(s);
+    let m = metrics_until(
+        &addr,
+        "pocketmoe_active_sequences 0",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        metric_line(&m, "pocketmoe_active_sequences"),
+        "pocketmoe_active_sequences 0",
+        "after the stream's client left"
+    );
+    let (status, text) = post(&addr, chat, short);
+    assert_eq!(status, 200, "the slot is free again: {text}");
+    let _ = std::fs::remove_file(model);
+}
+
+#[test]
+fn edge_errors_use_the_openai_shape() {
+    let model = tiny_model("tiny-edges");
+    let srv = Server::start(&model, &["--ctx", "64"]);
+    let addr = srv.addr();
+    // RFC 7235: the auth scheme is case-insensitive.
+    for auth in [
+        format!("bearer {KEY}"),
+        format!("BEARER  {KEY}"),
+        format!("Bearer {KEY}"),
+    ] {
+        let (status, text) = http(
+            &addr,
+            &format!("GET /v1/models HTTP/1.1\r\nAuthorization: {auth}"),
+            b"",
+        );
+        assert_eq!(status, 200, "Authorization: {auth}: {text}");
+    }
+    let (status, text) = http(
+        &addr,
+        "GET /v1/models HTTP/1.1\r\nAuthorization: Basic abc",
+        b"",
+    );
+    assert_eq!(status, 401, "{text}");
+
+    // A prompt longer than the context: blamed on `prompt` for completions, `messages` for chat.
+    let words = "word ".repeat(200);
+    let (status, text) = post(
+        &addr,
+        "/v1/completions",
+        format!(r#"{{"prompt": "{words}"}}"#).as_bytes(),
+    );
+    assert_eq!(status, 400, "{text}");
+    let v = openai_error("long prompt", &text);
+    assert_eq!(v["error"]["param"], "prompt", "{text}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{text}");
+    let (status, text) = post(
+        &addr,
+        "/v1/chat/completions",
+        format!(r#"{{"messages": [{{"role": "user", "content": "{words}"}}]}}"#).as_bytes(),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        openai_error("long chat", &text)["error"]["param"],
+        "messages",
+        "{text}"
+    );
+
+    // Errors of the HTTP layer, below the routes: OpenAI's shape too.
+    let post_head = |extra: &str| {
+        format!("POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json{extra}")
+    };
+    let cases: Vec<(&str, String, Vec<u8>, u16)> = vec![
+        (
+            "Content-Length abc",
+            post_head("\r\nContent-Length: abc"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "Content-Length -1",
+            post_head("\r\nContent-Length: -1"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "Content-Length 1, 2",
+            post_head("\r\nContent-Length: 1, 2"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "two Content-Lengths",
+            post_head("\r\nContent-Length: 2\r\nContent-Length: 3"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "Transfer-Encoding gzip",
+            post_head("\r\nTransfer-Encoding: gzip"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "1 MiB header",
+            post_head(&format!(
+                "\r\nX-Big: {}\r\nContent-Length: 2",
+                "a".repeat(1 << 20)
+            )),
+            b"{}".to_vec(),
+            431,
+        ),
+        (
+            "bad header name",
+            post_head("\r\nBad Name: x\r\nContent-Length: 2"),
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "bad request line",
+            "GET /v1/models HTTP/9.9".to_string(),
+            vec![],
+            400,
+        ),
+    ];
+    for (what, head, body, want) in &cases {
+        let (status, text) = http(&addr, head, body);
+        assert_eq!(status, *want, "{what}: {text:?}");
+        let v = openai_error(what, &text);
+        assert_eq!(
+            v["error"]["type"], "invalid_request_error",
+            "{what}: {text}"
+        );
+        eprintln!("{what}: {status} {}", v["error"]["message"]);
+    }
+    // A valid chunked body still works (the framing finds the end of each chunk).
+    let body = br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let (a, b) = body.split_at(20);
+    let mut chunked = Vec::new();
+    for part in [a, b] {
+        chunked.extend_from_slice(format!("{:x};x=y\r\n", part.len()).as_bytes());
+        chunked.extend_from_slice(part);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let (status, text) = http(
+        &addr,
+        &post_head("\r\nTransfer-Encoding: chunked"),
+        &chunked,
+    );
+    assert_eq!(status, 200, "chunked: {text}");
+    let _ = std::fs::remove_file(model);
 }

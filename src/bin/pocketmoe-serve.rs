@@ -20,7 +20,16 @@ use std::time::Duration;
         GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus).\n\n\
         Concurrency: up to --parallel requests are decoded together in one batch; further \
         requests wait in a bounded FIFO queue of --queue entries, and a request that finds the \
-        queue full is answered 429 (Retry-After: 1)."
+        queue full is answered 429 (Retry-After: 1); with --queue 0 a request is served when a \
+        slot is free and gets 429 otherwise.\n\n\
+        Slow clients: a connection with no request in progress must send a whole request head \
+        within --header-timeout (408 and closed otherwise, or just closed when it sent nothing), \
+        and a request's body must arrive within --body-timeout (408). At most --max-connections \
+        are open; at the cap a new connection replaces the longest-idle one, and when every \
+        open connection has a request in progress it is answered 503 (Retry-After: 1) and \
+        closed.\n\n\
+        SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, \
+        close whatever is still open a second later, exit 0."
 )]
 struct Args {
     /// The GGUF model (any shard of a split bundle).
@@ -49,7 +58,8 @@ struct Args {
     /// Requests decoded together (continuous batching).
     #[arg(long, default_value_t = 4)]
     parallel: usize,
-    /// Requests that may wait for a free slot; when full, new requests get 429.
+    /// Requests that may wait for a free slot; when full, new requests get 429 (0: no waiting,
+    /// a request is served only if a slot is free).
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Require `Authorization: Bearer KEY` (all routes but /health).
@@ -72,9 +82,29 @@ struct Args {
     /// the last bits of the logits). Slower CPU prompt processing; CUDA kernels are unaffected.
     #[arg(long)]
     batch_invariant: bool,
-    /// Seconds running requests may go on after SIGINT/SIGTERM before they are ended.
+    /// Seconds running requests may go on after SIGINT/SIGTERM before they are ended;
+    /// connections still open a second later are closed.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,
+    /// Seconds a connection with no request in progress has to send a whole request head (after
+    /// opening, or after its previous response); then it is closed (408 if a head had begun).
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    header_timeout: Duration,
+    /// Seconds a request's body has to arrive after its head (408 otherwise).
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    body_timeout: Duration,
+    /// Open connections at most. At the cap a new connection replaces the longest-idle one
+    /// (no request in progress); if every one is busy, it gets 503 and is closed.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+}
+
+/// Seconds (fractions allowed), more than 0.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1e9 => Ok(Duration::from_secs_f64(x)),
+        _ => Err(format!("{s:?} is not a number of seconds > 0")),
+    }
 }
 
 fn main() {
@@ -136,6 +166,9 @@ fn run(args: Args) -> Result<i32> {
         api_key: args.api_key.clone(),
         max_body: args.max_body.min(usize::MAX as u64) as usize,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: args.max_connections.min(usize::MAX as u64) as usize,
     };
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     // Watches the load: one line with the URL when ready, or the reason it failed.

@@ -29,8 +29,24 @@ pub enum ApiError {
     TooLarge { limit: usize },
     #[error("unsupported content type {0:?}: send `Content-Type: application/json`")]
     MediaType(String),
-    #[error("the server is busy: {queued} requests are already waiting (the queue holds {limit}); retry later")]
-    QueueFull { queued: usize, limit: usize },
+    #[error("the server is busy: all {parallel} slots are taken and {queued} requests are waiting (the queue holds {limit}); retry later")]
+    QueueFull {
+        parallel: usize,
+        queued: usize,
+        limit: usize,
+    },
+    /// A request head hyper would refuse (answered by `conn`, before hyper sees it).
+    #[error("malformed HTTP request: {0}")]
+    BadHttp(String),
+    #[error("the request headers are too large: {0}")]
+    HeadTooLarge(String),
+    #[error("the request target is longer than {limit} bytes")]
+    UriTooLong { limit: usize },
+    /// The headers or the body did not arrive in time (`--header-timeout`, `--body-timeout`).
+    #[error("{0}")]
+    Timeout(String),
+    #[error("the server has {limit} connections open (--max-connections), each with a request in progress; retry later")]
+    TooManyConnections { limit: usize },
     #[error("the model is still loading ({percent:.0}% done); retry later")]
     Loading { percent: f64 },
     #[error("the server is shutting down")]
@@ -67,7 +83,13 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Loading { .. } | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BadHttp(_) => StatusCode::BAD_REQUEST,
+            ApiError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::Loading { .. }
+            | ApiError::ShuttingDown
+            | ApiError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -76,9 +98,10 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
-            ApiError::Loading { .. } | ApiError::ShuttingDown | ApiError::Internal(_) => {
-                "server_error"
-            }
+            ApiError::Loading { .. }
+            | ApiError::ShuttingDown
+            | ApiError::TooManyConnections { .. }
+            | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -89,6 +112,7 @@ impl ApiError {
             ApiError::Unauthorized => Some("invalid_api_key"),
             ApiError::UnknownModel { .. } => Some("model_not_found"),
             ApiError::QueueFull { .. } => Some("rate_limit_exceeded"),
+            ApiError::Timeout(_) => Some("request_timeout"),
             _ => None,
         }
     }
@@ -112,6 +136,49 @@ impl ApiError {
             },
         }
     }
+
+    /// Whether the connection must close after this answer (the rest of the request cannot be
+    /// trusted or did not come).
+    fn closes(&self) -> bool {
+        matches!(
+            self,
+            ApiError::BadHttp(_)
+                | ApiError::HeadTooLarge(_)
+                | ApiError::UriTooLong { .. }
+                | ApiError::Timeout(_)
+                | ApiError::TooManyConnections { .. }
+        )
+    }
+
+    /// Whether the answer carries `Retry-After: 1`.
+    fn retry(&self) -> bool {
+        matches!(
+            self,
+            ApiError::QueueFull { .. }
+                | ApiError::Loading { .. }
+                | ApiError::TooManyConnections { .. }
+        )
+    }
+
+    /// The whole HTTP/1.1 response, for answers written below hyper (`conn`): status line,
+    /// headers (`Connection: close`) and the JSON body.
+    pub fn http_bytes(&self) -> Vec<u8> {
+        let status = self.status();
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        if self.retry() {
+            out.push_str("retry-after: 1\r\n");
+        }
+        out.push_str("\r\n");
+        let mut out = out.into_bytes();
+        out.extend_from_slice(&body);
+        out
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -133,14 +200,14 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let mut resp = (status, axum::Json(self.body())).into_response();
         let h = resp.headers_mut();
-        match &self {
-            ApiError::Unauthorized => {
-                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            ApiError::QueueFull { .. } | ApiError::Loading { .. } => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
+        if let ApiError::Unauthorized = &self {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.retry() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.closes() {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
@@ -159,6 +226,7 @@ mod tests {
         assert_eq!(v["error"]["param"], "temperature");
         assert!(v["error"]["code"].is_null());
         let e = ApiError::QueueFull {
+            parallel: 4,
             queued: 8,
             limit: 8,
         };
@@ -166,5 +234,18 @@ mod tests {
         assert_eq!(e.into_response().headers()["retry-after"], "1");
         let v = serde_json::to_value(ApiError::Unauthorized.body()).unwrap();
         assert_eq!(v["error"]["code"], "invalid_api_key");
+        let raw = ApiError::HeadTooLarge("over 65536 bytes".into()).http_bytes();
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
     }
 }

@@ -1,8 +1,9 @@
 //! [`LocalEngine`]: the real [`Engine`] — a GGUF model loaded on a dedicated thread that owns
 //! it (the ggml engine is not `Send`), driven by the scheduler of `worker`. Request threads
 //! render the chat template and tokenize (tokenizer and template are shared, read-only), check
-//! the prompt against the context, and hand the job over a channel; a bounded queue answers 429
-//! when full.
+//! the prompt against the context, and hand the job over a channel. Admission: a request is
+//! taken while fewer than `parallel + max_queue` are in flight (decoding or waiting), so an
+//! idle server serves even with `max_queue` 0; beyond that it gets 429.
 //!
 //! Invariants: the per-sequence context is `--ctx`; the KV cache holds `ctx × parallel` rows;
 //! `prompt + max_tokens <= ctx` for every job sent to the worker.
@@ -29,7 +30,8 @@ pub struct LocalOptions {
     /// `n_ctx` is the context of one sequence.
     pub engine: EngineOptions,
     pub parallel: usize,
-    /// Requests that may wait for a slot before new ones get 429.
+    /// Requests that may wait for a slot (beyond the `parallel` decoding) before new ones get
+    /// 429; 0: no waiting room, a request is served only when a slot is free.
     pub max_queue: usize,
     /// The model name clients use (default: the file name without `.gguf`).
     pub alias: Option<String>,
@@ -208,6 +210,11 @@ impl Engine for LocalEngine {
             Health::ShuttingDown => return Err(ApiError::ShuttingDown),
         }
         let format = self.card.format;
+        // The field a too-long prompt is blamed on.
+        let prompt_param = match req.prompt {
+            Prompt::Chat { .. } => "messages",
+            Prompt::Text(_) | Prompt::Tokens(_) => "prompt",
+        };
         let (prompt, opens_reasoning, special) = match req.prompt {
             Prompt::Chat {
                 messages,
@@ -250,7 +257,7 @@ impl Engine for LocalEngine {
                     "the prompt is {} tokens, but the context holds {n_ctx} per request (prompt and completion together): shorten the prompt, or restart the server with a larger --ctx",
                     prompt.len()
                 ),
-                "messages",
+                prompt_param,
             ));
         }
         let room = n_ctx - prompt.len();
@@ -267,14 +274,17 @@ impl Engine for LocalEngine {
             }
             Some(m) => m,
         };
-        let queued = self.shared.queued.fetch_add(1, Relaxed);
-        if queued >= self.max_queue {
-            self.shared.queued.fetch_sub(1, Relaxed);
+        // Room for one more: a free slot, or a free place in the queue.
+        let in_flight = self.shared.in_flight.fetch_add(1, Relaxed);
+        if in_flight >= self.parallel + self.max_queue {
+            self.shared.end_job();
             return Err(ApiError::QueueFull {
-                queued,
+                parallel: self.parallel,
+                queued: self.shared.queued.load(Relaxed),
                 limit: self.max_queue,
             });
         }
+        self.shared.queued.fetch_add(1, Relaxed);
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
         let n_prompt = prompt.len();
         let job = Job {
@@ -293,6 +303,7 @@ impl Engine for LocalEngine {
             .send(Msg::Job(job));
         if sent.is_err() {
             self.shared.queued.fetch_sub(1, Relaxed);
+            self.shared.end_job();
             return Err(ApiError::ShuttingDown);
         }
         Ok(Generation {

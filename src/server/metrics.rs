@@ -1,7 +1,7 @@
 //! `/metrics` in Prometheus' text format (version 0.0.4): HTTP requests by route and status,
 //! tokens, throughput, queue depth and batch occupancy, and — when the engine offloads experts —
 //! the expert cache's counters from `experts::Stats` (nothing is printed for figures the engine
-//! does not have: no placeholder zeros).
+//! does not have: no placeholder zeros), and the connection layer's counters (`conn`).
 use super::api::{EngineStats, Health, ModelCard};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -40,7 +40,13 @@ impl HttpMetrics {
             .or_default() += 1;
     }
 
-    pub fn render(&self, card: &ModelCard, health: &Health, s: &EngineStats) -> String {
+    pub fn render(
+        &self,
+        card: &ModelCard,
+        health: &Health,
+        s: &EngineStats,
+        conns: Option<&super::conn::Conns>,
+    ) -> String {
         const COUNTER: &str = "counter";
         const GAUGE: &str = "gauge";
         let mut o = String::new();
@@ -134,6 +140,50 @@ impl HttpMetrics {
                 s.cancelled as f64,
             ),
         ];
+        if let Some(c) = conns {
+            let n = |x: &std::sync::atomic::AtomicU64| {
+                x.load(std::sync::atomic::Ordering::Relaxed) as f64
+            };
+            let k = &c.counters;
+            single.extend([
+                (
+                    "connections_open",
+                    GAUGE,
+                    "Open HTTP connections.",
+                    c.open() as f64,
+                ),
+                (
+                    "connections_accepted_total",
+                    COUNTER,
+                    "Connections accepted.",
+                    n(&k.accepted),
+                ),
+                (
+                    "connections_rejected_total",
+                    COUNTER,
+                    "Connections answered 503 at --max-connections (every open one busy).",
+                    n(&k.rejected),
+                ),
+                (
+                    "connections_evicted_total",
+                    COUNTER,
+                    "Idle connections closed at --max-connections to make room for a new one.",
+                    n(&k.evicted),
+                ),
+                (
+                    "connections_timed_out_total",
+                    COUNTER,
+                    "Connections closed by --header-timeout.",
+                    n(&k.timed_out),
+                ),
+                (
+                    "malformed_requests_total",
+                    COUNTER,
+                    "Request heads answered 400/414/431 before routing.",
+                    n(&k.malformed),
+                ),
+            ]);
+        }
         if let Some(x) = &s.offload {
             let sum = |f: fn(&crate::experts::stats::LayerStats) -> u64| -> f64 {
                 x.layers.iter().map(f).sum::<u64>() as f64
@@ -244,7 +294,7 @@ mod tests {
             queued: 3,
             ..Default::default()
         };
-        let text = m.render(&card, &Health::Ready, &s);
+        let text = m.render(&card, &Health::Ready, &s, None);
         assert!(text
             .contains("pocketmoe_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"));
         assert!(text.contains("pocketmoe_requests_total{route=\"other\",status=\"404\"} 1"));
@@ -254,7 +304,7 @@ mod tests {
         st.layers[0].hits = 3;
         st.layers[1].misses = 1;
         s.offload = Some(st);
-        let text = m.render(&card, &Health::Ready, &s);
+        let text = m.render(&card, &Health::Ready, &s, None);
         assert!(
             text.contains("pocketmoe_expert_cache_hit_ratio 0.75"),
             "{text}"

@@ -5,13 +5,19 @@
 //! (Prometheus). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
-//! thread, continuous batching), `metrics`.
+//! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
+//! timeout, request-head checks).
 //!
 //! Invariants: every request is answered — a body that is too large, not JSON, nested too
-//! deep, of the wrong types or asking for the impossible gets a 4xx in OpenAI's error shape; the
-//! API key (when set) guards everything but `/health`; shutdown stops accepting, lets running
-//! requests finish within the grace period, then ends them.
+//! deep, of the wrong types or asking for the impossible gets a 4xx in OpenAI's error shape, and
+//! so does a malformed request head (`conn`); a slow client is cut off (`--header-timeout` for
+//! the head, `--body-timeout` for the body: 408); at most `--max-connections` are open; the
+//! API key (when set, `Authorization: Bearer KEY`, the scheme in any case) guards everything but
+//! `/health`; shutdown stops accepting, lets running requests finish within the grace period,
+//! then ends them, and closes what is still open one second later (a stalled connection
+//! included).
 pub mod api;
+pub mod conn;
 pub mod error;
 mod local;
 pub mod metrics;
@@ -29,14 +35,15 @@ pub use error::ApiError;
 pub use local::{LocalEngine, LocalOptions};
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use http_body_util::BodyExt as _;
 use respond::{Kind, Meta};
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +56,13 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// How long running requests may go on after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// A connection with no request in progress must deliver a whole request head within this
+    /// time (of opening, or of its previous response's end).
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this time of its head (408 otherwise).
+    pub body_timeout: Duration,
+    /// Open connections at most (`conn`).
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -57,6 +71,9 @@ impl Default for ServerConfig {
             api_key: None,
             max_body: 8 << 20,
             shutdown_grace: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
         }
     }
 }
@@ -66,15 +83,21 @@ struct AppState {
     cfg: ServerConfig,
     http: metrics::HttpMetrics,
     next_id: AtomicU64,
+    conns: Option<Arc<conn::Conns>>,
 }
 
 /// The application: routes, API key check, request counting.
 pub fn router(engine: Arc<dyn Engine>, cfg: ServerConfig) -> Router {
+    app(engine, cfg, None)
+}
+
+fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns>>) -> Router {
     let st = Arc::new(AppState {
         engine,
         cfg,
         http: metrics::HttpMetrics::default(),
         next_id: AtomicU64::new(1),
+        conns,
     });
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -87,11 +110,17 @@ pub fn router(engine: Arc<dyn Engine>, cfg: ServerConfig) -> Router {
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
         .layer(middleware::from_fn_with_state(st.clone(), count))
+        .layer(middleware::from_fn(track))
         .with_state(st)
 }
 
+/// How long connections may stay open past the grace period, for the ends of the requests the
+/// engine cut to be written.
+const FLUSH: Duration = Duration::from_secs(1);
+
 /// Serves `engine` on `listener` until `shutdown` resolves; then stops accepting, gives running
-/// requests the grace period, and returns once every connection is closed.
+/// requests the grace period, and returns once every connection is closed — connections still
+/// open [`FLUSH`] after the grace period (a stalled client) are closed then.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     engine: Arc<dyn Engine>,
@@ -99,14 +128,38 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let grace = cfg.shutdown_grace;
-    let app = router(engine.clone(), cfg);
-    axum::serve(listener, app)
+    let conns = Arc::new(conn::Conns::new(conn::Limits {
+        max_connections: cfg.max_connections,
+        header_timeout: cfg.header_timeout,
+    }));
+    let app = app(engine.clone(), cfg, Some(conns.clone()))
+        .into_make_service_with_connect_info::<conn::ConnHandle>();
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = axum::serve(conn::Gate::new(listener, conns.clone()), app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: no new requests; running ones get {grace:?}");
             engine.shutdown(grace);
+            let _ = signalled_tx.send(());
         })
-        .await
+        .into_future();
+    let mut serving = std::pin::pin!(serving);
+    tokio::select! {
+        r = &mut serving => return r,
+        Ok(()) = signalled_rx => {}
+    }
+    if let Ok(r) = tokio::time::timeout(grace + FLUSH, &mut serving).await {
+        return r;
+    }
+    let n = conns.kill_all();
+    tracing::warn!("the grace period is over: closing {n} connection(s) still open");
+    match tokio::time::timeout(Duration::from_secs(2), &mut serving).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!("connections did not close; stopping anyway");
+            Ok(())
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -131,6 +184,25 @@ pub async fn shutdown_signal() {
     let _ = int.await;
 }
 
+/// Marks the request's connection busy until its response body is done or dropped (`conn`:
+/// the header timeout and the choice of a connection to close at the cap skip busy ones).
+async fn track(req: Request, next: Next) -> Response {
+    let Some(ConnectInfo(handle)) = req
+        .extensions()
+        .get::<ConnectInfo<conn::ConnHandle>>()
+        .cloned()
+    else {
+        return next.run(req).await;
+    };
+    let busy = handle.begin();
+    next.run(req).await.map(move |body| {
+        Body::new(body.map_err(move |e| {
+            busy.hold();
+            e
+        }))
+    })
+}
+
 async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let resp = next.run(req).await;
@@ -143,6 +215,14 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The token of `Bearer TOKEN` (RFC 7235: the scheme is case-insensitive, 1+ spaces follow it).
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' ').trim_end())
+}
+
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         if req.uri().path() != "/health" {
@@ -150,8 +230,7 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
+                .and_then(bearer_token);
             if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
                 return ApiError::Unauthorized.into_response();
             }
@@ -174,8 +253,10 @@ async fn not_allowed(req: Request) -> ApiError {
     }
 }
 
-/// The body, within the size limit, if it claims to be JSON (or claims nothing).
-async fn read_body(req: Request, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+/// The body, within the size limit and the body timeout, if it claims to be JSON (or claims
+/// nothing).
+async fn read_body(req: Request, cfg: &ServerConfig) -> Result<axum::body::Bytes, ApiError> {
+    let limit = cfg.max_body;
     if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
         let ct = String::from_utf8_lossy(ct.as_bytes()).to_string();
         if !ct.to_ascii_lowercase().contains("json") {
@@ -190,7 +271,14 @@ async fn read_body(req: Request, limit: usize) -> Result<axum::body::Bytes, ApiE
         return Err(ApiError::TooLarge { limit });
     }
     let body: Body = req.into_body();
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+    let read = tokio::time::timeout(cfg.body_timeout, axum::body::to_bytes(body, limit));
+    let Ok(read) = read.await else {
+        return Err(ApiError::Timeout(format!(
+            "the request body did not arrive within {} s (--body-timeout): send all the bytes that Content-Length announces",
+            cfg.body_timeout.as_secs_f64()
+        )));
+    };
+    read.map_err(|e| {
         if e.into_inner().is::<http_body_util::LengthLimitError>() {
             ApiError::TooLarge { limit }
         } else {
@@ -207,7 +295,7 @@ fn unix_now() -> u64 {
 
 async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let run = async {
-        let bytes = read_body(req, st.cfg.max_body).await?;
+        let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::ChatRequest>(&bytes)?;
         let plan = validate::chat_plan(&common, r, st.engine.card())?;
         start(&st, plan, Kind::Chat).await
@@ -217,7 +305,7 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let run = async {
-        let bytes = read_body(req, st.cfg.max_body).await?;
+        let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::CompletionRequest>(&bytes)?;
         let plan = validate::completion_plan(&common, r, st.engine.card())?;
         start(&st, plan, Kind::Completion).await
@@ -306,9 +394,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
-    let text = st
-        .http
-        .render(st.engine.card(), &st.engine.health(), &st.engine.stats());
+    let text = st.http.render(
+        st.engine.card(),
+        &st.engine.health(),
+        &st.engine.stats(),
+        st.conns.as_deref(),
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -317,4 +408,18 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer k1"), Some("k1"));
+        assert_eq!(bearer_token("bearer k1"), Some("k1"));
+        assert_eq!(bearer_token("BEARER   k1 "), Some("k1"));
+        assert_eq!(bearer_token("Basic k1"), None);
+        assert_eq!(bearer_token("Bearerk1"), None);
+    }
 }

@@ -10,7 +10,10 @@
 //! Invariants: the thread never panics on a request (engine errors and panics in a step end the
 //! requests of that step with an error event and the loop goes on); a request whose receiver is
 //! gone (client disconnected, stop string reached) is dropped at the next step and its slot
-//! reused; `Shared::queued` counts the jobs sent but not yet admitted or dropped.
+//! reused; `Shared::queued` counts the jobs sent but not yet admitted or dropped,
+//! `Shared::active` the occupied slots and `Shared::in_flight` both together (jobs sent and not
+//! yet ended). A slot's counters drop before its last event is sent, so a client that has seen
+//! the end of its request never finds it counted in `/metrics`.
 use super::api::{Event, FinishReason, TokenLogprob};
 use crate::engine::batch::{BatchModel, SeqChunk};
 use crate::engine::sampling::{Sampler, SamplerParams};
@@ -71,6 +74,9 @@ pub struct Config {
 pub struct Shared {
     pub queued: AtomicUsize,
     pub active: AtomicUsize,
+    /// Jobs sent and not yet ended (queued or in a slot): what admission compares with
+    /// `parallel + max_queue`. The sender increments it; the scheduler decrements it.
+    pub in_flight: AtomicUsize,
     pub prompt_tokens: AtomicU64,
     pub generated: AtomicU64,
     pub steps: AtomicU64,
@@ -85,6 +91,13 @@ pub struct Shared {
 pub const RECENT: Duration = Duration::from_secs(10);
 
 impl Shared {
+    /// One job sent to the scheduler has ended (or was never sent).
+    pub fn end_job(&self) {
+        let _ = self
+            .in_flight
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+    }
+
     /// Generated tokens per second over the last [`RECENT`].
     pub fn recent_tok_s(&self) -> f64 {
         let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
@@ -144,10 +157,11 @@ pub fn run<M: BatchModel, V: Vocab>(
     let mut disconnected = false;
     let mut rr = 0usize;
     let shutting = |j: Job| {
+        shared.queued.fetch_sub(1, Relaxed);
+        shared.end_job();
         let _ = j
             .events
             .send(Event::Error("the server is shutting down".into()));
-        shared.queued.fetch_sub(1, Relaxed);
     };
     loop {
         // Intake: block only when there is nothing to do.
@@ -186,20 +200,23 @@ pub fn run<M: BatchModel, V: Vocab>(
         let over = deadline.is_some_and(|d| Instant::now() >= d);
         for slot in slots.iter_mut() {
             if slot.as_ref().is_some_and(|s| s.job.events.is_closed()) {
-                *slot = None;
+                vacate(slot, shared, None);
                 shared.cancelled.fetch_add(1, Relaxed);
             } else if over {
-                if let Some(s) = slot.take() {
-                    s.send(Event::Error(
+                vacate(
+                    slot,
+                    shared,
+                    Some(Event::Error(
                         "the server shut down before the request finished".into(),
-                    ));
-                }
+                    )),
+                );
             }
         }
         waiting.retain(|j| {
             let keep = !j.events.is_closed();
             if !keep {
                 shared.queued.fetch_sub(1, Relaxed);
+                shared.end_job();
                 shared.cancelled.fetch_add(1, Relaxed);
             }
             keep
@@ -219,6 +236,17 @@ pub fn run<M: BatchModel, V: Vocab>(
         step(model, vocab, cfg, &mut slots, &mut rr, shared);
     }
     shared.active.store(0, Relaxed);
+}
+
+/// Frees `slot` (if occupied): the counters first, then `last` goes out.
+fn vacate(slot: &mut Option<Seq>, shared: &Shared, last: Option<Event>) {
+    if let Some(s) = slot.take() {
+        shared.active.fetch_sub(1, Relaxed);
+        shared.end_job();
+        if let Some(e) = last {
+            s.send(e);
+        }
+    }
 }
 
 /// One forward pass over the active sequences, then sampling for those that got logits.
@@ -273,14 +301,14 @@ fn step<M: BatchModel, V: Vocab>(
     };
     let logits = match result {
         Ok(Ok(l)) => l,
-        Ok(Err(e)) => return fail(slots, &plan, &format!("the engine failed: {e}")),
+        Ok(Err(e)) => return fail(slots, &plan, shared, &format!("the engine failed: {e}")),
         Err(p) => {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            return fail(slots, &plan, &format!("the engine panicked: {msg}"));
+            return fail(slots, &plan, shared, &format!("the engine panicked: {msg}"));
         }
     };
     if let Some(stats) = model.offload_stats() {
@@ -299,18 +327,16 @@ fn step<M: BatchModel, V: Vocab>(
             continue;
         }
         let Some(l) = rows.next() else {
-            let _ = slot
-                .take()
-                .map(|s| s.send(Event::Error("the engine returned too few logits".into())));
+            let e = Event::Error("the engine returned too few logits".into());
+            vacate(slot, shared, Some(e));
             continue;
         };
         let before = s.n_gen;
         let finished = sample(s, l, vocab, cfg.slot_len);
         generated += s.n_gen - before; // an end-of-generation token is not counted
         if let Some(reason) = finished {
-            let mut s = slot.take().expect("active");
             let tail = s.dec.finish();
-            s.send(Event::Done { reason, tail });
+            vacate(slot, shared, Some(Event::Done { reason, tail }));
         }
     }
     shared.generated.fetch_add(generated as u64, Relaxed);
@@ -322,12 +348,10 @@ fn step<M: BatchModel, V: Vocab>(
 }
 
 /// Ends the requests of a failed step.
-fn fail(slots: &mut [Option<Seq>], plan: &[(usize, usize, bool)], msg: &str) {
+fn fail(slots: &mut [Option<Seq>], plan: &[(usize, usize, bool)], shared: &Shared, msg: &str) {
     tracing::error!("{msg}");
     for &(i, _, _) in plan {
-        if let Some(s) = slots[i].take() {
-            s.send(Event::Error(msg.to_string()));
-        }
+        vacate(&mut slots[i], shared, Some(Event::Error(msg.to_string())));
     }
 }
 
@@ -462,6 +486,13 @@ mod tests {
         }
     }
 
+    /// What `LocalEngine::submit` does: count the job, then send it.
+    fn send(shared: &Shared, tx: &std::sync::mpsc::Sender<Msg>, j: Job) {
+        shared.in_flight.fetch_add(1, Relaxed);
+        shared.queued.fetch_add(1, Relaxed);
+        tx.send(Msg::Job(j)).unwrap();
+    }
+
     /// Runs `jobs` (sent at once) through a scheduler; returns each job's text.
     fn serve(ids: &[u32], parallel: usize, n_batch: usize) -> (Vec<String>, Vec<usize>) {
         let cfg = Config {
@@ -474,8 +505,7 @@ mod tests {
         let shared = Shared::default();
         for &i in ids {
             let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-            shared.queued.fetch_add(1, Relaxed);
-            tx.send(Msg::Job(job(i, etx))).unwrap();
+            send(&shared, &tx, job(i, etx));
             outs.push(erx);
         }
         drop(tx);
@@ -485,6 +515,7 @@ mod tests {
         };
         run(&mut model, &Names, cfg, rx, &shared);
         assert_eq!(shared.queued.load(Relaxed), 0);
+        assert_eq!(shared.in_flight.load(Relaxed), 0);
         let texts = outs
             .into_iter()
             .map(|mut rx| {
@@ -532,8 +563,7 @@ mod tests {
         drop(gone_rx);
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
         for j in [job(3, gone), job(1, etx)] {
-            shared.queued.fetch_add(1, Relaxed);
-            tx.send(Msg::Job(j)).unwrap();
+            send(&shared, &tx, j);
         }
         drop(tx);
         let mut model = Fake {
@@ -560,8 +590,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Shared::default();
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
-        shared.queued.fetch_add(1, Relaxed);
-        tx.send(Msg::Job(job(2, etx))).unwrap();
+        send(&shared, &tx, job(2, etx));
         tx.send(Msg::Shutdown(Duration::from_secs(60))).unwrap();
         let mut model = Fake {
             rows: vec![None; 64],
@@ -569,7 +598,47 @@ mod tests {
         };
         run(&mut model, &Names, cfg, rx, &shared);
         assert_eq!(shared.queued.load(Relaxed), 0);
+        assert_eq!(shared.in_flight.load(Relaxed), 0);
         assert!(matches!(erx.try_recv(), Ok(Event::Error(e)) if e.contains("shutting down")));
         assert!(model.steps.is_empty());
+    }
+
+    /// The scheduler idles (blocked on its channel) after a request ends; the counters must
+    /// not keep the request: once its last event is out, `active` and `in_flight` are 0.
+    #[test]
+    fn counters_drop_before_the_last_event() {
+        let cfg = Config {
+            parallel: 2,
+            slot_len: 64,
+            n_batch: 16,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = std::sync::Arc::new(Shared::default());
+        let worker = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let mut model = Fake {
+                    rows: vec![None; 128],
+                    steps: Vec::new(),
+                };
+                run(&mut model, &Names, cfg, rx, &shared);
+            })
+        };
+        for round in 0..3 {
+            let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+            send(&shared, &tx, job(round, etx));
+            loop {
+                match erx.blocking_recv() {
+                    Some(Event::Token { .. }) => {}
+                    Some(Event::Done { .. }) => break,
+                    e => panic!("round {round}: {e:?}"),
+                }
+            }
+            assert_eq!(shared.active.load(Relaxed), 0, "round {round}");
+            assert_eq!(shared.in_flight.load(Relaxed), 0, "round {round}");
+            assert_eq!(shared.queued.load(Relaxed), 0, "round {round}");
+        }
+        drop(tx);
+        worker.join().unwrap();
     }
 }
