@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A/B of the offloaded decode paths on the device machine (the H200), ours only, same sitting:
-# tg128 at each budget for the stopping path (POCKETMOE_DIRECT=0) and direct decode with each
-# admission mode (POCKETMOE_ADMIT=sync|async|off; see src/experts/direct.rs). From the repo root
-# with dist/ carried, like scripts/device-bench.sh (same model file, same synthesis):
+# tg128 at each budget for each variant of the POCKETMOE_* experiment switches (the stopping
+# path: DIRECT=0; direct decode: DIRECT=1 with STOP_EVERY=n and, without stops, ADMIT=sync|async|off;
+# see src/experts/direct.rs). From the repo root with dist/ carried, like scripts/device-bench.sh
+# (same model file, same synthesis):
 #
-#   scripts/device-decode-ab.sh "$OUT"     # BUDGETS (default 12GiB,8GiB), REPS (3), SKEW,
-#                                          # VARIANTS (default "DIRECT=0 ADMIT=sync ADMIT=async ADMIT=off")
+#   scripts/device-decode-ab.sh "$OUT"   # BUDGETS (default 12GiB,8GiB), REPS (3), SKEW, DEPTHS (0),
+#                                        # PROMPTS (0), VARIANTS (default "DIRECT=0 DIRECT=1"; one
+#                                        # variant is VAR=value[+VAR=value...], POCKETMOE_ implied)
 #
-# Writes OUTDIR/ab.md (one table per variant, with the offload statistics) and ab.log.
+# Writes OUTDIR/ab.md (one table per variant), ab.log (with the offload statistics) and the JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR="${1:?usage: scripts/device-decode-ab.sh OUTDIR}"
@@ -23,11 +25,15 @@ if [ ! -s "$MODEL" ]; then
 fi
 echo "synth done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 : > "$OUTDIR/ab.md"
-for v in ${VARIANTS:-DIRECT=0 ADMIT=sync ADMIT=async ADMIT=off}; do
-  echo "## POCKETMOE_$v" >> "$OUTDIR/ab.md"
-  env "POCKETMOE_$v" scripts/device-run.sh exec pocketmoe bench -m "$MODEL" --gpu 0 \
-    --gpu-mem "${BUDGETS:-12GiB,8GiB}" -p 0 -n 128 --reps "${REPS:-3}" --no-baseline \
-    --json "$OUTDIR/ab-$v.json" >> "$OUTDIR/ab.md" 2>> "$OUTDIR/ab.log"
+for v in ${VARIANTS:-DIRECT=0 DIRECT=1}; do
+  vars=()
+  for a in ${v//+/ }; do vars+=("POCKETMOE_$a"); done
+  name="ab-${v//[=+]/_}"
+  echo "## ${vars[*]}" | tee -a "$OUTDIR/ab.md" >> "$OUTDIR/ab.log"
+  env "${vars[@]}" scripts/device-run.sh exec pocketmoe bench -m "$MODEL" --gpu 0 \
+    --gpu-mem "${BUDGETS:-12GiB,8GiB}" -p "${PROMPTS:-0}" -n 128 --depth "${DEPTHS:-0}" \
+    --reps "${REPS:-3}" --no-baseline --json "$OUTDIR/$name.json" \
+    >> "$OUTDIR/ab.md" 2>> "$OUTDIR/ab.log"
   echo "$v done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 done
 cat "$OUTDIR/ab.md"

@@ -61,8 +61,11 @@ pub struct EngineOptions {
     /// Offloading on a GPU: decode single tokens without graph stops (misses read in place
     /// from the host store, the cache updated between tokens; `experts::direct`).
     pub direct_decode: bool,
-    /// How direct decode admits misses into the cache.
+    /// How direct decode admits misses into the cache (without stops).
     pub admit: crate::experts::Admit,
+    /// Direct decode stops at every this many offloaded layers to prefetch for the following
+    /// ones (0: never stops; misses then enter the cache after the step, per `admit`).
+    pub direct_stop_every: usize,
 }
 
 impl Default for EngineOptions {
@@ -81,6 +84,7 @@ impl Default for EngineOptions {
             // Measured slower than the stopping path so far (docs/bench-h200.md, session 6).
             direct_decode: false,
             admit: crate::experts::Admit::Sync,
+            direct_stop_every: 2,
         }
     }
 }
@@ -184,6 +188,10 @@ impl Engine {
                 bandwidths: opts.offload_bandwidths,
                 // Experiment switches (until the defaults are settled by measurement).
                 direct: std::env::var("POCKETMOE_DIRECT").map_or(opts.direct_decode, |v| v != "0"),
+                stop_every: std::env::var("POCKETMOE_STOP_EVERY")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(opts.direct_stop_every),
                 admit: match std::env::var("POCKETMOE_ADMIT") {
                     Ok(v) => {
                         crate::experts::Admit::parse(&v).map_err(|msg| EngineError::Model {
@@ -479,6 +487,8 @@ impl Engine {
                 keep.push(n.input.clone());
                 keep.extend(n.pred.clone());
                 keep.extend(n.gpu_out.clone());
+                keep.extend(n.direct_preds.iter().map(|p| p.1.clone()));
+                keep.extend(n.direct_ids.clone());
             }
             Ok::<_, EngineError>(keep)
         })?;
@@ -544,10 +554,23 @@ pub(crate) fn run_graph(
     match offload {
         Some(off) => {
             off.begin_step(n);
+            let t0 = std::time::Instant::now();
             if nodes.is_direct() {
                 off.begin_direct()?;
             }
-            if nodes.has_stops() {
+            let t1 = std::time::Instant::now();
+            if nodes.is_direct() && off.follows() {
+                // Followed: the host prefetches from the GPU's mailboxes while the graph runs.
+                sched.compute_async(&g.graph())?;
+                // Experiment switch: follow only once the step has finished (no overlap).
+                let late = std::env::var("POCKETMOE_FOLLOW_LATE").is_ok_and(|v| v == "1");
+                if late {
+                    sched.synchronize();
+                }
+                let followed = off.follow_step(nodes);
+                sched.synchronize();
+                followed?;
+            } else if nodes.has_stops() {
                 let mut hook = StepHook {
                     off: &mut *off,
                     nodes,
@@ -559,9 +582,12 @@ pub(crate) fn run_graph(
                 // as a CUDA graph).
                 sched.compute(&g.graph())?;
             }
+            let t2 = std::time::Instant::now();
             if nodes.is_direct() {
                 off.end_direct(nodes)?;
             }
+            off.stats.compute_s += (t2 - t1).as_secs_f64();
+            off.stats.direct_s += (t1 - t0 + t2.elapsed()).as_secs_f64();
         }
         None => sched.compute(&g.graph())?,
     }

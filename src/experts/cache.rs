@@ -30,6 +30,34 @@ impl LayerCache {
         self.slot_of[e as usize]
     }
 
+    /// Slots holding no expert.
+    pub fn n_free(&self) -> usize {
+        self.expert_in.iter().filter(|e| e.is_none()).count()
+    }
+
+    /// The expert slot `s` holds, if any.
+    pub fn expert_in(&self, s: u32) -> Option<u32> {
+        self.expert_in.get(s as usize).copied().flatten()
+    }
+
+    /// Frees one slot: evicts the policy's victim among residents for which `pinned` is false.
+    /// Returns the evicted expert, or `None` when every resident is pinned.
+    pub fn free_one(&mut self, pinned: &dyn Fn(u32) -> bool, now: u64) -> Option<u32> {
+        let candidates: Vec<u32> = self
+            .expert_in
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&r| !pinned(r))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let v = self.policy.victim(&candidates, now);
+        self.evict(v);
+        Some(v)
+    }
+
     /// Records a use of `e` at step `now` (call for hits and misses alike).
     pub fn touch(&mut self, e: u32, now: u64) {
         self.policy.touch(e, now);

@@ -49,8 +49,11 @@ pub struct OffloadOptions {
     /// Single-token decode without graph stops where the device allows it ([`Mode::Direct`]);
     /// `false` keeps the stop after every offloaded router ([`Mode::Slots`]).
     pub direct: bool,
-    /// How [`Mode::Direct`] steps admit their misses into the cache.
+    /// How [`Mode::Direct`] steps admit their misses into the cache, when they never stop.
     pub admit: Admit,
+    /// [`Mode::Direct`] stops at every this many offloaded layers (the first, then every
+    /// `stop_every`-th) to prefetch for the layers up to the next stop; 0: no stops.
+    pub stop_every: usize,
 }
 
 /// How a direct (stop-free) decode step's misses enter the cache, after the step.
@@ -64,6 +67,10 @@ pub enum Admit {
     Async,
     /// No admissions: the cache keeps what prefill and multi-token steps put in it.
     Off,
+    /// The step never stops: the GPU writes each layer's routing and the next layer's
+    /// predicted router logits into page-locked mailboxes, the host follows and prefetches
+    /// predicted experts into free slots while the graph runs; victims are freed between steps.
+    Prefetch,
 }
 
 impl Admit {
@@ -72,7 +79,10 @@ impl Admit {
             "sync" => Ok(Self::Sync),
             "async" => Ok(Self::Async),
             "off" => Ok(Self::Off),
-            _ => Err(format!("admission mode {s:?}: expected sync, async or off")),
+            "prefetch" => Ok(Self::Prefetch),
+            _ => Err(format!(
+                "admission mode {s:?}: expected sync, async, off or prefetch"
+            )),
         }
     }
 }
@@ -126,6 +136,8 @@ pub(super) struct Layer {
     pub direct_base: Option<[Option<i32>; 3]>,
     /// Direct mode: admissions whose copies may still be in flight (expert, slot, step).
     pub pending: Vec<(u32, u32, u64)>,
+    /// Direct mode: misses of this step copied in at this layer's own stop.
+    pub copied_at_stop: Vec<u32>,
 }
 
 pub struct Offload {
@@ -146,6 +158,10 @@ pub struct Offload {
     pub(super) mirror: usize,
     /// Every offloaded layer can run [`Mode::Direct`] (set by `alloc_slots`).
     pub(super) direct_ready: bool,
+    /// [`Admit::Prefetch`]: page-locked mailboxes (per layer: k up-matrix ids, then n_expert
+    /// predicted logits) and the raw handle of a device buffer the nodes writing them name.
+    pub(super) mailbox: usize,
+    pub(super) mailbox_owner: usize,
     pub(super) scratch_len: usize,
     pub(super) xfer: Box<dyn Transfer>,
     /// The compute backend: miss copies and control writes queue on its stream.
@@ -213,6 +229,7 @@ impl Offload {
                     staged_ahead: None,
                     direct_base: None,
                     pending: Vec::new(),
+                    copied_at_stop: Vec::new(),
                 })
             } else {
                 None
@@ -288,6 +305,9 @@ impl Offload {
         let mirror_buf =
             store.new_buffer(backend, Memory::Host, remap_bytes + 4 * k * n_layer + 256)?;
         let mirror = mirror_buf.base_addr();
+        let mailbox_buf =
+            store.new_buffer(backend, Memory::Host, 4 * (k + n_expert) * n_layer + 256)?;
+        let (mailbox, mailbox_owner) = (mailbox_buf.base_addr(), remap_buf.raw_addr());
         let mut ctl_off = 0;
         for (i_moe, (il, l)) in layers
             .iter()
@@ -373,6 +393,8 @@ impl Offload {
             dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
             mirror,
             direct_ready: false,
+            mailbox,
+            mailbox_owner,
             host_bytes,
             n_slots: 0,
             n_embd,
@@ -512,6 +534,41 @@ impl Offload {
         } else {
             Mode::Staging
         }
+    }
+
+    /// [`Admit::Prefetch`] decode: the mailbox of layer `il`: (its k up-matrix ids, the next
+    /// layer's n_expert predicted logits), as host addresses.
+    pub(super) fn mailbox_of(&self, il: usize) -> (usize, usize) {
+        let at = self.mailbox + 4 * (self.k + self.n_expert) * il;
+        (at, at + 4 * self.k)
+    }
+
+    /// Whether direct decode follows the step through mailboxes ([`Admit::Prefetch`]).
+    pub fn follows(&self) -> bool {
+        self.opts.stop_every == 0 && self.opts.admit == Admit::Prefetch
+    }
+
+    /// Gives node `t` of layer `il` its mailbox (`pred`: the predicted logits, else the ids).
+    ///
+    /// The mailbox is page-locked host memory that lives as long as the engine; the GPU writes
+    /// it through unified addressing (see `experts::direct`).
+    pub fn preset_mailbox(&self, t: Tensor<'_>, il: usize, pred: bool) {
+        let (ids, logits) = self.mailbox_of(il);
+        // SAFETY: per the doc: live page-locked memory of the right size, reachable by the GPU
+        // at its host address (the CUDA host buffer type; direct decode runs on CUDA only).
+        unsafe { t.preset(self.mailbox_owner, if pred { logits } else { ids }) }
+    }
+
+    /// Direct mode: the layers a stop at layer `il` prefetches for (the offloaded layers after
+    /// it up to and including the next stop layer), or `None` when `il` does not stop.
+    pub fn direct_stop(&self, il: usize) -> Option<Vec<usize>> {
+        let every = self.opts.stop_every;
+        let moe: Vec<usize> = (0..self.layers.len())
+            .filter(|&j| self.is_offloaded(j))
+            .collect();
+        let pos = moe.iter().position(|&j| j == il)?;
+        (every > 0 && pos % every == 0)
+            .then(|| moe[pos + 1..].iter().take(every).copied().collect())
     }
 
     /// Whether single-token steps run [`Mode::Direct`].

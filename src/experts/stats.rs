@@ -43,6 +43,15 @@ pub struct Stats {
     /// which the GPU has nothing queued: the per-layer overhead of decode.
     pub stops: u64,
     pub hook_s: f64,
+    /// Wall seconds of the forward passes' graph computes (stops included), and of the direct
+    /// decode's host work around them (`experts::direct`): where a decode step's time goes.
+    #[serde(default)]
+    pub compute_s: f64,
+    #[serde(default)]
+    pub direct_s: f64,
+    /// Seconds the host waited for the GPU's mailboxes while following steps.
+    #[serde(default)]
+    pub follow_wait_s: f64,
     /// Tokens and forward passes (micro-batches) seen.
     pub tokens: u64,
     pub steps: u64,
@@ -109,7 +118,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU, {:.1}% read in place; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU, {:.1}% read in place; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); per step {:.0} us computing, {:.0} us in direct-decode bookkeeping; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -123,6 +132,8 @@ impl Stats {
             self.wait_cpu_s,
             self.stops,
             1e6 * self.hook_s / self.stops.max(1) as f64,
+            1e6 * self.compute_s / self.steps.max(1) as f64,
+            1e6 * self.direct_s / self.steps.max(1) as f64,
             self.prefetch_precision(),
             self.prefetch_recall(),
         );
@@ -154,6 +165,9 @@ impl Stats {
         d.wait_cpu_s -= earlier.wait_cpu_s;
         d.stops -= earlier.stops;
         d.hook_s -= earlier.hook_s;
+        d.compute_s -= earlier.compute_s;
+        d.direct_s -= earlier.direct_s;
+        d.follow_wait_s -= earlier.follow_wait_s;
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d

@@ -36,13 +36,29 @@ pub struct MoeNode {
     /// Name of the GPU experts' sum when the CPU channel adds its share after it.
     pub gpu_out: Option<String>,
     pub act: crate::graph::blocks::ExpertAct,
+    /// Direct mode: whether the layer stops (to prefetch), the predicted layers' router logits
+    /// on its FFN input (layer, name; f32 [n_expert, 1]), and its slot-or-store ids of the up
+    /// matrix (i32 [k, 1], read after the step).
+    pub direct_stop: bool,
+    pub direct_preds: Vec<(usize, String)>,
+    pub direct_ids: Option<String>,
 }
 
 /// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
     by_anchor: HashMap<usize, (Stop, Resolved)>,
-    /// Direct layers (no stop): layer and the address of its selected ids, read after the step.
-    pub(super) direct: Vec<(usize, usize)>,
+    /// Direct layers: layer, and the addresses of its selected ids and its up-matrix ids, read
+    /// after the step.
+    pub(super) direct: Vec<(usize, usize, usize)>,
+    /// Direct stop layers: predicted layers and the addresses of their logits.
+    pub(super) direct_stops: HashMap<usize, DirectStop>,
+}
+
+/// A direct layer that stops: its selected ids, and the layers it predicts.
+pub(super) struct DirectStop {
+    pub il: usize,
+    pub sel_addr: usize,
+    pub preds: Vec<(usize, usize)>,
 }
 
 #[derive(Clone, Copy)]
@@ -68,9 +84,25 @@ impl GraphNodes {
     pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
         let mut by_anchor = HashMap::new();
         let mut direct = Vec::new();
+        let mut direct_stops = HashMap::new();
         for n in nodes {
             if n.mode == Mode::Direct {
-                direct.push((n.il, g.tensor(&n.selected).data_addr()));
+                let sel_addr = g.tensor(&n.selected).data_addr();
+                let ids = n.direct_ids.as_ref().expect("direct ids recorded");
+                direct.push((n.il, sel_addr, g.tensor(ids).data_addr()));
+                if n.direct_stop {
+                    let preds = n
+                        .direct_preds
+                        .iter()
+                        .map(|(j, p)| (*j, g.tensor(p).data_addr()))
+                        .collect();
+                    let stop = DirectStop {
+                        il: n.il,
+                        sel_addr,
+                        preds,
+                    };
+                    direct_stops.insert(g.tensor(&n.anchor).id(), stop);
+                }
                 continue;
             }
             let r = Resolved {
@@ -87,13 +119,17 @@ impl GraphNodes {
                 by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
             }
         }
-        Self { by_anchor, direct }
+        Self {
+            by_anchor,
+            direct,
+            direct_stops,
+        }
     }
 
     /// Whether the step stops at all (else the scheduler runs it without the eval callback,
     /// in one piece).
     pub fn has_stops(&self) -> bool {
-        !self.by_anchor.is_empty()
+        !self.by_anchor.is_empty() || !self.direct_stops.is_empty()
     }
 
     /// Whether the step has direct layers (see `experts::direct`).
@@ -111,6 +147,9 @@ pub struct StepHook<'a> {
 
 impl EvalHook for StepHook<'_> {
     fn wants(&mut self, id: usize) -> bool {
+        if self.nodes.direct_stops.contains_key(&id) {
+            return true;
+        }
         match self.nodes.by_anchor.get(&id) {
             Some((Stop::Routing, _)) => true,
             // Asked after this layer's routing stop: only a layer whose misses went to the CPU
@@ -124,6 +163,12 @@ impl EvalHook for StepHook<'_> {
 
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
         let t0 = std::time::Instant::now();
+        if let Some(d) = self.nodes.direct_stops.get(&id) {
+            let r = self.off.on_direct_stop(d);
+            self.off.stats.stops += 1;
+            self.off.stats.hook_s += t0.elapsed().as_secs_f64();
+            return r;
+        }
         let (stop, n) = self.nodes.by_anchor[&id];
         let r = match stop {
             Stop::Routing => self.off.on_routing(&n, self.n_tokens),

@@ -437,6 +437,22 @@ impl Sched {
         check_status(status, "scheduler".into())
     }
 
+    /// Starts computing an allocated graph and returns without waiting ([`Sched::synchronize`]
+    /// waits), so the host can follow the device meanwhile.
+    pub fn compute_async(&mut self, graph: &Graph<'_>) -> Result<()> {
+        // SAFETY: live scheduler and a graph allocated by alloc(); the graph outlives the
+        // computation (the caller synchronizes before dropping or reusing it).
+        let status =
+            unsafe { sys::ggml_backend_sched_graph_compute_async(self.ptr.as_ptr(), graph.raw()) };
+        check_status(status, "scheduler".into())
+    }
+
+    /// Waits until the last [`Sched::compute_async`] has finished.
+    pub fn synchronize(&mut self) {
+        // SAFETY: live scheduler.
+        unsafe { sys::ggml_backend_sched_synchronize(self.ptr.as_ptr()) }
+    }
+
     /// Bytes of the compute buffer the scheduler holds on backend `i` (as passed to `new`).
     pub fn buffer_size(&self, i: usize) -> usize {
         // SAFETY: live scheduler; i indexes the backends it was created with.

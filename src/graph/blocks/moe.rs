@@ -190,6 +190,9 @@ impl<'a> GraphBuilder<'a> {
             pred: None,
             gpu_out: None,
             act: opts.act,
+            direct_stop: false,
+            direct_preds: Vec::new(),
+            direct_ids: None,
         };
         // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
         // right after this router, so the hook's one stop reads the prediction with the routing.
@@ -214,15 +217,59 @@ impl<'a> GraphBuilder<'a> {
                 self.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
             }
             Mode::Direct => {
+                // A stop layer (every `stop_every`-th offloaded layer) predicts the following
+                // layers' routing from this layer's FFN input (their routers on it, FATE-style),
+                // so the hook's one stop here can prefetch for all of them.
+                let ahead = off.direct_stop(il).unwrap_or_default();
+                for &next in &ahead {
+                    let pred = self.cb(
+                        ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
+                        &format!("ffn_moe_pred_logits_{next}"),
+                        il as i32,
+                    ); // [n_expert, 1]
+                    ctx.set_output(pred);
+                    self.graph.build_forward(pred);
+                    node.anchor = pred.name();
+                    node.direct_preds.push((next, pred.name()));
+                }
+                node.direct_stop = off.direct_stop(il).is_some();
                 // Each selected expert's id through the layer's device-side table: its slot, or
                 // its place in the host store (read in place). One table per matrix, since each
                 // matrix's store lies at its own distance from its slots.
                 let w = std::array::from_fn(|m| off.slot_tensor(il, m));
-                let ids = std::array::from_fn(|m| {
+                let ids: [Tensor<'a>; 3] = std::array::from_fn(|m| {
                     let t = ctx.get_rows(off.remap_view(ctx, il, m), r.selected); // i32 [1, k, 1]
+                    if m == 0 && off.follows() {
+                        // Written straight into the layer's mailbox: the host reads the step's
+                        // hits and misses there (experts::direct).
+                        off.preset_mailbox(t, il, false);
+                        // An output: the graph allocator never frees (reuses) its memory.
+                        ctx.set_output(t);
+                    }
                     let t = ctx.reshape(t, &[k, nt]).expect("direct ids"); // i32 [k, nt]
                     self.cb(t, &format!("ffn_moe_direct_ids{m}"), il as i32)
                 });
+                let pred_on = std::env::var("POCKETMOE_MBOX_PRED").map_or(true, |v| v != "0");
+                if let Some(next) = (off.follows() && pred_on)
+                    .then(|| off.next_offloaded(il))
+                    .flatten()
+                {
+                    // FATE: the next layer's router on this layer's FFN input, into the mailbox,
+                    // which the host follows while the graph runs on.
+                    let pred = self.cb(
+                        ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
+                        "ffn_moe_pred_logits",
+                        il as i32,
+                    ); // [n_expert, 1]
+                       // Copied into the mailbox by a plain elementwise kernel.
+                    let pred = ctx.scale(pred, 1.0);
+                    off.preset_mailbox(pred, il, true);
+                    ctx.set_output(pred);
+                    self.graph.build_forward(pred);
+                }
+                // Read back after the step: which picks hit a slot.
+                ctx.set_output(ids[0]);
+                node.direct_ids = Some(ids[0].name());
                 let t = ExpertTensors { w, biases };
                 self.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
             }
