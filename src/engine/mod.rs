@@ -84,7 +84,7 @@ impl Default for EngineOptions {
             // Measured slower than the stopping path so far (docs/bench-h200.md, session 6).
             direct_decode: false,
             admit: crate::experts::Admit::Sync,
-            direct_stop_every: 2,
+            direct_stop_every: 0,
         }
     }
 }
@@ -188,10 +188,13 @@ impl Engine {
                 bandwidths: opts.offload_bandwidths,
                 // Experiment switches (until the defaults are settled by measurement).
                 direct: std::env::var("POCKETMOE_DIRECT").map_or(opts.direct_decode, |v| v != "0"),
-                stop_every: std::env::var("POCKETMOE_STOP_EVERY")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(opts.direct_stop_every),
+                stop_every: match std::env::var("POCKETMOE_STOP_EVERY") {
+                    Ok(v) => v.parse().map_err(|_| EngineError::Model {
+                        path: "POCKETMOE_STOP_EVERY".into(),
+                        msg: format!("{v:?} is not a layer count"),
+                    })?,
+                    Err(_) => opts.direct_stop_every,
+                },
                 admit: match std::env::var("POCKETMOE_ADMIT") {
                     Ok(v) => {
                         crate::experts::Admit::parse(&v).map_err(|msg| EngineError::Model {

@@ -150,6 +150,10 @@ impl Offload {
                         .copy(slots + slot as usize * eb, store + e as usize * eb, eb)?;
                     let cell = self.cell(j, m, e);
                     let flip = self.mirror + self.table_bytes() + cell;
+                    assert!(
+                        flip + 4 <= self.mirror + self.mirror_len,
+                        "flip cell in the mirror"
+                    );
                     // SAFETY: the flip cell lies in the live mirror buffer; written only here,
                     // for an expert admitted this step, and read by the copy stream before the
                     // step's end waits for it.
@@ -180,6 +184,10 @@ impl Offload {
         let n_direct = nodes.direct.len();
         let reads = self.mirror + 2 * self.table_bytes();
         let ids_at = reads + 4 * k * n_direct;
+        assert!(
+            ids_at + 4 * k * n_direct <= self.mirror + self.mirror_len,
+            "routing read-back in the mirror"
+        );
         for (i, &(_, sel, ids)) in nodes.direct.iter().enumerate() {
             self.xfer.read(reads + 4 * k * i, sel, 4 * k)?;
             self.xfer.read(ids_at + 4 * k * i, ids, 4 * k)?;
@@ -513,6 +521,10 @@ impl Offload {
                         .copy(slots + slot as usize * eb, store + e as usize * eb, eb)?;
                     let at = self.cell(j, m, e);
                     let flip = self.mirror + self.table_bytes() + at;
+                    assert!(
+                        flip + 4 <= self.mirror + self.mirror_len,
+                        "flip cell in the mirror"
+                    );
                     // SAFETY: the flip cell lies in the live mirror buffer; it is written only
                     // here, for a pending (so not evictable) expert, and read by the copy
                     // stream before the step ends (the step's end waits for it).

@@ -156,6 +156,7 @@ pub struct Offload {
     /// Page-locked host copy of the direct-mode id table (`off.remap`), then room for the
     /// routing read-back of every layer of a direct step.
     pub(super) mirror: usize,
+    pub(super) mirror_len: usize,
     /// Every offloaded layer can run [`Mode::Direct`] (set by `alloc_slots`).
     pub(super) direct_ready: bool,
     /// [`Admit::Prefetch`]: page-locked mailboxes (per layer: k up-matrix ids, then n_expert
@@ -302,8 +303,10 @@ impl Offload {
             .new_tensor(GgmlType::I32, &[n_expert as i64, 3 * n_layer as i64])?
             .set_name("off.remap");
         remap_buf.place(remap, 0)?;
-        let mirror_buf =
-            store.new_buffer(backend, Memory::Host, remap_bytes + 4 * k * n_layer + 256)?;
+        // Host side: the table, the cells prefetch flips copy from, and the read-back of a
+        // step's routing (selected and up-matrix ids, k each per layer).
+        let mirror_bytes = 2 * remap_bytes + 8 * k * n_layer + 256;
+        let mirror_buf = store.new_buffer(backend, Memory::Host, mirror_bytes)?;
         let mirror = mirror_buf.base_addr();
         let mailbox_buf =
             store.new_buffer(backend, Memory::Host, 4 * (k + n_expert) * n_layer + 256)?;
@@ -392,6 +395,7 @@ impl Offload {
             step: 0,
             dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
             mirror,
+            mirror_len: mirror_bytes,
             direct_ready: false,
             mailbox,
             mailbox_owner,
