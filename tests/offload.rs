@@ -367,3 +367,28 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
         st.cache_hit_rate()
     );
 }
+
+/// The load plan says where everything went: resident, the whole model on the device; offloaded,
+/// the expert cache's slots per layer, its share of the experts and the host store.
+#[test]
+fn plan_names_what_is_where() {
+    let path = tiny("qwen3moe");
+    let resident = engine(&path, None, PolicyKind::default());
+    let p = resident.plan();
+    assert!(p.contains("all weights resident"), "{p}");
+    assert!(p.contains("128 tokens"), "{p}");
+    drop(resident);
+    let fixed = budget_floor(&path, small(None));
+    let probe = engine(&path, Some(fixed), PolicyKind::default());
+    let k = probe.hp.n_expert_used as usize;
+    let n_expert = probe.hp.n_expert;
+    let budget = fixed + probe.expert_cache_bytes(k + 1).unwrap();
+    drop(probe);
+    let off = engine(&path, Some(budget), PolicyKind::default());
+    let p = off.plan();
+    assert!(
+        p.contains(&format!("{} slots per layer of {n_expert} experts", k + 1)),
+        "{p}"
+    );
+    assert!(p.contains("page-locked host memory"), "{p}");
+}

@@ -27,7 +27,7 @@ pub enum EngineError {
     Model { path: String, msg: String },
     #[error("context full: {need} positions needed, the context holds {n_ctx} (raise --ctx)")]
     ContextFull { n_ctx: usize, need: usize },
-    #[error("--gpu-mem {budget} B is below what the resident parts need ({need} B: weights other than routed experts, KV cache, staging and compute buffers); raise it or lower --ctx")]
+    #[error("a GPU budget of {} is below what the resident parts need: the smallest budget that works is {} ({need} B: weights other than routed experts, KV cache, staging and compute buffers, with no expert cache); raise --gpu-mem, or lower --ctx or the micro-batch", gib(*budget), gib(*need))]
     BudgetTooSmall { budget: u64, need: u64 },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
     BadToken { id: u32, n_vocab: u64 },
@@ -38,6 +38,35 @@ pub enum EngineError {
 pub enum Device {
     Cpu,
     Cuda(usize),
+    /// GPU 0 when this is a CUDA build and a GPU is present, else the CPU.
+    Auto,
+}
+
+impl Device {
+    /// [`Device::Auto`] resolved for this build and machine; others as they are.
+    pub fn resolve(self) -> Device {
+        match self {
+            Device::Auto if Backend::cuda_device_count() > 0 => Device::Cuda(0),
+            Device::Auto => Device::Cpu,
+            d => d,
+        }
+    }
+}
+
+/// `b` bytes as GiB with two decimals, for messages.
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// VRAM left free when the budget is automatic (no `gpu_mem`): the larger of this and
+/// [`AUTO_MARGIN_FRACTION`] of the device, for the CUDA runtime, cuBLAS and other processes.
+pub const AUTO_MARGIN: u64 = 1 << 30;
+pub const AUTO_MARGIN_FRACTION: f64 = 0.05;
+
+/// The automatic budget on a device with `free` of `total` bytes free: free minus the margin.
+pub fn auto_budget(free: u64, total: u64) -> u64 {
+    let margin = AUTO_MARGIN.max((total as f64 * AUTO_MARGIN_FRACTION) as u64);
+    free.saturating_sub(margin)
 }
 
 #[derive(Debug, Clone)]
@@ -47,8 +76,9 @@ pub struct EngineOptions {
     pub n_threads: usize,
     pub n_ubatch: usize,
     pub kv_type: GgmlType,
-    /// Memory budget on the main device (bytes). `None`: all of the model on the device. With a
-    /// budget the model does not fit in, routed experts are offloaded (DESIGN.md §4).
+    /// Memory budget on the main device (bytes). With a budget the model does not fit in,
+    /// routed experts are offloaded (DESIGN.md §4). `None` on a GPU: the device's free memory
+    /// minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by itself.
     pub gpu_mem: Option<u64>,
     /// Prefetch experts of the next layer while the current one runs (when offloading).
     pub prefetch: bool,
@@ -105,6 +135,9 @@ pub struct Engine {
     _backends: Vec<Rc<Backend>>,
     _file: GgufModel,
     n_past: usize,
+    /// Bytes of the model's tensors, and whether the budget was chosen automatically.
+    model_bytes: u64,
+    budget_auto: bool,
 }
 
 impl Engine {
@@ -148,6 +181,8 @@ impl Engine {
             )));
         }
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
+        let mut opts = opts;
+        opts.device = opts.device.resolve();
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
         let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
@@ -156,7 +191,19 @@ impl Engine {
         let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2)
             * widths.iter().map(|&(k, v)| (k + v) as u64).sum::<u64>()
             * opts.n_ctx as u64;
-        // Offload when a budget is given that the whole model (+ KV + a compute reserve) exceeds.
+        // On a GPU without a budget: its free memory minus a margin.
+        let gpu = match opts.device {
+            Device::Cuda(i) => Some(Rc::new(Backend::cuda(i)?)),
+            _ => None,
+        };
+        let auto_budget = opts.gpu_mem.is_none() && gpu.is_some();
+        if auto_budget {
+            opts.gpu_mem = gpu
+                .as_ref()
+                .and_then(|g| g.memory())
+                .map(|(free, total)| self::auto_budget(free as u64, total as u64));
+        }
+        // Offload when the budget is below the whole model (+ KV + a compute reserve).
         let offload = opts
             .gpu_mem
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
@@ -166,10 +213,7 @@ impl Engine {
             opts.n_threads,
             !(offload && opts.cpu_experts),
         )?);
-        let main = match opts.device {
-            Device::Cpu => cpu.clone(),
-            Device::Cuda(i) => Rc::new(Backend::cuda(i)?),
-        };
+        let main = gpu.clone().unwrap_or_else(|| cpu.clone());
         let keep = |name: &str| !(offload && is_routed_expert(name));
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
@@ -239,6 +283,8 @@ impl Engine {
             _backends: backends,
             _file: file,
             n_past: 0,
+            model_bytes: total_bytes,
+            budget_auto: auto_budget,
         };
         if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
             eng.plan_slots(&main, budget)?;
@@ -321,6 +367,62 @@ impl Engine {
         self.offload
             .as_ref()
             .map(|o| o.slot_bytes_all_layers() as u64)
+    }
+
+    /// The load plan in a few readable lines: where the model runs, the budget, what is
+    /// resident, the expert cache, the KV cache and the micro-batch.
+    pub fn plan(&self) -> String {
+        let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+        let o = &self.opts;
+        let dev = match o.device {
+            Device::Cuda(i) => format!("CUDA{i}"),
+            _ => "the CPU".to_string(),
+        };
+        let budget = match (o.device, o.gpu_mem) {
+            (Device::Cuda(_), Some(b)) if self.budget_auto => format!(
+                ", budget {} (free VRAM minus a margin of max({}, {:.0}%); --gpu-mem to set it)",
+                gib(b),
+                gib(AUTO_MARGIN),
+                100.0 * AUTO_MARGIN_FRACTION
+            ),
+            (Device::Cuda(_), Some(b)) => format!(", budget {} (--gpu-mem)", gib(b)),
+            _ => String::new(),
+        };
+        let mut s = format!("plan: model {} on {dev}{budget}\n", gib(self.model_bytes));
+        let compute = self.sched.buffer_size(0) as u64;
+        match &self.offload {
+            None => {
+                s += &format!(
+                    "  all weights resident: {}; KV cache {} ({} tokens, {}); compute buffer {}",
+                    gib(self.weights.bytes()),
+                    gib(self.kv.bytes() as u64),
+                    o.n_ctx,
+                    o.kv_type.name(),
+                    gib(compute)
+                );
+            }
+            Some(off) => {
+                let n_expert = self.hp.n_expert as usize;
+                s += &format!(
+                    "  resident: weights other than routed experts {}; KV cache {} ({} tokens, {}); staging+control {}; compute buffer {}\n",
+                    gib(self.weights.bytes()),
+                    gib(self.kv.bytes() as u64),
+                    o.n_ctx,
+                    o.kv_type.name(),
+                    gib((off.dev_bytes - off.slots_alloc_bytes(off.n_slots).min(off.dev_bytes)) as u64),
+                    gib(compute)
+                );
+                s += &format!(
+                    "  routed experts offloaded: {} in page-locked host memory; GPU cache {} slots per layer of {n_expert} experts ({:.0}%), {}; prefill micro-batch {}",
+                    gib(off.host_bytes as u64),
+                    off.n_slots,
+                    100.0 * off.n_slots as f64 / n_expert.max(1) as f64,
+                    gib(off.slots_alloc_bytes(off.n_slots) as u64),
+                    o.n_ubatch
+                );
+            }
+        }
+        s
     }
 
     /// Device bytes an expert cache of `n_slots` slots per layer takes, padding included (`None`
@@ -630,6 +732,30 @@ fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize, window: usize) -> Vec<u
 
 #[cfg(test)]
 mod tests {
+    use super::{auto_budget, Device};
+
+    #[test]
+    fn auto_device_is_the_cpu_without_a_gpu() {
+        // This build or machine has no CUDA device: Auto falls back to the CPU.
+        if super::Backend::cuda_device_count() == 0 {
+            assert_eq!(Device::Auto.resolve(), Device::Cpu);
+        } else {
+            assert_eq!(Device::Auto.resolve(), Device::Cuda(0));
+        }
+        assert_eq!(Device::Cuda(1).resolve(), Device::Cuda(1));
+    }
+
+    #[test]
+    fn auto_budget_keeps_the_larger_margin() {
+        // An H200 (141 GB, 139 GB free): 5% of it is more than 1 GiB.
+        let (total, free) = (141_000_000_000u64, 139_000_000_000u64);
+        assert_eq!(auto_budget(free, total), free - 7_050_000_000);
+        // An 8 GiB card: 5% is 0.4 GiB, so 1 GiB stays free.
+        assert_eq!(auto_budget(7 << 30, 8 << 30), 6 << 30);
+        // Less free than the margin: 0 (then refused as too small, naming the smallest budget).
+        assert_eq!(auto_budget(1 << 29, 8 << 30), 0);
+    }
+
     #[test]
     fn causal_mask_matches_its_definition() {
         let (zero, neg_inf) = (half::f16::ZERO.to_bits(), half::f16::NEG_INFINITY.to_bits());

@@ -1,12 +1,30 @@
 //! Stop-free single-token decode ([`Mode::Direct`]): the cache protocol around a step whose
-//! offloaded layers never stop the graph.
+//! offloaded layers read their experts through a device-side id table, so the graph need not
+//! stop for the host to place them.
 //!
-//! Why: a stop costs a host round trip with the GPU idle (about 90 µs on the H200, one per
-//! offloaded layer, 48 per token on Qwen3-30B-A3B: about 30% of a decode step at a 12 GiB
-//! budget). Reading a miss in place costs what copying it costs: a GPU kernel reads page-locked
-//! host memory at 44–49 GB/s, the copy engine at 47–52 GB/s (`scripts/probe/zerocopy.cu` on
-//! the H200). So the graph maps expert ids to slots on the device, a miss reads the host store
-//! where it lies, and the cache is maintained between steps.
+//! Why: a stop costs a host round trip with the GPU idle (30-90 µs on the H200, one per
+//! offloaded layer, 48 per token on Qwen3-30B-A3B). Reading a miss in place costs what copying
+//! it costs: a GPU kernel reads page-locked host memory at 44–49 GB/s, the copy engine at
+//! 47–52 GB/s (`scripts/probe/zerocopy.cu` on the H200). So the graph maps expert ids to slots
+//! on the device, a miss reads the host store where it lies, and the cache is maintained around
+//! the step.
+//!
+//! Three ways to keep the cache, switched by `OffloadOptions` (`POCKETMOE_STOP_EVERY`,
+//! `POCKETMOE_ADMIT`, experiments until one wins):
+//! - no stops (`stop_every = 0`): misses are admitted after the step ([`Admit`]: sync, async,
+//!   off);
+//! - a stop every `stop_every` offloaded layers ([`Offload::on_direct_stop`]): the stop copies
+//!   its own layer's misses in and prefetches the next layers' FATE-predicted experts on the
+//!   copy stream, each copy followed there by the flip of its table entries;
+//! - a followed step ([`Admit::Prefetch`], no stops): the GPU writes each layer's ids and the
+//!   next layer's predicted router logits into page-locked mailboxes, and the host, following
+//!   the running graph, prefetches predicted experts into free slots (flips as above); victims
+//!   are freed between steps, so no slot a step may read is ever written during it.
+//!
+//! Measured (H200, session 6, `docs/bench-h200.md`): all three are exact, and none is faster
+//! than the stopping path (`experts::step`) yet — without stops a prefetch that lands after its
+//! layer ran is a miss read in place, so the hit rate falls (99% to 89-95%), and the step's GPU
+//! time stays at 7.5-8 ms against ~4.5 ms resident. Off by default (`EngineOptions::direct_decode`).
 //!
 //! Before the step ([`Offload::begin_direct`]): admissions whose copies have landed become
 //! resident; the id table (per layer and matrix, an expert's slot when resident, else its place
@@ -25,7 +43,8 @@
 //!   that last read it had finished, and the next table maps that expert to the store.
 //! - The mirror is rewritten only after the step that uploaded it has finished (the engine
 //!   synchronises every step).
-use super::offload::{Admit, Offload};
+use super::offload::{Admit, Layer, Offload};
+use super::stats::LayerStats;
 use super::step::{DirectStop, GraphNodes};
 use crate::ggml::GgmlError;
 
@@ -128,8 +147,6 @@ impl Offload {
                     predicted.push(e as u32);
                 }
             }
-            let bases = self.bases(j);
-            let remap = self.remap().data_addr();
             let mut fetched = Vec::new();
             for &e in &predicted {
                 let layer = self.layers[j].as_mut().expect("offloaded layer");
@@ -142,25 +159,7 @@ impl Offload {
                     .expect("a free slot was counted");
                 debug_assert!(victim.is_none(), "follow_step evicts nothing");
                 layer.pending.push((e, slot, now));
-                for (m, b) in bases.iter().enumerate() {
-                    let Some((store, slots, _, eb)) = *b else {
-                        continue;
-                    };
-                    self.xfer
-                        .copy(slots + slot as usize * eb, store + e as usize * eb, eb)?;
-                    let cell = self.cell(j, m, e);
-                    let flip = self.mirror + self.table_bytes() + cell;
-                    assert!(
-                        flip + 4 <= self.mirror + self.mirror_len,
-                        "flip cell in the mirror"
-                    );
-                    // SAFETY: the flip cell lies in the live mirror buffer; written only here,
-                    // for an expert admitted this step, and read by the copy stream before the
-                    // step's end waits for it.
-                    unsafe { *(flip as *mut i32) = slot as i32 };
-                    self.xfer.copy(remap + cell, flip, 4)?;
-                }
-                self.stats.h2d_bytes += bases.iter().flatten().map(|b| b.3 as u64).sum::<u64>();
+                self.fetch_and_flip(j, e, slot)?;
                 fetched.push(e);
             }
             let st = &mut self.stats.layers[j];
@@ -224,19 +223,7 @@ impl Offload {
             let expert_bytes: u64 = bases.iter().flatten().map(|b| b.3 as u64).sum();
             let layer = self.layers[il].as_mut().expect("offloaded layer");
             let st = &mut self.stats.layers[il];
-            st.used += used.len() as u64;
-            st.prefetch_used += layer
-                .prefetched
-                .iter()
-                .filter(|e| used.iter().any(|u| u.0 == **e))
-                .count() as u64;
-            st.predicted_used += layer
-                .predicted
-                .iter()
-                .filter(|e| used.iter().any(|u| u.0 == **e))
-                .count() as u64;
-            layer.prefetched.clear();
-            layer.predicted.clear();
+            count_predictions(layer, st, &used);
             for &(e, in_slot) in &used {
                 if layer.copied_at_stop.contains(&e) {
                     st.misses += 1; // copied in at the stop (counted there)
@@ -332,19 +319,7 @@ impl Offload {
                 }
             }
             let st = &mut self.stats.layers[il];
-            st.used += used.len() as u64;
-            st.prefetch_used += layer
-                .prefetched
-                .iter()
-                .filter(|e| used.iter().any(|u| u.0 == **e))
-                .count() as u64;
-            st.predicted_used += layer
-                .predicted
-                .iter()
-                .filter(|e| used.iter().any(|u| u.0 == **e))
-                .count() as u64;
-            layer.prefetched.clear();
-            layer.predicted.clear();
+            count_predictions(layer, st, &used);
             for &(e, hit) in &used {
                 if hit {
                     st.hits += 1;
@@ -369,6 +344,34 @@ impl Offload {
         for l in self.layers.iter_mut().flatten() {
             l.pending.clear();
         }
+        Ok(())
+    }
+
+    /// Queues on the copy stream the copy of expert `e` of layer `j` into `slot`, each matrix
+    /// followed by the flip of its table entry to the slot: the layer reads the expert from the
+    /// slot once it has landed, in place before. Counts the bytes.
+    fn fetch_and_flip(&mut self, j: usize, e: u32, slot: u32) -> Result<(), GgmlError> {
+        let remap = self.remap().data_addr();
+        let bases = self.bases(j);
+        for (m, b) in bases.iter().enumerate() {
+            let Some((store, slots, _, eb)) = *b else {
+                continue;
+            };
+            self.xfer
+                .copy(slots + slot as usize * eb, store + e as usize * eb, eb)?;
+            let cell = self.cell(j, m, e);
+            let flip = self.mirror + self.table_bytes() + cell;
+            assert!(
+                flip + 4 <= self.mirror + self.mirror_len,
+                "flip cell in the mirror"
+            );
+            // SAFETY: the flip cell lies in the live mirror buffer; it is written only here, for
+            // an expert admitted (pending, so not evictable) this step, and read by the copy
+            // stream before the step's end waits for it.
+            unsafe { *(flip as *mut i32) = slot as i32 };
+            self.xfer.copy(remap + cell, flip, 4)?;
+        }
+        self.stats.h2d_bytes += bases.iter().flatten().map(|b| b.3 as u64).sum::<u64>();
         Ok(())
     }
 
@@ -494,7 +497,6 @@ impl Offload {
                     predicted.push(e as u32);
                 }
             }
-            let bases = self.bases(j);
             let mut fetched = Vec::new();
             for &e in &predicted {
                 let layer = self.layers[j].as_mut().expect("offloaded layer");
@@ -512,26 +514,7 @@ impl Offload {
                     // the victim in place from here on.
                     self.set_entry(j, v, None)?;
                 }
-                let remap = self.remap().data_addr();
-                for (m, b) in bases.iter().enumerate() {
-                    let Some((store, slots, _, eb)) = *b else {
-                        continue;
-                    };
-                    self.xfer
-                        .copy(slots + slot as usize * eb, store + e as usize * eb, eb)?;
-                    let at = self.cell(j, m, e);
-                    let flip = self.mirror + self.table_bytes() + at;
-                    assert!(
-                        flip + 4 <= self.mirror + self.mirror_len,
-                        "flip cell in the mirror"
-                    );
-                    // SAFETY: the flip cell lies in the live mirror buffer; it is written only
-                    // here, for a pending (so not evictable) expert, and read by the copy
-                    // stream before the step ends (the step's end waits for it).
-                    unsafe { *(flip as *mut i32) = slot as i32 };
-                    self.xfer.copy(remap + at, flip, 4)?;
-                }
-                self.stats.h2d_bytes += bases.iter().flatten().map(|b| b.3 as u64).sum::<u64>();
+                self.fetch_and_flip(j, e, slot)?;
                 fetched.push(e);
             }
             let st = &mut self.stats.layers[j];
@@ -559,4 +542,15 @@ fn self_check(il: usize, e: i32, n_expert: usize) -> Result<u32, GgmlError> {
             name: format!("ffn_moe_direct_ids0-{il}"),
             msg: format!("the step read expert {e} in place, outside 0..{n_expert}"),
         })
+}
+
+/// Counts the experts a step used, and how many of them the layer's prefetch had fetched and
+/// its prediction had named; clears both for the next step.
+fn count_predictions(layer: &mut Layer, st: &mut LayerStats, used: &[(u32, bool)]) {
+    let was_used = |e: &&u32| used.iter().any(|u| u.0 == **e);
+    st.used += used.len() as u64;
+    st.prefetch_used += layer.prefetched.iter().filter(was_used).count() as u64;
+    st.predicted_used += layer.predicted.iter().filter(was_used).count() as u64;
+    layer.prefetched.clear();
+    layer.predicted.clear();
 }

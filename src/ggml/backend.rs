@@ -236,6 +236,21 @@ impl Backend {
         })
     }
 
+    /// How many CUDA devices this build sees (0 without CUDA).
+    #[cfg(feature = "cuda")]
+    pub fn cuda_device_count() -> usize {
+        configure_cuda();
+        filter_ggml_log();
+        // SAFETY: plain query.
+        unsafe { sys::ggml_backend_cuda_get_device_count() }.max(0) as usize
+    }
+
+    /// How many CUDA devices this build sees (0 without CUDA).
+    #[cfg(not(feature = "cuda"))]
+    pub fn cuda_device_count() -> usize {
+        0
+    }
+
     /// The CUDA backend on GPU `device` (this build has no CUDA).
     #[cfg(not(feature = "cuda"))]
     pub fn cuda(_device: usize) -> Result<Self> {
