@@ -4,7 +4,7 @@
 //! grace period has ended them. A model that fails to load exits 1 with the reason.
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use pocketmoe::engine::{Device, EngineOptions};
+use pocketmoe::engine::EngineOptions;
 use pocketmoe::server::{self, Engine, Health, LocalEngine, LocalOptions, ServerConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,7 +29,10 @@ use std::time::Duration;
         open connection has a request in progress it is answered 503 (Retry-After: 1) and \
         closed.\n\n\
         SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, \
-        close whatever is still open a second later, exit 0."
+        close whatever is still open a second later, exit 0.\n\n\
+        llama-server's names work where they mean the same: -m, -c/--ctx-size, -t/--threads, \
+        -np/--parallel, -a/--alias, --host, --port, --api-key; -ngl/--n-gpu-layers only picks \
+        the device (see its help)."
 )]
 struct Args {
     /// The GGUF model (any shard of a split bundle).
@@ -43,19 +46,29 @@ struct Args {
     /// Run on GPU N (needs a CUDA build); the CPU otherwise.
     #[arg(long)]
     gpu: Option<usize>,
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N",
+        conflicts_with = "gpu",
+        value_parser = pocketmoe::cli::parse_gpu_layers,
+        help = pocketmoe::cli::GPU_LAYERS_HELP
+    )]
+    n_gpu_layers: Option<pocketmoe::cli::GpuLayers>,
     /// Memory budget on the GPU (bytes; K/M/G/KiB/MiB/GiB suffixes); routed experts that do not
     /// fit are offloaded.
     #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
     gpu_mem: Option<u64>,
     /// Context length of each request (prompt + completion); the KV cache holds
-    /// ctx × parallel positions.
-    #[arg(long, default_value_t = 4096)]
+    /// ctx × parallel positions. (llama-server's -c/--ctx-size is the whole cache, shared by its
+    /// slots; here it is per request.)
+    #[arg(short = 'c', long, visible_alias = "ctx-size", default_value_t = 4096)]
     ctx: usize,
     /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
     /// llama.cpp does for a quantised cache).
     #[arg(long, default_value = "f16", value_parser = pocketmoe::cli::parse_cache_type)]
     cache_type: pocketmoe::ggml::GgmlType,
-    /// Requests decoded together (continuous batching).
+    /// Requests decoded together (continuous batching); also -np N, as llama-server.
     #[arg(long, default_value_t = 4)]
     parallel: usize,
     /// Requests that may wait for a free slot; when full, new requests get 429 (0: no waiting,
@@ -65,11 +78,12 @@ struct Args {
     /// Require `Authorization: Bearer KEY` (all routes but /health).
     #[arg(long, env = "POCKETMOE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// The model name clients use (default: the file name without .gguf).
-    #[arg(long)]
+    /// The model name clients use and /v1/models reports (default: the file name without
+    /// .gguf).
+    #[arg(short = 'a', long)]
     alias: Option<String>,
     /// CPU threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0)]
     threads: usize,
     /// Tokens per forward pass (prompt chunks and decode tokens of all requests together).
     #[arg(long, default_value_t = 512)]
@@ -77,6 +91,13 @@ struct Args {
     /// Largest request body (bytes; suffixes as --gpu-mem).
     #[arg(long, default_value = "8MiB", value_parser = pocketmoe::cli::inspect::parse_bytes)]
     max_body: u64,
+    /// Parse control-token texts typed into chat message content (`<|im_end|>`,
+    /// `<|im_start|>`, ...) as control tokens, as llama.cpp's server does. By default (as vLLM)
+    /// message content is plain text, so a message cannot forge a role boundary; only the chat
+    /// template's own markers are control tokens. /v1/completions prompts are parsed for control
+    /// tokens either way.
+    #[arg(long)]
+    parse_special_in_content: bool,
     /// Batch-invariant CPU kernels: each request gets exactly the tokens it would get alone,
     /// whatever it is batched with (ggml otherwise picks CPU kernels by batch shape, which moves
     /// the last bits of the logits). Slower CPU prompt processing; CUDA kernels are unaffected.
@@ -115,7 +136,10 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let args = Args::parse_from(pocketmoe::cli::llama_flags(
+        std::env::args_os(),
+        pocketmoe::cli::SERVE_LLAMA_FLAGS,
+    ));
     if let Err(e) = pocketmoe::ggml::cpu_isa::check_host() {
         eprintln!("error: {e}");
         std::process::exit(1);
@@ -142,10 +166,14 @@ fn run(args: Args) -> Result<i32> {
     let size = std::fs::metadata(&args.model).map_or(0, |m| m.len());
     let pb = pocketmoe::cli::byte_progress(size, "loading");
     let pb2 = pb.clone();
+    let (device, note) = pocketmoe::cli::device_for(args.gpu, args.n_gpu_layers);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let opts = LocalOptions {
         model: args.model.clone(),
         engine: EngineOptions {
-            device: args.gpu.map_or(Device::Cpu, Device::Cuda),
+            device,
             n_ctx: args.ctx,
             n_threads: args.threads,
             n_ubatch: args.batch,
@@ -157,6 +185,7 @@ fn run(args: Args) -> Result<i32> {
         max_queue: args.queue,
         alias: args.alias.clone(),
         batch_invariant: args.batch_invariant,
+        parse_special_in_content: args.parse_special_in_content,
     };
     let engine = Arc::new(LocalEngine::start(
         opts,

@@ -43,7 +43,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let version: &'static str = Box::leak(pocketmoe::version().into_boxed_str());
-    let matches = Cli::command().version(version).get_matches();
+    // llama-cli's `-ngl N` (clap has no multi-letter short options).
+    let argv = pocketmoe::cli::llama_flags(std::env::args_os(), pocketmoe::cli::CLI_LLAMA_FLAGS);
+    let matches = Cli::command().version(version).get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = pocketmoe::ggml::cpu_isa::check_host() {
         eprintln!("error: {e}");

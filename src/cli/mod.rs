@@ -27,6 +27,107 @@ pub fn parse_cache_type(s: &str) -> Result<crate::ggml::GgmlType, String> {
     }
 }
 
+/// llama.cpp's `-ngl/--n-gpu-layers` value: a layer count, `auto` or `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuLayers {
+    Count(u32),
+    Auto,
+    All,
+}
+
+impl std::fmt::Display for GpuLayers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuLayers::Count(n) => write!(f, "{n}"),
+            GpuLayers::Auto => f.write_str("auto"),
+            GpuLayers::All => f.write_str("all"),
+        }
+    }
+}
+
+/// `--n-gpu-layers`: a count of layers (0 or more), `auto` or `all`.
+pub fn parse_gpu_layers(s: &str) -> Result<GpuLayers, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "auto" => Ok(GpuLayers::Auto),
+        "all" => Ok(GpuLayers::All),
+        n => n
+            .parse()
+            .map(GpuLayers::Count)
+            .map_err(|_| format!("{s:?}: a number of layers (0 = CPU, more = GPU 0), auto or all")),
+    }
+}
+
+/// What `-ngl`/`--n-gpu-layers` means here, as help text.
+pub const GPU_LAYERS_HELP: &str = "llama.cpp's -ngl (also --gpu-layers): PocketMoE does not \
+    split a model by layers, so this only picks the device. 0 = the CPU; any other count, auto \
+    or all = GPU 0 when this is a CUDA build with a GPU (the CPU otherwise), where the weights \
+    other than routed experts and the KV cache go on the GPU and routed experts fill the \
+    --gpu-mem budget (default: the GPU's free memory less a margin), the rest staying in host \
+    memory. A one-line note at start says what it chose. Use --gpu N / --gpu-mem SIZE for \
+    control.";
+
+/// The device for `--gpu` or `-ngl` (at most one is given; clap makes them exclusive) and, for
+/// `-ngl`, the one-line note that says how it was mapped.
+pub fn device_for(
+    gpu: Option<usize>,
+    ngl: Option<GpuLayers>,
+) -> (crate::engine::Device, Option<String>) {
+    use crate::engine::Device;
+    let Some(ngl) = ngl else {
+        return (gpu.map_or(Device::Cpu, Device::Cuda), None);
+    };
+    if ngl == GpuLayers::Count(0) {
+        return (
+            Device::Cpu,
+            Some("note: -ngl 0: running on the CPU (--gpu N to use a GPU)".into()),
+        );
+    }
+    match Device::Auto.resolve() {
+        Device::Cuda(i) => (
+            Device::Cuda(i),
+            Some(format!(
+                "note: -ngl {ngl}: running on GPU {i} (as --gpu {i}); PocketMoE places routed \
+                 experts by the --gpu-mem budget, not by layers"
+            )),
+        ),
+        d => (
+            d,
+            Some(format!(
+                "note: -ngl {ngl}: no CUDA GPU in this build or machine, running on the CPU"
+            )),
+        ),
+    }
+}
+
+/// llama.cpp's multi-letter single-dash options (`-ngl 99`, `-np 4`) rewritten to the long
+/// names clap knows (`--n-gpu-layers 99`, `--parallel 4`), up to a `--`. `names` pairs each
+/// short spelling with its long name; `-X=V` becomes `--long=V`.
+pub fn llama_flags<I: IntoIterator<Item = std::ffi::OsString>>(
+    args: I,
+    names: &[(&str, &str)],
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut done = false;
+    for a in args {
+        let s = a.to_str().unwrap_or("");
+        done |= s == "--";
+        let hit = names.iter().find_map(|&(short, long)| {
+            let rest = s.strip_prefix(short)?;
+            (rest.is_empty() || rest.starts_with('=')).then(|| format!("{long}{rest}"))
+        });
+        match hit {
+            Some(long) if !done => out.push(long.into()),
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+/// The llama.cpp spellings `pocketmoe-serve` takes (llama-server's names).
+pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
+/// The llama.cpp spellings `pocketmoe` subcommands take (llama-cli's names).
+pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers")];
+
 use crate::engine::Engine;
 use crate::ggml::llama::LlamaContext;
 

@@ -32,8 +32,17 @@ pub struct RunArgs {
     /// Run on the CPU (the default).
     #[arg(long)]
     pub cpu: bool,
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "gpu-layers",
+        value_name = "N",
+        conflicts_with_all = ["gpu", "cpu"],
+        value_parser = super::parse_gpu_layers,
+        help = super::GPU_LAYERS_HELP
+    )]
+    pub n_gpu_layers: Option<super::GpuLayers>,
     /// Context length.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(short = 'c', long, visible_alias = "ctx-size", default_value_t = 4096)]
     pub ctx: usize,
     /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
     /// llama.cpp does for a quantised cache).
@@ -57,7 +66,7 @@ pub struct RunArgs {
     #[arg(long, short)]
     pub verbose: bool,
     /// CPU threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
@@ -112,7 +121,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    let device = args.gpu.map_or(Device::Cpu, Device::Cuda);
+    let (device, note) = super::device_for(args.gpu, args.n_gpu_layers);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let opts = EngineOptions {
         device,
         n_ctx: args.ctx,
@@ -145,7 +157,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         n_predict: args.n_predict,
     };
     if args.reference {
-        let lm = LlamaModel::load(&args.model, if args.gpu.is_some() { -1 } else { 0 })?;
+        let lm = LlamaModel::load(&args.model, if device == Device::Cpu { 0 } else { -1 })?;
         let threads = if args.threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {

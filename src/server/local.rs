@@ -38,6 +38,10 @@ pub struct LocalOptions {
     /// Batch-invariant CPU kernels (`Engine::set_batch_invariant`): a request's tokens do not
     /// depend on what it is batched with.
     pub batch_invariant: bool,
+    /// Parse control-token texts (`<|im_end|>`, ...) typed into chat message content as control
+    /// tokens, as llama.cpp's server does; off: content is plain text and only the template's
+    /// own markers are control tokens ([`Tokenizer::encode_chat`]).
+    pub parse_special_in_content: bool,
 }
 
 /// Load progress and outcome, shared with the loading thread.
@@ -58,6 +62,7 @@ pub struct LocalEngine {
     state: Arc<LoadState>,
     max_queue: usize,
     parallel: usize,
+    parse_special_in_content: bool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -159,6 +164,7 @@ impl LocalEngine {
             state,
             max_queue: opts.max_queue,
             parallel: opts.parallel,
+            parse_special_in_content: opts.parse_special_in_content,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -223,12 +229,20 @@ impl Engine for LocalEngine {
                 let t = self.template.as_ref().ok_or_else(|| {
                     ApiError::bad("the model has no chat template: use /v1/completions")
                 })?;
-                let text = t
-                    .apply(&messages, true, serde_json::Value::Object(template_vars))
+                // Message content is plain text unless --parse-special-in-content.
+                let chat = self
+                    .tok
+                    .encode_chat(
+                        t,
+                        &messages,
+                        true,
+                        serde_json::Value::Object(template_vars),
+                        self.parse_special_in_content,
+                    )
                     .map_err(|e| {
                         ApiError::bad(format!("the chat template refused these messages: {e}"))
                     })?;
-                let toks = self.tok.encode(&text, true, true);
+                let (text, toks) = (chat.text, chat.tokens);
                 let open = prompt_opens_reasoning(format, &text);
                 (toks, open, format.needs_special_tokens())
             }

@@ -499,9 +499,67 @@ pub fn find(arch: &str, name: &str) -> Result<Preset, String> {
             .filter(|p| p.hparams.arch == arch)
             .map(|p| p.name.to_string())
             .collect();
+        if names.is_empty() {
+            return unknown_arch(arch);
+        }
         format!(
             "no preset {name:?} for architecture {arch:?} (available: {})",
             names.join(", ")
         )
     })
+}
+
+/// The architectures (GGUF names) that have presets, in the order of [`all`].
+pub fn archs() -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for p in all() {
+        if !out.contains(&p.hparams.arch) {
+            out.push(p.hparams.arch.clone());
+        }
+    }
+    out
+}
+
+/// GGUF architecture names of models often called otherwise (Hugging Face `model_type`s and
+/// family names): Mixtral is `llama` in GGUF.
+const ARCH_HINTS: &[(&str, &str)] = &[
+    ("mixtral", "llama"),
+    ("qwen3_moe", "qwen3moe"),
+    ("qwen3-moe", "qwen3moe"),
+    ("qwen2_moe", "qwen2moe"),
+    ("qwen2-moe", "qwen2moe"),
+    ("gpt_oss", "gpt-oss"),
+    ("gptoss", "gpt-oss"),
+    ("deepseek_v2", "deepseek2"),
+    ("deepseek-v2", "deepseek2"),
+    ("deepseek_v3", "deepseek2"),
+    ("deepseek-v3", "deepseek2"),
+    ("deepseek3", "deepseek2"),
+    ("kimi_k2", "deepseek2"),
+    ("kimi-k2", "deepseek2"),
+    ("glm4_moe", "glm4moe"),
+    ("glm4-moe", "glm4moe"),
+    ("minimax", "minimax-m2"),
+    ("minimax_m2", "minimax-m2"),
+];
+
+/// The error for an architecture without presets: the supported list, and the GGUF name when
+/// `arch` is another name of one.
+fn unknown_arch(arch: &str) -> String {
+    let supported = archs();
+    let lower = arch.to_ascii_lowercase();
+    let hint = ARCH_HINTS
+        .iter()
+        .find(|(alias, _)| *alias == lower)
+        .map(|&(_, gguf)| gguf.to_string())
+        .or_else(|| supported.iter().find(|a| **a == lower).cloned());
+    let mut msg = format!(
+        "unknown architecture {arch:?}: supported (GGUF names) are {}",
+        supported.join(", ")
+    );
+    match hint {
+        Some(h) => msg.push_str(&format!("; {arch} -> {h}: use --arch {h}")),
+        None => msg.push_str("; mixtral -> llama (Mixtral is `llama` in GGUF)"),
+    }
+    msg
 }

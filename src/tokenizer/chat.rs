@@ -7,7 +7,8 @@
 //! llama.cpp `common/chat.cpp` (`common_chat_template_direct_apply_impl`): the same variables,
 //! the BOS/EOS texts of the vocabulary, and — in [`ChatTemplate::apply`] — removal of a leading
 //! BOS / trailing EOS text when the tokenizer adds those tokens itself, so the prompt does not
-//! start with two BOS tokens.
+//! start with two BOS tokens. [`ChatTemplate::apply_marking`] also reports which control-token
+//! texts of the output came from the messages, so they can be tokenized as plain text.
 //!
 //! Invariants: a template compiles when the [`ChatTemplate`] is built (syntax errors surface
 //! there, naming the template); rendering never panics; `extra` keys override the defaults, as
@@ -19,6 +20,7 @@ use super::vocab;
 use super::TokenizerError;
 use crate::gguf::GgufModel;
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 /// A message's content: plain text, or OpenAI content parts (`[{"type": "text", ...}]`), which
 /// templates that support them iterate.
@@ -219,21 +221,129 @@ impl ChatTemplate {
 
     /// The prompt llama.cpp's server would tokenize: [`ChatTemplate::render`] without the leading
     /// BOS text when the tokenizer adds BOS, and without a trailing EOS text when it adds EOS.
-    /// Tokenize the result with `add_special = true, parse_special = true`.
+    /// Tokenize the result with `add_special = true, parse_special = true` for llama.cpp's
+    /// behaviour, where control-token texts typed into messages become control tokens; see
+    /// [`ChatTemplate::apply_marking`] for keeping them plain text.
     pub fn apply(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         extra: serde_json::Value,
     ) -> Result<String, TokenizerError> {
-        let mut out = self.render(messages, add_generation_prompt, extra)?;
-        if self.add_bos && !self.bos_token.is_empty() && out.starts_with(&self.bos_token) {
-            out.drain(..self.bos_token.len());
+        let out = self.render(messages, add_generation_prompt, extra)?;
+        Ok(self.strip_bos_eos(out, Vec::new()).text)
+    }
+
+    /// [`ChatTemplate::apply`], and where its output spells one of `specials` (the control-token
+    /// texts, [`Tokenizer::control_texts`](super::Tokenizer::control_texts)) with text that came
+    /// from the messages: their content (a string, or the `text` of each part) and
+    /// `reasoning_content`. Those byte ranges are to be tokenized as plain text
+    /// ([`Tokenizer::encode_with_plain`](super::Tokenizer::encode_with_plain)) while the
+    /// template's own markers stay control tokens.
+    ///
+    /// How: each occurrence of a special text in a message is prefixed with a marker character
+    /// that occurs nowhere in the messages, `extra`, or the template (a private-use code point),
+    /// the template is rendered, and the markers are taken out again, each one recording where
+    /// a message's special text begins in the output. Templates that copy, trim or split
+    /// content carry the markers along; one that changes the special text itself (`upper`) only
+    /// loses the mark, and a message without special texts renders exactly as with `apply`.
+    pub fn apply_marking(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: serde_json::Value,
+        specials: &[&str],
+    ) -> Result<RenderedChat, TokenizerError> {
+        let specials: Vec<&str> = specials.iter().copied().filter(|t| !t.is_empty()).collect();
+        let holds = |s: &str| specials.iter().any(|t| s.contains(t));
+        if !messages.iter().any(|m| message_texts(m).any(holds)) {
+            let out = self.render(messages, add_generation_prompt, extra)?;
+            return Ok(self.strip_bos_eos(out, Vec::new()));
         }
-        if self.add_eos && !self.eos_token.is_empty() && out.ends_with(&self.eos_token) {
-            out.truncate(out.len() - self.eos_token.len());
+        let marker = self.free_marker(messages, &extra)?;
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| mark_message(m, &specials, marker))
+            .collect();
+        let out = self.render(&marked, add_generation_prompt, extra)?;
+        let mut text = String::with_capacity(out.len());
+        let mut starts = Vec::new();
+        for c in out.chars() {
+            if c == marker {
+                starts.push(text.len());
+            } else {
+                text.push(c);
+            }
         }
-        Ok(out)
+        let mut plain: Vec<Range<usize>> = Vec::new();
+        for s in starts {
+            let Some(len) = specials
+                .iter()
+                .filter(|t| text[s..].starts_with(**t))
+                .map(|t| t.len())
+                .max()
+            else {
+                continue; // the template changed the text after the marker
+            };
+            match plain.last_mut() {
+                Some(r) if r.end >= s => r.end = r.end.max(s + len),
+                _ => plain.push(s..s + len),
+            }
+        }
+        Ok(self.strip_bos_eos(text, plain))
+    }
+
+    /// Drops a leading BOS / trailing EOS text the tokenizer adds itself, unless that text is
+    /// (part of) a plain range, i.e. came from a message.
+    fn strip_bos_eos(&self, mut text: String, mut plain: Vec<Range<usize>>) -> RenderedChat {
+        let b = self.bos_token.len();
+        if self.add_bos
+            && b > 0
+            && text.starts_with(&self.bos_token)
+            && plain.first().is_none_or(|r| r.start >= b)
+        {
+            text.drain(..b);
+            for r in &mut plain {
+                (r.start, r.end) = (r.start - b, r.end - b);
+            }
+        }
+        let e = self.eos_token.len();
+        if self.add_eos
+            && e > 0
+            && text.ends_with(&self.eos_token)
+            && plain.last().is_none_or(|r| r.end <= text.len() - e)
+        {
+            text.truncate(text.len() - e);
+        }
+        RenderedChat { text, plain }
+    }
+
+    /// A private-use character found nowhere in the template, its BOS/EOS texts, the messages
+    /// or `extra`, so that every one in the output is a marker.
+    fn free_marker(
+        &self,
+        messages: &[ChatMessage],
+        extra: &serde_json::Value,
+    ) -> Result<char, TokenizerError> {
+        let private = |c: &char| matches!(*c as u32, 0xE000..=0xF8FF | 0xF0000..=0x10FFFD);
+        let msgs = serde_json::to_string(messages).map_err(|e| self.err(&e.to_string()))?;
+        let extra = extra.to_string();
+        let used: std::collections::HashSet<char> = [
+            self.source.as_str(),
+            &self.bos_token,
+            &self.eos_token,
+            &msgs,
+            &extra,
+        ]
+        .iter()
+        .flat_map(|s| s.chars())
+        .filter(private)
+        .collect();
+        (0xE000..=0xF8FF)
+            .chain(0xF0000..=0x10FFFD)
+            .filter_map(char::from_u32)
+            .find(|c| !used.contains(c))
+            .ok_or_else(|| self.err("the messages use every private-use character"))
     }
 
     fn err(&self, msg: &str) -> TokenizerError {
@@ -242,6 +352,68 @@ impl ChatTemplate {
             msg: msg.to_string(),
         }
     }
+}
+
+/// A rendered chat prompt and the byte ranges of it that came from the messages and spell
+/// control tokens: those are plain text ([`ChatTemplate::apply_marking`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    pub text: String,
+    /// Sorted, disjoint byte ranges of `text`.
+    pub plain: Vec<Range<usize>>,
+}
+
+/// The message texts [`ChatTemplate::apply_marking`] keeps plain: the content (a string, or the
+/// `text` of each part) and `reasoning_content`.
+fn message_texts(m: &ChatMessage) -> impl Iterator<Item = &str> {
+    let content: Vec<&str> = match &m.content {
+        None => Vec::new(),
+        Some(MessageContent::Text(t)) => vec![t.as_str()],
+        Some(MessageContent::Parts(p)) => p
+            .iter()
+            .filter_map(|part| part.get("text")?.as_str())
+            .collect(),
+    };
+    let reasoning = m.extra.get("reasoning_content").and_then(|r| r.as_str());
+    content.into_iter().chain(reasoning)
+}
+
+/// `m` with `marker` inserted before every occurrence of a text of `specials` in the texts of
+/// [`message_texts`].
+fn mark_message(m: &ChatMessage, specials: &[&str], marker: char) -> ChatMessage {
+    let mark = |s: &str| -> String {
+        let mut at: Vec<usize> = specials
+            .iter()
+            .flat_map(|t| s.match_indices(t).map(|(i, _)| i))
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        let mut out = String::with_capacity(s.len() + at.len() * marker.len_utf8());
+        let mut last = 0;
+        for i in at {
+            out.push_str(&s[last..i]);
+            out.push(marker);
+            last = i;
+        }
+        out.push_str(&s[last..]);
+        out
+    };
+    let mut m = m.clone();
+    match &mut m.content {
+        None => {}
+        Some(MessageContent::Text(t)) => *t = mark(t),
+        Some(MessageContent::Parts(parts)) => {
+            for part in parts {
+                if let Some(serde_json::Value::String(t)) = part.get_mut("text") {
+                    *t = mark(t);
+                }
+            }
+        }
+    }
+    if let Some(serde_json::Value::String(r)) = m.extra.get_mut("reasoning_content") {
+        *r = mark(r);
+    }
+    m
 }
 
 fn template_err(name: &str, e: &minijinja::Error) -> TokenizerError {
@@ -298,6 +470,59 @@ mod tests {
             .unwrap();
         assert_eq!(out, "False|2"); // Python prints booleans capitalised, as Jinja2 does
         assert!(t.render(&[], false, serde_json::json!([1])).is_err());
+    }
+
+    #[test]
+    fn marking_finds_specials_from_messages_only() {
+        let specials = ["<|im_start|>", "<|im_end|>", "<s>", "</s>"];
+        let t = ChatTemplate::new("t", CHATML, "<s>", "</s>").unwrap();
+        // The content holds the first private-use character itself: another one marks.
+        let msgs = [ChatMessage::user("\u{E000}a<|im_end|>b")];
+        let r = t
+            .apply_marking(&msgs, false, serde_json::Value::Null, &specials)
+            .unwrap();
+        assert_eq!(r.text, "<|im_start|>user\n\u{E000}a<|im_end|>b<|im_end|>\n");
+        let at = r.text.find("a<|im_end|>").unwrap() + 1;
+        assert_eq!(r.plain, vec![at..at + "<|im_end|>".len()]);
+        // Without specials in the messages, exactly `apply`.
+        let plain = [ChatMessage::user("a <im_end> b")];
+        let r = t
+            .apply_marking(&plain, true, serde_json::Value::Null, &specials)
+            .unwrap();
+        let out = t.apply(&plain, true, serde_json::Value::Null).unwrap();
+        assert_eq!((r.text, r.plain), (out, vec![]));
+
+        // Trimmed and adjacent specials; a transform that changes the text only drops the mark.
+        let t = ChatTemplate::new(
+            "trim",
+            "{% for m in messages %}[{{ m.content|trim }}]{{ m.content|upper }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let msgs = [ChatMessage::user(" <s></s> ")];
+        let r = t
+            .apply_marking(&msgs, false, serde_json::Value::Null, &specials)
+            .unwrap();
+        assert_eq!(r.text, "[<s></s>] <S></S> ");
+        assert_eq!(r.plain, vec![1..8]);
+
+        // A BOS/EOS text that came from a message is not taken for the template's.
+        let t = ChatTemplate::new("b", "{{ messages[0].content }}", "<s>", "</s>")
+            .unwrap()
+            .with_tokenizer_flags(true, true);
+        let msgs = [ChatMessage::user("<s>hi</s>")];
+        let r = t
+            .apply_marking(&msgs, false, serde_json::Value::Null, &specials)
+            .unwrap();
+        assert_eq!((r.text.as_str(), r.plain), ("<s>hi</s>", vec![0..3, 5..9]));
+        let t = ChatTemplate::new("b", "<s>{{ messages[0].content }}</s>", "<s>", "</s>")
+            .unwrap()
+            .with_tokenizer_flags(true, true);
+        let r = t
+            .apply_marking(&msgs, false, serde_json::Value::Null, &specials)
+            .unwrap();
+        assert_eq!((r.text.as_str(), r.plain), ("<s>hi</s>", vec![0..3, 5..9]));
     }
 
     #[test]

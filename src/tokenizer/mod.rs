@@ -14,6 +14,13 @@
 //! longest special text first (`tokenizer_st_partition`, with lstrip/rstrip attributes), then
 //! each remaining fragment goes through the model; `add_special` adds BOS/EOS as the GGUF says.
 //!
+//! Chat prompts ([`Tokenizer::encode_chat`]): by default the template's own text is parsed for
+//! control tokens but the text that came from the messages is not (as vLLM), so content such as
+//! `x<|im_end|>\n<|im_start|>system` stays plain text instead of forging a turn;
+//! [`ChatTemplate::apply_marking`] finds those byte ranges and
+//! [`Tokenizer::encode_with_plain`] skips control tokens there. `parse_special_in_content`
+//! (`pocketmoe-serve --parse-special-in-content`) is llama.cpp's server: everything parsed.
+//!
 //! Invariants: every id returned is < [`Tokenizer::n_vocab`]; encoding never fails or panics
 //! on any `&str`; a file is refused at load time, with an error naming it and the key, rather
 //! than tokenized differently from llama.cpp where we know we would differ (unsupported models
@@ -26,7 +33,7 @@ mod pretok;
 mod spm;
 pub mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate, MessageContent};
+pub use chat::{ChatMessage, ChatTemplate, MessageContent, RenderedChat};
 pub use decode::StreamDecoder;
 pub use vocab::{attr, SpecialTokens, TokenizerKind};
 
@@ -72,6 +79,17 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A tokenized chat prompt ([`Tokenizer::encode_chat`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatPrompt {
+    /// The rendered prompt, as [`ChatTemplate::apply`] returns it.
+    pub text: String,
+    /// Byte ranges of `text` that were tokenized as plain text although they spell control
+    /// tokens (message content); empty when content is parsed for control tokens.
+    pub plain: Vec<std::ops::Range<usize>>,
+    pub tokens: Vec<u32>,
+}
+
 /// A piece of the input after cutting at special tokens.
 enum Fragment<'t> {
     Text(&'t str),
@@ -99,9 +117,86 @@ impl Tokenizer {
     /// `add_special`: BOS/EOS when the model adds them; `parse_special`: control-token texts
     /// such as `<|im_start|>` become their tokens (otherwise they are tokenized as plain text).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_parts(text, add_special, parse_special, &[])
+    }
+
+    /// [`Tokenizer::encode`] with `parse_special = true`, except that no control (or unknown)
+    /// token is recognised where its text overlaps one of the byte ranges `plain` (sorted,
+    /// disjoint): those bytes are tokenized as if `parse_special` were off, together with the
+    /// text around them. User-defined tokens are recognised everywhere, as with `encode`.
+    ///
+    /// This is how a chat prompt keeps message content plain text while the template's own
+    /// markers stay control tokens ([`Tokenizer::encode_chat`]).
+    pub fn encode_with_plain(
+        &self,
+        text: &str,
+        add_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
+        self.encode_parts(text, add_special, true, plain)
+    }
+
+    /// The texts of the tokens that `encode(.., parse_special = false)` does not recognise (control
+    /// and unknown tokens), longest first.
+    pub fn control_texts(&self) -> Vec<&str> {
+        let v = &self.vocab;
+        v.special_cache
+            .iter()
+            .filter(|&&id| v.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0)
+            .map(|&id| v.tokens[id as usize].as_str())
+            .filter(|t| !t.is_empty())
+            .collect()
+    }
+
+    /// A chat prompt as the server tokenizes it: `template` applied to `messages`
+    /// ([`ChatTemplate::apply`]), then tokenized with BOS/EOS as the model adds them.
+    ///
+    /// `parse_special_in_content = false` (the default of `pocketmoe-serve`, as vLLM): the
+    /// template's own text is parsed for control tokens, but text that came from the messages
+    /// (content, content parts, `reasoning_content`) is plain text, so a message cannot forge a
+    /// role boundary by typing `<|im_end|>`; see [`ChatTemplate::apply_marking`]. `true`:
+    /// the whole rendered prompt is parsed for control tokens (llama.cpp's server).
+    pub fn encode_chat(
+        &self,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: serde_json::Value,
+        parse_special_in_content: bool,
+    ) -> Result<ChatPrompt, TokenizerError> {
+        if parse_special_in_content {
+            let text = template.apply(messages, add_generation_prompt, extra)?;
+            let tokens = self.encode(&text, true, true);
+            return Ok(ChatPrompt {
+                text,
+                plain: Vec::new(),
+                tokens,
+            });
+        }
+        let RenderedChat { text, plain } = template.apply_marking(
+            messages,
+            add_generation_prompt,
+            extra,
+            &self.control_texts(),
+        )?;
+        let tokens = self.encode_with_plain(&text, true, &plain);
+        Ok(ChatPrompt {
+            text,
+            plain,
+            tokens,
+        })
+    }
+
+    fn encode_parts(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        let fragments = self.partition(text, parse_special);
+        let fragments = self.partition(text, parse_special, plain);
         if add_special && v.add_bos {
             out.extend(v.special.bos);
         }
@@ -141,9 +236,21 @@ impl Tokenizer {
         out
     }
 
-    /// llama.cpp's `tokenizer_st_partition`: cut `text` at special tokens, longest first.
-    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+    /// llama.cpp's `tokenizer_st_partition`: cut `text` at special tokens, longest first; no
+    /// control or unknown token where it would overlap a byte range of `plain`.
+    fn partition<'t>(
+        &self,
+        text: &'t str,
+        parse_special: bool,
+        plain: &[std::ops::Range<usize>],
+    ) -> Vec<Fragment<'t>> {
         let v = &self.vocab;
+        let base = text.as_ptr() as usize;
+        // Whether text[start..end] overlaps a plain range (sorted and disjoint).
+        let in_plain = |start: usize, end: usize| {
+            let i = plain.partition_point(|r| r.end <= start);
+            plain.get(i).is_some_and(|r| r.start < end)
+        };
         let mut frags = Vec::new();
         if !text.is_empty() {
             frags.push(Fragment::Text(text));
@@ -153,8 +260,9 @@ impl Tokenizer {
             if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
                 continue;
             }
+            let control = a & (attr::CONTROL | attr::UNKNOWN) != 0;
             let tok = v.tokens[id as usize].as_str();
-            if !text.contains(tok) {
+            if tok.is_empty() || !text.contains(tok) {
                 continue; // cheap filter: no fragment can contain it either
             }
             let mut next = Vec::with_capacity(frags.len() + 2);
@@ -163,7 +271,15 @@ impl Tokenizer {
                     next.push(f);
                     continue;
                 };
-                while let Some(pos) = rest.find(tok) {
+                let mut from = 0; // where to search `rest` from (past skipped plain matches)
+                while let Some(pos) = rest[from..].find(tok).map(|p| p + from) {
+                    let start = rest.as_ptr() as usize - base + pos;
+                    if control && in_plain(start, start + tok.len()) {
+                        // Plain text: look again from the next character.
+                        from = pos + rest[pos..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
+                    from = 0;
                     let mut left = &rest[..pos];
                     if a & attr::LSTRIP != 0 {
                         left = left.trim_end_matches(c_isspace);
