@@ -43,9 +43,14 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Run on GPU N (needs a CUDA build); the CPU otherwise.
-    #[arg(long)]
+    /// Run on GPU N (needs a CUDA build). Default: GPU 0 when this is a CUDA build and a GPU is
+    /// present (with --gpu-mem defaulting to its free memory minus a margin, so a model larger
+    /// than the GPU offloads its experts by itself), else the CPU.
+    #[arg(long, conflicts_with = "cpu")]
     gpu: Option<usize>,
+    /// Run on the CPU even when a GPU is present.
+    #[arg(long, conflicts_with = "n_gpu_layers")]
+    cpu: bool,
     #[arg(
         long = "n-gpu-layers",
         visible_alias = "gpu-layers",
@@ -55,8 +60,8 @@ struct Args {
         help = pocketmoe::cli::GPU_LAYERS_HELP
     )]
     n_gpu_layers: Option<pocketmoe::cli::GpuLayers>,
-    /// Memory budget on the GPU (bytes; K/M/G/KiB/MiB/GiB suffixes); routed experts that do not
-    /// fit are offloaded.
+    /// Memory budget on the GPU (bytes; K/M/G/KiB/MiB/GiB suffixes; default: the GPU's free
+    /// memory minus max(1 GiB, 5%)); routed experts that do not fit are offloaded.
     #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
     gpu_mem: Option<u64>,
     /// Context length of each request (prompt + completion); the KV cache holds
@@ -166,7 +171,7 @@ fn run(args: Args) -> Result<i32> {
     let size = std::fs::metadata(&args.model).map_or(0, |m| m.len());
     let pb = pocketmoe::cli::byte_progress(size, "loading");
     let pb2 = pb.clone();
-    let (device, note) = pocketmoe::cli::device_for(args.gpu, args.n_gpu_layers);
+    let (device, note) = pocketmoe::cli::device_for(args.cpu, args.gpu, args.n_gpu_layers);
     if let Some(note) = note {
         eprintln!("{note}");
     }

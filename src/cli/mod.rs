@@ -66,15 +66,22 @@ pub const GPU_LAYERS_HELP: &str = "llama.cpp's -ngl (also --gpu-layers): PocketM
     memory. A one-line note at start says what it chose. Use --gpu N / --gpu-mem SIZE for \
     control.";
 
-/// The device for `--gpu` or `-ngl` (at most one is given; clap makes them exclusive) and, for
-/// `-ngl`, the one-line note that says how it was mapped.
+/// The device for `--cpu`, `--gpu` or `-ngl` (at most one is given; clap makes them exclusive)
+/// and, for `-ngl`, the one-line note that says how it was mapped. None of them: GPU 0 on a
+/// CUDA build with a GPU, else the CPU ([`crate::engine::Device::Auto`]).
 pub fn device_for(
+    cpu: bool,
     gpu: Option<usize>,
     ngl: Option<GpuLayers>,
 ) -> (crate::engine::Device, Option<String>) {
     use crate::engine::Device;
     let Some(ngl) = ngl else {
-        return (gpu.map_or(Device::Cpu, Device::Cuda), None);
+        let d = match (cpu, gpu) {
+            (true, _) => Device::Cpu,
+            (false, Some(i)) => Device::Cuda(i),
+            (false, None) => Device::Auto,
+        };
+        return (d, None);
     };
     if ngl == GpuLayers::Count(0) {
         return (

@@ -26,10 +26,11 @@ pub struct RunArgs {
     /// Wrap the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Run on GPU N (needs a CUDA build).
+    /// Run on GPU N (needs a CUDA build). Default: GPU 0 when this is a CUDA build and a GPU is
+    /// present, else the CPU.
     #[arg(long, conflicts_with = "cpu")]
     pub gpu: Option<usize>,
-    /// Run on the CPU (the default).
+    /// Run on the CPU even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
     #[arg(
@@ -48,8 +49,9 @@ pub struct RunArgs {
     /// llama.cpp does for a quantised cache).
     #[arg(long, default_value = "f16", value_parser = super::parse_cache_type)]
     pub cache_type: crate::ggml::GgmlType,
-    /// Device memory budget (e.g. 8GiB). When the model does not fit, routed experts stay in
-    /// pinned host memory and the GPU keeps a cache of them (DESIGN.md §4).
+    /// Device memory budget (e.g. 8GiB; default on a GPU: its free memory minus max(1 GiB, 5%)).
+    /// When the model does not fit, routed experts stay in pinned host memory and the GPU keeps
+    /// a cache of them (DESIGN.md §4).
     #[arg(long, value_parser = super::inspect::parse_bytes)]
     pub gpu_mem: Option<u64>,
     /// Expert-cache policy: lru, lfu, lfru, lfru:HALF_LIFE.
@@ -121,7 +123,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    let (device, note) = super::device_for(args.gpu, args.n_gpu_layers);
+    let (device, note) = super::device_for(args.cpu, args.gpu, args.n_gpu_layers);
     if let Some(note) = note {
         eprintln!("{note}");
     }
@@ -175,13 +177,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
         pb.finish_and_clear();
         loaded(t_load);
-        if let Some(s) = eng.expert_slots() {
-            eprintln!(
-                "offload: {s} of {} experts per layer cached on the device ({:.2} GiB in use)",
-                eng.hp.n_expert,
-                eng.device_bytes() as f64 / (1u64 << 30) as f64
-            );
-        }
+        eprintln!("{}", eng.plan());
         match std::env::var_os("POCKETMOE_TRACE") {
             Some(path) => gen.run(&mut Trace::new(&mut eng, path.into())?)?,
             None => gen.run(&mut eng)?,

@@ -289,6 +289,8 @@ impl Engine {
         if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
             eng.plan_slots(&main, budget)?;
         }
+        // The server (and RUST_LOG=info) shows it at start; `pocketmoe run` prints it itself.
+        tracing::info!("{}", eng.plan());
         Ok(eng)
     }
 
@@ -393,13 +395,15 @@ impl Engine {
         match &self.offload {
             None => {
                 s += &format!(
-                    "  all weights resident: {}; KV cache {} ({} tokens, {}); compute buffer {}",
+                    "  all weights resident: {}; KV cache {} ({} tokens, {})",
                     gib(self.weights.bytes()),
                     gib(self.kv.bytes() as u64),
                     o.n_ctx,
                     o.kv_type.name(),
-                    gib(compute)
                 );
+                if compute > 0 {
+                    s += &format!("; compute buffer {}", gib(compute));
+                }
             }
             Some(off) => {
                 let n_expert = self.hp.n_expert as usize;
