@@ -125,7 +125,8 @@ fn check(file: &Path, key: &str, dir: &Path, id: usize) -> Option<String> {
     cmd.args(["run", "-m"])
         .arg(file)
         .args(["-p", "Hello world", "-n", "3", "--ctx", "64"])
-        .args(["--threads", "1", "--temp", "0"])
+        // The CPU on every build: the memory cap below leaves CUDA no room to start.
+        .args(["--cpu", "--threads", "1", "--temp", "0"])
         .env("POCKETMOE_TRACE", &trace)
         .env("RUST_BACKTRACE", "0")
         .env_remove("RUST_LOG")
