@@ -4,8 +4,9 @@
 //!
 //! Contract: `submit` validates and queues without blocking on generation and answers errors as
 //! values (prompt too long, queue full, still loading); the returned receiver then yields
-//! one `Token` per generated token and exactly one final `Done` or `Error`. Dropping the receiver cancels the request:
-//! the engine frees its sequence at its next step.
+//! one `Token` per generated token (each preceded by an `Id` when the request set
+//! [`GenRequest::token_ids`]) and exactly one final `Done` or `Error`. Dropping the receiver
+//! cancels the request: the engine frees its sequence (and its KV-cache rows) at its next step.
 use super::error::ApiError;
 use crate::engine::sampling::SamplerParams;
 use crate::tokenizer::ChatMessage;
@@ -94,6 +95,9 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// Added to the logits before sampling.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Report each generated token's id (an [`Event::Id`] before its `Token`): the request's
+    /// `return_token_ids`.
+    pub token_ids: bool,
 }
 
 /// A token's log-probability and the most likely alternatives (from the raw logits).
@@ -114,6 +118,9 @@ pub enum FinishReason {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The id of the generated token whose `Token` comes next (only when asked for:
+    /// [`GenRequest::token_ids`]).
+    Id(u32),
     /// One generated token's text (complete UTF-8 only: empty while a character is unfinished).
     Token {
         text: String,
@@ -151,6 +158,9 @@ pub struct EngineStats {
     /// Generated tokens per second over the last few seconds.
     pub recent_tok_s: f64,
     pub cancelled: u64,
+    /// KV-cache rows held by the sequences in slots (their tokens already forwarded); 0 when
+    /// idle. Capacity: `n_ctx × parallel`.
+    pub kv_tokens: u64,
     /// Expert-offload counters, when the model offloads experts.
     pub offload: Option<crate::experts::Stats>,
 }

@@ -308,6 +308,7 @@ impl Engine for LocalEngine {
             logprobs: req.logprobs,
             logit_bias: req.logit_bias,
             special,
+            token_ids: req.token_ids,
             events: etx,
         };
         let sent = self
@@ -339,6 +340,7 @@ impl Engine for LocalEngine {
             batch_tokens: s.batch_tokens.load(Relaxed),
             recent_tok_s: s.recent_tok_s(),
             cancelled: s.cancelled.load(Relaxed),
+            kv_tokens: s.kv_tokens.load(Relaxed),
             offload: s.offload.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }

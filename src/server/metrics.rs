@@ -1,7 +1,8 @@
 //! `/metrics` in Prometheus' text format (version 0.0.4): HTTP requests by route and status,
-//! tokens, throughput, queue depth and batch occupancy, and — when the engine offloads experts —
-//! the expert cache's counters from `experts::Stats` (nothing is printed for figures the engine
-//! does not have: no placeholder zeros), and the connection layer's counters (`conn`).
+//! tokens, throughput, queue depth, batch occupancy and KV-cache use, and — when the engine
+//! offloads experts — the expert cache's counters from `experts::Stats` (nothing is printed for
+//! figures the engine does not have: no placeholder zeros), and the connection layer's counters
+//! (`conn`).
 use super::api::{EngineStats, Health, ModelCard};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -120,6 +121,18 @@ impl HttpMetrics {
                 GAUGE,
                 "Sequences that can be decoded together (--parallel).",
                 s.parallel as f64,
+            ),
+            (
+                "kv_cache_tokens",
+                GAUGE,
+                "KV-cache rows held by active sequences (0 when idle).",
+                s.kv_tokens as f64,
+            ),
+            (
+                "kv_cache_capacity_tokens",
+                GAUGE,
+                "KV-cache rows in all (--ctx x --parallel).",
+                (card.n_ctx * s.parallel) as f64,
             ),
             (
                 "forward_passes_total",

@@ -318,6 +318,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Response, ApiError> {
     let engine = st.engine.clone();
     let logprobs = plan.gen.logprobs.is_some();
+    let token_ids = plan.gen.token_ids;
     let gen_req = plan.gen;
     let gen = tokio::task::spawn_blocking(move || engine.submit(gen_req))
         .await
@@ -336,6 +337,7 @@ async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Respon
         format: card.format,
         stops: plan.stops,
         include_usage: plan.include_usage,
+        token_ids,
     };
     Ok(if plan.stream {
         respond::stream(meta, gen, logprobs)

@@ -1,7 +1,9 @@
 //! From a [`Generation`]'s events to OpenAI responses: one JSON object, or an SSE stream of
 //! chunks ending in `data: [DONE]` (with a usage chunk first when `stream_options.include_usage`).
 //! Text goes through the stop strings, then the output parser (reasoning / tool calls for chat);
-//! streamed deltas concatenate to exactly what the non-streamed response holds.
+//! streamed deltas concatenate to exactly what the non-streamed response holds, and so do the
+//! streamed `token_ids` (`return_token_ids`: each chunk carries the ids that arrived since the
+//! previous one).
 //!
 //! Cancellation: the receiver is dropped when the response is (client gone, stop string hit),
 //! which tells the engine to free the sequence. An engine error mid-stream is sent as a
@@ -33,6 +35,8 @@ pub struct Meta {
     pub format: OutputFormat,
     pub stops: Vec<String>,
     pub include_usage: bool,
+    /// Add `token_ids` to the choices (`return_token_ids`).
+    pub token_ids: bool,
 }
 
 const FINGERPRINT: &str = concat!("pocketmoe-", env!("CARGO_PKG_VERSION"));
@@ -77,6 +81,8 @@ struct State {
     n_calls: usize,
     /// Logprobs not yet attached to a chunk, and the text length they start at (completions).
     logprobs: Vec<TokenLogprob>,
+    /// Token ids not yet attached to a chunk.
+    ids: Vec<u32>,
     text_len: usize,
     finish: Option<FinishReason>,
 }
@@ -96,6 +102,7 @@ impl State {
             n_tokens: 0,
             n_calls: 0,
             logprobs: Vec::new(),
+            ids: Vec::new(),
             text_len: 0,
             finish: None,
         }
@@ -109,6 +116,10 @@ impl State {
         };
         let ev = gen.events.recv().await;
         let (text, end) = match ev {
+            Some(Event::Id(id)) => {
+                self.ids.push(id);
+                return Ok(Vec::new());
+            }
             Some(Event::Token { text, logprob }) => {
                 self.n_tokens += 1;
                 self.logprobs.extend(logprob);
@@ -143,6 +154,11 @@ impl State {
         Ok(pieces)
     }
 
+    /// The pending token ids, when the request asked for them.
+    fn take_ids(&mut self) -> Option<Vec<u32>> {
+        self.meta.token_ids.then(|| std::mem::take(&mut self.ids))
+    }
+
     fn usage(&self) -> Usage {
         Usage::new(self.prompt_tokens, self.n_tokens)
     }
@@ -165,6 +181,7 @@ impl State {
                 delta: Some(delta),
                 logprobs,
                 finish_reason: finish,
+                token_ids: None,
             }],
             usage: None,
         }
@@ -187,6 +204,7 @@ impl State {
                 text,
                 logprobs,
                 finish_reason: finish,
+                token_ids: None,
             }],
             usage: None,
         }
@@ -266,6 +284,7 @@ pub async fn full(meta: Meta, gen: Generation, logprobs: bool) -> Response {
             let mut r = st.chat_chunk(ChatOut::default(), lp, Some(finish));
             r.object = "chat.completion";
             r.usage = Some(usage);
+            r.choices[0].token_ids = st.take_ids();
             let c = &mut r.choices[0];
             c.delta = None;
             c.message = Some(ChatOut {
@@ -280,6 +299,7 @@ pub async fn full(meta: Meta, gen: Generation, logprobs: bool) -> Response {
             let lp = logprobs.then(|| st.take_completion_logprobs());
             let mut r = st.completion_obj(text, lp, Some(finish));
             r.usage = Some(usage);
+            r.choices[0].token_ids = st.take_ids();
             axum::Json(r).into_response()
         }
     }
@@ -335,14 +355,16 @@ impl Streamer {
                     };
                     let mut lp = lp;
                     for d in deltas {
-                        let c = self.st.chat_chunk(d, lp.take(), None);
+                        let mut c = self.st.chat_chunk(d, lp.take(), None);
+                        c.choices[0].token_ids = self.st.take_ids();
                         self.queue.push_back(data(&c));
                     }
                 }
                 Kind::Completion => {
                     let Piece::Content(s) = p else { continue };
                     let lp = self.logprobs.then(|| self.st.take_completion_logprobs());
-                    let c = self.st.completion_obj(s, lp, None);
+                    let mut c = self.st.completion_obj(s, lp, None);
+                    c.choices[0].token_ids = self.st.take_ids();
                     self.queue.push_back(data(&c));
                 }
             }
@@ -363,14 +385,19 @@ impl Streamer {
     /// The closing chunks: finish reason, usage, `[DONE]`.
     fn close(&mut self, reason: FinishReason) {
         let finish = Some(finish_str(reason, self.st.n_calls > 0));
+        let ids = self.st.take_ids();
         let last = match self.st.meta.kind {
             Kind::Chat => {
                 let lp = self.chat_lp();
-                data(&self.st.chat_chunk(ChatOut::default(), lp, finish))
+                let mut c = self.st.chat_chunk(ChatOut::default(), lp, finish);
+                c.choices[0].token_ids = ids;
+                data(&c)
             }
             Kind::Completion => {
                 let lp = self.logprobs.then(|| self.st.take_completion_logprobs());
-                data(&self.st.completion_obj(String::new(), lp, finish))
+                let mut c = self.st.completion_obj(String::new(), lp, finish);
+                c.choices[0].token_ids = ids;
+                data(&c)
             }
         };
         self.queue.push_back(last);

@@ -3,6 +3,10 @@
 //! stream chunks. Unknown request fields are ignored, as OpenAI-compatible servers do; known
 //! fields we cannot honour are rejected by `validate`, never silently dropped.
 //!
+//! One extension, opt-in: `"return_token_ids": true` (vLLM's name for it) adds `token_ids` to
+//! each choice — the ids of the generated tokens (in a stream, those that arrived since the
+//! previous chunk; concatenated over the chunks they are the whole completion's, in order).
+//!
 //! Reference: the OpenAI API reference (chat completion object, chunk object, legacy
 //! completions) and `openai-python`'s `types/chat/*.py`, which the tests drive.
 use crate::tokenizer::ChatMessage;
@@ -60,6 +64,8 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub logit_bias: Option<Map<String, Value>>,
     pub response_format: Option<Value>,
+    /// Extension: add the generated tokens' ids to each choice (`token_ids`).
+    pub return_token_ids: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -173,6 +179,9 @@ pub struct ChatChoice {
     pub delta: Option<ChatOut>,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// With `return_token_ids`: the ids of the generated tokens (this chunk's, when streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// `chat.completion` and `chat.completion.chunk`.
@@ -203,6 +212,9 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// With `return_token_ids`: the ids of the generated tokens (this chunk's, when streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// `text_completion` (also the stream chunks' object).

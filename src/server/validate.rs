@@ -225,6 +225,7 @@ fn common_plan(
             max_tokens,
             logprobs,
             logit_bias: logit_bias(c, card)?,
+            token_ids: c.return_token_ids.unwrap_or(false),
         },
         stream,
         include_usage,

@@ -11,9 +11,10 @@
 //! requests of that step with an error event and the loop goes on); a request whose receiver is
 //! gone (client disconnected, stop string reached) is dropped at the next step and its slot
 //! reused; `Shared::queued` counts the jobs sent but not yet admitted or dropped,
-//! `Shared::active` the occupied slots and `Shared::in_flight` both together (jobs sent and not
-//! yet ended). A slot's counters drop before its last event is sent, so a client that has seen
-//! the end of its request never finds it counted in `/metrics`.
+//! `Shared::active` the occupied slots, `Shared::in_flight` both together (jobs sent and not
+//! yet ended) and `Shared::kv_tokens` the cache rows the occupied slots hold. A slot's counters
+//! drop before its last event is sent, so a client that has seen the end of its request never
+//! finds it counted in `/metrics`.
 use super::api::{Event, FinishReason, TokenLogprob};
 use crate::engine::batch::{BatchModel, SeqChunk};
 use crate::engine::sampling::{Sampler, SamplerParams};
@@ -51,6 +52,8 @@ pub struct Job {
     pub logit_bias: Vec<(u32, f32)>,
     /// Render control tokens as text.
     pub special: bool,
+    /// Send each token's id (`Event::Id`) before its text.
+    pub token_ids: bool,
     pub events: UnboundedSender<Event>,
 }
 
@@ -82,6 +85,8 @@ pub struct Shared {
     pub steps: AtomicU64,
     pub batch_tokens: AtomicU64,
     pub cancelled: AtomicU64,
+    /// KV-cache rows held by the occupied slots: the sum of their sequences' forwarded tokens.
+    pub kv_tokens: AtomicU64,
     /// (when, tokens generated) of recent steps, for a tok/s gauge.
     pub recent: Mutex<VecDeque<(Instant, usize)>>,
     pub offload: Mutex<Option<crate::experts::Stats>>,
@@ -236,12 +241,14 @@ pub fn run<M: BatchModel, V: Vocab>(
         step(model, vocab, cfg, &mut slots, &mut rr, shared);
     }
     shared.active.store(0, Relaxed);
+    shared.kv_tokens.store(0, Relaxed);
 }
 
 /// Frees `slot` (if occupied): the counters first, then `last` goes out.
 fn vacate(slot: &mut Option<Seq>, shared: &Shared, last: Option<Event>) {
     if let Some(s) = slot.take() {
         shared.active.fetch_sub(1, Relaxed);
+        shared.kv_tokens.fetch_sub(s.cached as u64, Relaxed);
         shared.end_job();
         if let Some(e) = last {
             s.send(e);
@@ -323,6 +330,7 @@ fn step<M: BatchModel, V: Vocab>(
         let slot = &mut slots[i];
         let s = slot.as_mut().expect("planned slots are active");
         s.cached += take;
+        shared.kv_tokens.fetch_add(take as u64, Relaxed);
         if !wants {
             continue;
         }
@@ -379,6 +387,9 @@ fn sample<V: Vocab>(
     s.sampler.accept(next);
     s.all.push(next);
     s.n_gen += 1;
+    if s.job.token_ids {
+        s.send(Event::Id(next));
+    }
     let bytes = vocab.piece(next, s.job.special);
     let text = s.dec.push(&bytes);
     let logprob = s
@@ -482,6 +493,7 @@ mod tests {
             logprobs: None,
             logit_bias: Vec::new(),
             special: false,
+            token_ids: false,
             events: tx,
         }
     }
@@ -523,6 +535,7 @@ mod tests {
                 while let Ok(e) = rx.try_recv() {
                     match e {
                         Event::Token { text, .. } => s.push_str(&text),
+                        Event::Id(_) => {}
                         Event::Done { .. } => s.push('|'),
                         Event::Error(e) => panic!("{e}"),
                     }
@@ -637,6 +650,7 @@ mod tests {
             assert_eq!(shared.active.load(Relaxed), 0, "round {round}");
             assert_eq!(shared.in_flight.load(Relaxed), 0, "round {round}");
             assert_eq!(shared.queued.load(Relaxed), 0, "round {round}");
+            assert_eq!(shared.kv_tokens.load(Relaxed), 0, "round {round}");
         }
         drop(tx);
         worker.join().unwrap();
