@@ -225,7 +225,9 @@ fn offloaded_equals_resident_on_every_built_arch() {
 }
 
 /// Prefill micro-batches far larger than the slot micro-batch (every used expert staged,
-/// stage-ahead on): a 600-token prompt in micro-batches of 512 matches the resident engine.
+/// stage-ahead on): a 600-token prompt in micro-batches of 512 matches the resident engine as
+/// exactly as the decode cases (cosine >= 0.99999: the same kernels on the same micro-batches;
+/// it was 0.999, looser than the README's "exact", issue 16 item 3).
 #[test]
 fn long_prefill_micro_batches_match_resident() {
     let path = tiny("qwen3moe");
@@ -248,7 +250,7 @@ fn long_prefill_micro_batches_match_resident() {
     assert_eq!(got.len(), want.len());
     for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
         let c = cosine(g, w);
-        assert!(c >= 0.999, "prompt cosine {c} at {pos}");
+        assert!(c >= 0.99999, "prompt cosine {c} at {pos}");
     }
     let st = off.offload_stats().unwrap();
     assert!(st.h2d_bytes > 0, "nothing was staged");
