@@ -123,6 +123,10 @@ struct Args {
     /// (no request in progress); if every one is busy, it gets 503 and is closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
+    /// Allow browser pages from ORIGIN (e.g. http://localhost:3000, or *): responses carry
+    /// Access-Control-Allow-Origin and OPTIONS preflights are answered. Default: no CORS headers.
+    #[arg(long, value_name = "ORIGIN")]
+    cors: Option<String>,
 }
 
 /// Seconds (fractions allowed), more than 0.
@@ -203,6 +207,7 @@ fn run(args: Args) -> Result<i32> {
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_connections: args.max_connections.min(usize::MAX as u64) as usize,
+        cors: args.cors.clone(),
     };
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     // Watches the load: one line with the URL when ready, or the reason it failed.

@@ -1,4 +1,4 @@
-//! `pocketmoe`: the command-line tool (self-check, synth, inspect, run, bench).
+//! `pocketmoe`: the command-line tool (self-check, synth, inspect, run, bench, tokenize).
 use anyhow::{bail, Context as _, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use pocketmoe::ggml::{Backend, Device, DeviceKind};
@@ -35,6 +35,8 @@ enum Cmd {
     Run(pocketmoe::cli::run::RunArgs),
     /// Time prompt processing (pp) and generation (tg), ours and llama.cpp's on the same file.
     Bench(pocketmoe::cli::bench::BenchArgs),
+    /// Print the token ids (or, with --pieces, ids and pieces) a GGUF's tokenizer gives a text.
+    Tokenize(pocketmoe::cli::tokenize::TokenizeArgs),
 }
 
 fn main() {
@@ -57,6 +59,7 @@ fn main() {
         Cmd::Inspect(args) => pocketmoe::cli::inspect::run(args),
         Cmd::Bench(args) => pocketmoe::cli::bench::run(args),
         Cmd::Run(args) => pocketmoe::cli::run::run(args),
+        Cmd::Tokenize(args) => pocketmoe::cli::tokenize::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

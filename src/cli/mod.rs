@@ -3,6 +3,7 @@ pub mod bench;
 pub mod inspect;
 pub mod run;
 pub mod synth;
+pub mod tokenize;
 
 /// A progress bar over bytes, on stderr (hidden when stderr is not a terminal).
 pub fn byte_progress(total: u64, what: &str) -> indicatif::ProgressBar {

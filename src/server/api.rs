@@ -165,8 +165,62 @@ pub struct EngineStats {
     pub offload: Option<crate::experts::Stats>,
 }
 
+/// One decoding slot as `/slots` shows it (a snapshot the engine publishes after each step).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SlotState {
+    pub id: usize,
+    pub is_processing: bool,
+    /// Context length of the slot's sequence.
+    pub n_ctx: usize,
+    /// Prompt tokens of the request in the slot.
+    pub n_prompt_tokens: usize,
+    /// Tokens generated so far.
+    pub n_decoded: usize,
+    /// KV-cache rows the slot holds (tokens already forwarded).
+    pub n_cached: usize,
+}
+
+/// What `/props` shows beyond the [`ModelCard`].
+#[derive(Debug, Clone, Default)]
+pub struct EngineInfo {
+    pub model_path: Option<String>,
+    /// The chat template's source.
+    pub chat_template: Option<String>,
+}
+
 pub trait Engine: Send + Sync + 'static {
     fn card(&self) -> &ModelCard;
+    /// `/tokenize`: the ids of `text` (control tokens parsed when `parse_special`) and each
+    /// one's bytes.
+    fn tokenize(
+        &self,
+        _text: &str,
+        _add_special: bool,
+        _parse_special: bool,
+    ) -> Result<Vec<(u32, Vec<u8>)>, ApiError> {
+        Err(ApiError::bad("this engine does not tokenize"))
+    }
+    /// `/detokenize`: the text of `ids`, control tokens included.
+    fn detokenize(&self, _ids: &[u32]) -> Result<String, ApiError> {
+        Err(ApiError::bad("this engine does not detokenize"))
+    }
+    /// `/apply-template`: the chat template rendered with the generation prompt, as a chat
+    /// request's prompt is rendered.
+    fn apply_template(
+        &self,
+        _messages: Vec<ChatMessage>,
+        _template_vars: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ApiError> {
+        Err(ApiError::bad("the model has no chat template"))
+    }
+    /// `/props` extras.
+    fn info(&self) -> EngineInfo {
+        EngineInfo::default()
+    }
+    /// `/slots`: one entry per slot (empty when the engine has no slots to show).
+    fn slots(&self) -> Vec<SlotState> {
+        Vec::new()
+    }
     fn health(&self) -> Health;
     /// Renders, tokenizes, checks against the context and queues `req` (may take a while for a
     /// long prompt: call it off the async runtime).

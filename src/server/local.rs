@@ -8,14 +8,15 @@
 //! Invariants: the per-sequence context is `--ctx`; the KV cache holds `ctx × parallel` rows;
 //! `prompt + max_tokens <= ctx` for every job sent to the worker.
 use super::api::{
-    Engine, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat, Prompt,
+    Engine, EngineInfo, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat,
+    Prompt, SlotState,
 };
 use super::error::ApiError;
 use super::parse::prompt_opens_reasoning;
 use super::worker::{self, Config, Job, Msg, Shared};
 use crate::engine::{Engine as Model, EngineOptions};
 use crate::gguf::GgufModel;
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use anyhow::Context as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -63,6 +64,7 @@ pub struct LocalEngine {
     max_queue: usize,
     parallel: usize,
     parse_special_in_content: bool,
+    model_path: String,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -165,6 +167,7 @@ impl LocalEngine {
             max_queue: opts.max_queue,
             parallel: opts.parallel,
             parse_special_in_content: opts.parse_special_in_content,
+            model_path: opts.model.display().to_string(),
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -181,6 +184,81 @@ impl LocalEngine {
 impl Engine for LocalEngine {
     fn card(&self) -> &ModelCard {
         &self.card
+    }
+
+    fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<(u32, Vec<u8>)>, ApiError> {
+        let ids = self.tok.encode(text, add_special, parse_special);
+        Ok(ids
+            .into_iter()
+            .map(|id| (id, self.tok.token_to_piece(id)))
+            .collect())
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<String, ApiError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.card.n_vocab) {
+            return Err(ApiError::invalid(
+                "tokens",
+                format!(
+                    "token id {id} is outside the vocabulary (0..{})",
+                    self.card.n_vocab
+                ),
+            ));
+        }
+        // Control tokens as their text (llama-server's /detokenize), so text round-trips.
+        Ok(String::from_utf8_lossy(&self.tok.detokenize(ids, false, true)).into_owned())
+    }
+
+    fn apply_template(
+        &self,
+        messages: Vec<ChatMessage>,
+        template_vars: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, ApiError> {
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::bad("the model has no chat template: use /v1/completions"))?;
+        let chat = self
+            .tok
+            .encode_chat(
+                t,
+                &messages,
+                true,
+                serde_json::Value::Object(template_vars),
+                self.parse_special_in_content,
+            )
+            .map_err(|e| ApiError::bad(format!("the chat template refused these messages: {e}")))?;
+        Ok(chat.text)
+    }
+
+    fn info(&self) -> EngineInfo {
+        EngineInfo {
+            model_path: Some(self.model_path.clone()),
+            chat_template: self.template.as_ref().map(|t| t.source().to_string()),
+        }
+    }
+
+    fn slots(&self) -> Vec<SlotState> {
+        let published = self
+            .shared
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if published.len() == self.parallel {
+            return published;
+        }
+        (0..self.parallel)
+            .map(|id| SlotState {
+                id,
+                n_ctx: self.card.n_ctx,
+                ..SlotState::default()
+            })
+            .collect()
     }
 
     fn health(&self) -> Health {

@@ -2,7 +2,8 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
 //! `stream: true`), `GET /v1/models[/{id}]`, `GET /health` (503 while loading), `GET /metrics`
-//! (Prometheus). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! (Prometheus), and llama-server's `POST /tokenize`, `POST /detokenize`, `POST /apply-template`,
+//! `GET /props` and `GET /slots` (`extra`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -13,12 +14,15 @@
 //! so does a malformed request head (`conn`); a slow client is cut off (`--header-timeout` for
 //! the head, `--body-timeout` for the body: 408); at most `--max-connections` are open; the
 //! API key (when set, `Authorization: Bearer KEY`, the scheme in any case) guards everything but
-//! `/health`; shutdown stops accepting, lets running requests finish within the grace period,
+//! `/health`; with `--cors ORIGIN` every response carries `Access-Control-Allow-Origin: ORIGIN`
+//! and `OPTIONS` preflights are answered (before the key check: browsers send no key there);
+//! shutdown stops accepting, lets running requests finish within the grace period,
 //! then ends them, and closes what is still open one second later (a stalled connection
 //! included).
 pub mod api;
 pub mod conn;
 pub mod error;
+mod extra;
 mod local;
 pub mod metrics;
 pub mod parse;
@@ -30,7 +34,7 @@ pub mod worker;
 pub use api::{
     Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health, ModelCard,
 };
-pub use api::{OutputFormat, Prompt, TokenLogprob};
+pub use api::{EngineInfo, OutputFormat, Prompt, SlotState, TokenLogprob};
 pub use error::ApiError;
 pub use local::{LocalEngine, LocalOptions};
 
@@ -63,6 +67,9 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Open connections at most (`conn`).
     pub max_connections: usize,
+    /// `--cors ORIGIN`: the `Access-Control-Allow-Origin` of every response; `None`: no CORS
+    /// headers, and `OPTIONS` is not answered.
+    pub cors: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -74,13 +81,14 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_connections: 512,
+            cors: None,
         }
     }
 }
 
-struct AppState {
-    engine: Arc<dyn Engine>,
-    cfg: ServerConfig,
+pub(crate) struct AppState {
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) cfg: ServerConfig,
     http: metrics::HttpMetrics,
     next_id: AtomicU64,
     conns: Option<Arc<conn::Conns>>,
@@ -106,10 +114,16 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/tokenize", post(extra::tokenize))
+        .route("/detokenize", post(extra::detokenize))
+        .route("/apply-template", post(extra::apply_template))
+        .route("/props", get(extra::props))
+        .route("/slots", get(extra::slots))
         .fallback(no_route)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), auth))
         .layer(middleware::from_fn_with_state(st.clone(), count))
+        .layer(middleware::from_fn_with_state(st.clone(), cors))
         .layer(middleware::from_fn(track))
         .with_state(st)
 }
@@ -203,6 +217,44 @@ async fn track(req: Request, next: Next) -> Response {
     })
 }
 
+/// `--cors ORIGIN`: answers preflights, and names the origin on every response.
+async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(origin) = st.cfg.cors.as_deref() else {
+        return next.run(req).await;
+    };
+    let Ok(origin) = header::HeaderValue::from_str(origin) else {
+        return next.run(req).await;
+    };
+    if req.method() == axum::http::Method::OPTIONS {
+        let asked = req
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or(header::HeaderValue::from_static(
+                "authorization, content-type",
+            ));
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let h = resp.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            header::HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            header::HeaderValue::from_static("86400"),
+        );
+        h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+        return resp;
+    }
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    resp
+}
+
 async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let resp = next.run(req).await;
@@ -255,7 +307,10 @@ async fn not_allowed(req: Request) -> ApiError {
 
 /// The body, within the size limit and the body timeout, if it claims to be JSON (or claims
 /// nothing).
-async fn read_body(req: Request, cfg: &ServerConfig) -> Result<axum::body::Bytes, ApiError> {
+pub(crate) async fn read_body(
+    req: Request,
+    cfg: &ServerConfig,
+) -> Result<axum::body::Bytes, ApiError> {
     let limit = cfg.max_body;
     if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
         let ct = String::from_utf8_lossy(ct.as_bytes()).to_string();

@@ -90,6 +90,8 @@ pub struct Shared {
     /// (when, tokens generated) of recent steps, for a tok/s gauge.
     pub recent: Mutex<VecDeque<(Instant, usize)>>,
     pub offload: Mutex<Option<crate::experts::Stats>>,
+    /// Per-slot state for `/slots`, published after each step (one short lock per step).
+    pub slots: Mutex<Vec<super::api::SlotState>>,
 }
 
 /// The window of the tok/s gauge.
@@ -239,9 +241,28 @@ pub fn run<M: BatchModel, V: Vocab>(
         }
         shared.active.store(slots.iter().flatten().count(), Relaxed);
         step(model, vocab, cfg, &mut slots, &mut rr, shared);
+        publish(&slots, cfg, shared);
     }
     shared.active.store(0, Relaxed);
+    publish(&slots, cfg, shared);
     shared.kv_tokens.store(0, Relaxed);
+}
+
+/// Publishes the slots' state for `/slots`.
+fn publish(slots: &[Option<Seq>], cfg: Config, shared: &Shared) {
+    let view = slots
+        .iter()
+        .enumerate()
+        .map(|(id, s)| super::api::SlotState {
+            id,
+            is_processing: s.is_some(),
+            n_ctx: cfg.slot_len,
+            n_prompt_tokens: s.as_ref().map_or(0, |s| s.n_prompt),
+            n_decoded: s.as_ref().map_or(0, |s| s.n_gen),
+            n_cached: s.as_ref().map_or(0, |s| s.cached),
+        })
+        .collect();
+    *shared.slots.lock().unwrap_or_else(|p| p.into_inner()) = view;
 }
 
 /// Frees `slot` (if occupied): the counters first, then `last` goes out.
