@@ -13,10 +13,10 @@ use pocketmoe::gguf::GgufModel;
 use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::{ChatMessage, ChatTemplate, MessageContent, Tokenizer};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 mod common;
@@ -219,33 +219,21 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pocketmoe-serve"))
-            .arg("-m")
-            .arg(model)
-            .args(["--host", "127.0.0.1", "--port", "0", "-t", "2", "-c", "256"])
-            .args(["-np", "2", "-a", "forge-test", "-ngl", "0"])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting pocketmoe-serve");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[serve] {line}");
-                if let Some(p) = line.find("http://") {
-                    if let Some(t) = tx.take() {
-                        let url = line[p + 7..].split_whitespace().next().unwrap();
-                        let _ = t.send(url.trim_end_matches("/v1").to_string());
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("pocketmoe-serve did not report its URL");
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        args.push("-m".into());
+        args.push(model.into());
+        args.extend(
+            ["--host", "127.0.0.1", "--port", "0", "-t", "2", "-c", "256"]
+                .iter()
+                .map(std::ffi::OsString::from),
+        );
+        args.extend(
+            ["-np", "2", "-a", "forge-test", "-ngl", "0"]
+                .iter()
+                .map(std::ffi::OsString::from),
+        );
+        args.extend(extra.iter().map(std::ffi::OsString::from));
+        let (child, addr) = common::spawn_serve(&args);
         Server { child, addr }
     }
 

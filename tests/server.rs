@@ -23,15 +23,17 @@
 //!   completion prompt, and errors of the HTTP layer (bad Content-Length, 1 MiB header, ...)
 //!   with OpenAI's error body.
 
+mod common;
+
 use pocketmoe::server::{
     self, ApiError, Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health,
     ModelCard, OutputFormat, Prompt, ServerConfig,
 };
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,32 +120,17 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pocketmoe-serve"))
-            .arg("--model")
-            .arg(model)
-            .args(["--port", "0", "--threads", "2", "--api-key", KEY])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting pocketmoe-serve");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("[serve] {line}");
-                if let Some(p) = line.find("http://") {
-                    if let Some(t) = tx.take() {
-                        let url = line[p..].split_whitespace().next().unwrap().to_string();
-                        let _ = t.send(url);
-                    }
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("pocketmoe-serve did not report its URL");
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        args.push("--model".into());
+        args.push(model.into());
+        args.extend(
+            ["--port", "0", "--threads", "2", "--api-key", KEY]
+                .iter()
+                .map(std::ffi::OsString::from),
+        );
+        args.extend(extra.iter().map(std::ffi::OsString::from));
+        let (child, addr) = common::spawn_serve(&args);
+        let url = format!("http://{addr}/v1");
         Server { child, url }
     }
 

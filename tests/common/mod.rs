@@ -124,3 +124,34 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
 pub fn argmax(v: &[f32]) -> u32 {
     pocketmoe::engine::sampling::argmax(v)
 }
+
+/// Starts `pocketmoe-serve` with `args` (its info log on, each stderr line echoed with a
+/// `[serve]` prefix) and waits up to 120 s for the line with its URL. Returns the child and the
+/// `host:port` it listens on (ask it for `--port 0`).
+pub fn spawn_serve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pocketmoe-serve"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting pocketmoe-serve");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            eprintln!("[serve] {line}");
+            if let Some(p) = line.find("http://") {
+                if let Some(t) = tx.take() {
+                    let url = line[p + 7..].split_whitespace().next().unwrap();
+                    let _ = t.send(url.trim_end_matches("/v1").to_string());
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("pocketmoe-serve did not report its URL");
+    (child, addr)
+}
