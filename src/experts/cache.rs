@@ -76,25 +76,16 @@ impl LayerCache {
             self.slot_of[e as usize].is_none(),
             "expert {e} already resident"
         );
-        let (slot, evicted) = match self.expert_in.iter().position(Option::is_none) {
-            Some(s) => (s as u32, None),
-            None => {
-                let candidates: Vec<u32> = self
-                    .expert_in
-                    .iter()
-                    .flatten()
-                    .copied()
-                    .filter(|&r| !pinned(r))
-                    .collect();
-                if candidates.is_empty() {
-                    return None;
-                }
-                let v = self.policy.victim(&candidates, now);
-                let s = self.slot_of[v as usize].expect("victim is resident");
-                self.slot_of[v as usize] = None;
-                (s, Some(v))
-            }
+        // No free slot: free the victim's (then the only free one).
+        let evicted = match self.expert_in.iter().any(Option::is_none) {
+            true => None,
+            false => Some(self.free_one(pinned, now)?),
         };
+        let slot = self
+            .expert_in
+            .iter()
+            .position(Option::is_none)
+            .expect("a free slot") as u32;
         self.expert_in[slot as usize] = Some(e);
         self.slot_of[e as usize] = Some(slot);
         Some((slot, evicted))
