@@ -45,7 +45,7 @@
 //!   synchronises every step).
 use super::offload::{Admit, Layer, Offload};
 use super::stats::LayerStats;
-use super::step::{DirectStop, GraphNodes};
+use super::step::{predicted_experts, DirectStop, GraphNodes};
 use crate::ggml::GgmlError;
 
 impl Offload {
@@ -141,12 +141,7 @@ impl Offload {
                 std::hint::spin_loop();
             };
             self.stats.follow_wait_s += t0.elapsed().as_secs_f64();
-            let mut predicted: Vec<u32> = Vec::new();
-            for e in crate::synth::routing::top_k(&logits, k) {
-                if !predicted.contains(&(e as u32)) {
-                    predicted.push(e as u32);
-                }
-            }
+            let predicted = predicted_experts(&logits, n_expert, k);
             let mut fetched = Vec::new();
             for &e in &predicted {
                 let layer = self.layers[j].as_mut().expect("offloaded layer");
@@ -162,12 +157,7 @@ impl Offload {
                 self.fetch_and_flip(j, e, slot)?;
                 fetched.push(e);
             }
-            let st = &mut self.stats.layers[j];
-            st.prefetched += fetched.len() as u64;
-            st.copies += fetched.len() as u64;
-            let layer = self.layers[j].as_mut().expect("offloaded layer");
-            layer.prefetched = fetched;
-            layer.predicted = predicted;
+            self.record_prefetch(j, fetched, predicted);
         }
         Ok(())
     }
@@ -375,6 +365,16 @@ impl Offload {
         Ok(())
     }
 
+    /// Counts a layer's prefetches and remembers them, and its prediction, for the step's end.
+    fn record_prefetch(&mut self, j: usize, fetched: Vec<u32>, predicted: Vec<u32>) {
+        let st = &mut self.stats.layers[j];
+        st.prefetched += fetched.len() as u64;
+        st.copies += fetched.len() as u64;
+        let layer = self.layers[j].as_mut().expect("offloaded layer");
+        layer.prefetched = fetched;
+        layer.predicted = predicted;
+    }
+
     fn check_expert(&self, il: usize, e: i32) -> Result<u32, GgmlError> {
         u32::try_from(e)
             .ok()
@@ -491,12 +491,8 @@ impl Offload {
         }
         // Prefetch for the predicted layers.
         for (i, &(j, _)) in d.preds.iter().enumerate() {
-            let mut predicted: Vec<u32> = Vec::new();
-            for e in crate::synth::routing::top_k(&preds[n_expert * i..n_expert * (i + 1)], k) {
-                if !predicted.contains(&(e as u32)) {
-                    predicted.push(e as u32);
-                }
-            }
+            let predicted =
+                predicted_experts(&preds[n_expert * i..n_expert * (i + 1)], n_expert, k);
             let mut fetched = Vec::new();
             for &e in &predicted {
                 let layer = self.layers[j].as_mut().expect("offloaded layer");
@@ -517,12 +513,7 @@ impl Offload {
                 self.fetch_and_flip(j, e, slot)?;
                 fetched.push(e);
             }
-            let st = &mut self.stats.layers[j];
-            st.prefetched += fetched.len() as u64;
-            st.copies += fetched.len() as u64;
-            let layer = self.layers[j].as_mut().expect("offloaded layer");
-            layer.prefetched = fetched;
-            layer.predicted = predicted;
+            self.record_prefetch(j, fetched, predicted);
         }
         Ok(())
     }

@@ -479,14 +479,7 @@ impl Offload {
         let now = self.step;
         let k = self.k;
         let layer = self.layers[next].as_mut().expect("offloaded layer");
-        let mut predicted: Vec<u32> = Vec::new();
-        for logits in pred.chunks_exact(self.n_expert) {
-            for e in crate::synth::routing::top_k(logits, k) {
-                if !predicted.contains(&(e as u32)) {
-                    predicted.push(e as u32);
-                }
-            }
-        }
+        let predicted = predicted_experts(pred, self.n_expert, k);
         let mut h2d = 0u64;
         let mut fetched = Vec::new();
         for &e in &predicted {
@@ -641,4 +634,18 @@ impl Offload {
         self.stats.h2d_bytes += h2d;
         Ok(())
     }
+}
+
+/// The distinct experts of the top `k` of each token's predicted router logits (`pred`:
+/// [n_expert * n_tokens]), in order of first appearance.
+pub(super) fn predicted_experts(pred: &[f32], n_expert: usize, k: usize) -> Vec<u32> {
+    let mut predicted: Vec<u32> = Vec::new();
+    for logits in pred.chunks_exact(n_expert) {
+        for e in crate::synth::routing::top_k(logits, k) {
+            if !predicted.contains(&(e as u32)) {
+                predicted.push(e as u32);
+            }
+        }
+    }
+    predicted
 }
