@@ -104,6 +104,10 @@ fn write_modified(base: &GgufModel, key: &str, value: &GgufValue, out: &Path) {
     for (k, v) in base.metadata() {
         w.add_kv(k, if k == key { value.clone() } else { v.clone() });
     }
+    // A key the base lacks is added (at the end).
+    if !key.is_empty() && !base.metadata().contains_key(key) {
+        w.add_kv(key, value.clone());
+    }
     let tensors: Vec<_> = base.tensors().cloned().collect();
     for t in &tensors {
         w.add_tensor(&t.name, t.ty, t.shape()).unwrap();
@@ -298,4 +302,34 @@ fn mutated_numeric_metadata_is_refused_naming_the_key_or_runs_finite() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// `{arch}.expert_gating_func = 4` (sqrt-softplus, which hparams accepts as llama.cpp does) on
+/// every built architecture: refused at load naming the key and file where the architecture
+/// reads the key (deepseek2, glm4moe, minimax-m2: the graph has no sqrt-softplus router, and
+/// building one used to panic), ignored where its graph fixes the gating (qwen3moe, ...).
+#[test]
+fn sqrt_softplus_gating_is_refused_naming_the_key_or_ignored() {
+    let mut failures = Vec::new();
+    let mut dir = None;
+    for (i, &(arch, preset)) in MODELS.iter().enumerate() {
+        let base = common::synth_preset("hparams_gating", arch, preset, QuantMix::Q8_0, 1.0, 3);
+        let d = base.parent().unwrap().to_path_buf();
+        let key = format!("{arch}.expert_gating_func");
+        let out = d.join(format!("gating-{i}.gguf"));
+        write_modified(
+            &GgufModel::open(&base).unwrap(),
+            &key,
+            &GgufValue::U32(4),
+            &out,
+        );
+        if let Some(why) = check(&out, &key, &d, 200_000 + i) {
+            failures.push(format!("{arch}/{preset}: {key} = 4: {why}"));
+        }
+        dir = Some(d);
+    }
+    if let Some(d) = dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

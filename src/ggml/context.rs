@@ -400,8 +400,6 @@ impl Context {
         )
     }
 
-    /// Fused attention: `q` [d, n_tokens, n_head], `k` [d, n_kv, n_head_kv], `v` [dv, n_kv,
-    /// n_head_kv], `mask` f16 [n_kv, n_tokens_padded] -> [dv, n_head, n_tokens].
     /// `x` rotated block-wise by the orthonormal Hadamard matrix `rot` [n, n]: each run of `n`
     /// consecutive elements of `x` becomes `rot · run` (llama.cpp's `llama_mul_mat_hadamard`,
     /// with its hint, so the CPU backend runs a fast Walsh-Hadamard transform). Shape kept.
@@ -424,6 +422,8 @@ impl Context {
         self.wrap(t, "mul_mat_hadamard")
     }
 
+    /// Fused attention: `q` [d, n_tokens, n_head], `k` [d, n_kv, n_head_kv], `v` [dv, n_kv,
+    /// n_head_kv], `mask` f16 [n_kv, n_tokens_padded] -> [dv, n_head, n_tokens].
     pub fn flash_attn<'a>(
         &'a self,
         q: Tensor<'a>,

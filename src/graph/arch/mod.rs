@@ -1,6 +1,7 @@
 //! One graph file per architecture; [`build`] dispatches on `general.architecture`.
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
+use crate::model::hparams::Gating;
 use crate::model::Hparams;
 
 mod deepseek2;
@@ -45,6 +46,14 @@ pub fn unsupported(hp: &Hparams) -> Option<String> {
              is not built"
                 .into(),
         ),
+        // libllama computes sqrt(softplus(logits)) for it; our router has no such gating yet.
+        _ if hp.gating == Gating::SqrtSoftplus => Some(format!(
+            "{}.expert_gating_func = {} (sqrt-softplus gating) is not built for {} (built: 1 \
+             softmax, 2 sigmoid, 3 softmax over the selected experts)",
+            hp.arch,
+            Gating::SqrtSoftplus as u32,
+            hp.arch
+        )),
         _ => None,
     }
 }

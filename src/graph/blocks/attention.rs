@@ -49,7 +49,8 @@ impl<'a> GraphBuilder<'a> {
         let mut q = self.cb(self.proj(x, il, "attn_q"), "Qcur", ili); // [dk*n_head, nt]
         let mut k = self.cb(self.proj(x, il, "attn_k"), "Kcur", ili); // [dk*n_head_kv, nt]
         let v = self.cb(self.proj(x, il, "attn_v"), "Vcur", ili); // [dv*n_head_kv, nt]
-                                                                  // q/k norms apply where the file has them (required ones were checked at load).
+
+        // q/k norms apply where the file has them (required ones were checked at load).
         let (qn, kn) = (
             self.wl_opt(il, "attn_q_norm.weight"),
             self.wl_opt(il, "attn_k_norm.weight"),

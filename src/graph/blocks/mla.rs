@@ -195,7 +195,8 @@ impl<'a> GraphBuilder<'a> {
         ); // [dv, n_head, nt]
         let v = self.cb(ctx.cont(v), "Vcur_cont", i); // [dv, n_head, nt]
         let v = ctx.reshape(v, &[dv * n_head, nt]).expect("v 2d"); // [dv * n_head, nt]
-                                                                   // llama.cpp ropes q in place at offset `nope`; roping the q_pe view is the same values.
+
+        // llama.cpp ropes q in place at offset `nope`; roping the q_pe view is the same values.
         let q_cur = self.cb(ctx.concat(q_nope, q_pe, 0), "Qcur", i); // [nope + n_rot, n_head, nt]
         let k_pe = ctx.repeat_4d(k_pe, [n_rot, n_head, nt, 1]); // [n_rot, n_head, nt]
         let k_cur = self.cb(ctx.concat(k_nope, k_pe, 0), "Kcur", i); // [nope + n_rot, n_head, nt]

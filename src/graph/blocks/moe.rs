@@ -63,7 +63,10 @@ impl<'a> GraphBuilder<'a> {
             Gating::Softmax => ctx.soft_max(logits),
             Gating::Sigmoid => ctx.sigmoid(logits),
             Gating::SoftmaxWeight => logits,
-            other => unimplemented!("gating {other:?} is not built yet"),
+            // Refused at load (`graph::arch::unsupported`), and by `graph::arch::build`.
+            Gating::SqrtSoftplus => {
+                unreachable!("sqrt-softplus gating is refused before any graph")
+            }
         };
         let probs = self.cb(probs, "ffn_moe_probs", ili); // [n_expert, nt]
         let selection = match self.wl_opt(il, "exp_probs_b.bias") {
@@ -348,7 +351,8 @@ pub fn expert_ffn<'a>(
 ) -> Tensor<'a> {
     let FfnDims { n_embd, k, nt } = d;
     let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
-                                                                   // Optional per-expert biases (gpt-oss), added for the selected experts.
+
+    // Optional per-expert biases (gpt-oss), added for the selected experts.
     let biased = |y: Tensor<'a>, m: usize| match t.biases[m] {
         Some(b) => ctx.add_id(y, b, bias_ids),
         None => y,
