@@ -1,15 +1,17 @@
 //! The CPU channel: cache misses computed by ggml's CPU kernels, straight from the host store,
 //! on a worker thread, while the GPU runs the hits and the copy engine brings other misses in
-//! (DESIGN.md §1: PCIe and CPU in parallel). Decode only (one token per step): the worker builds
-//! a tiny graph — the same expert FFN as the GPU's — over the chosen experts and returns their
-//! weighted sum.
+//! (docs/design.md §4.5). Decode only (one token per step): the worker builds a tiny graph — the
+//! same expert FFN as the GPU's — over the chosen experts and returns their weighted sum.
 //!
-//! Invariant: at most one job in flight; [`CpuChannel::finish`] returns its result before the
-//! next [`CpuChannel::start`].
-use super::offload::MATS;
-use crate::ggml::{Backend, Context, GgmlType, Graph, Tensor};
+//! Invariants: at most one job in flight; [`CpuChannel::finish`] returns its result before the
+//! next [`CpuChannel::start`]. The worker reads the host store, which [`Offload`] owns: dropping
+//! the channel finishes the job in flight and joins the worker, and [`Offload`]'s `Drop` drops
+//! the channel before any of its fields (the store among them), whatever their order.
+use super::offload::{Offload, MATS};
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Tensor};
 use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
 
 /// One matrix of one layer in the host store: type, [ne0, ne1, n_expert], address.
 #[derive(Debug, Clone, Copy)]
@@ -33,20 +35,28 @@ struct Job {
     act: ExpertAct,
     x: Vec<f32>,
     picks: Vec<(u32, f32)>,
+    #[cfg(test)]
+    probe: Option<std::sync::Arc<tests::Probe>>,
 }
 
 pub struct CpuChannel {
-    tx: Sender<Job>,
+    /// `None` once dropping: closing it ends the worker's loop.
+    tx: Option<Sender<Job>>,
     rx: Receiver<Result<Vec<f32>, String>>,
+    /// Joined on drop (see [`CpuChannel`]'s `Drop`).
+    worker: Option<JoinHandle<()>>,
     pending: Option<usize>,
+    /// Tests: slows the next jobs down and records what they saw (see `tests`).
+    #[cfg(test)]
+    probe: Option<std::sync::Arc<tests::Probe>>,
 }
 
 impl CpuChannel {
-    /// Starts the worker with `n_threads` ggml CPU threads.
-    pub fn new(model: CpuModel, n_threads: usize) -> Self {
+    /// Starts the worker with `n_threads` ggml CPU threads. Fails when the OS gives no thread.
+    pub fn new(model: CpuModel, n_threads: usize) -> Result<Self, GgmlError> {
         let (tx, job_rx) = channel::<Job>();
         let (res_tx, rx) = channel();
-        std::thread::Builder::new()
+        let worker = std::thread::Builder::new()
             .name("pocketmoe-cpu-experts".into())
             .spawn(move || {
                 let backend = match Backend::cpu(n_threads) {
@@ -57,18 +67,36 @@ impl CpuChannel {
                     }
                 };
                 while let Ok(job) = job_rx.recv() {
+                    #[cfg(test)]
+                    if let Some(p) = &job.probe {
+                        if !p.before_job() {
+                            let _ = res_tx.send(Err("store freed".into()));
+                            continue;
+                        }
+                    }
                     let r = run_job(&backend, &model, &job).map_err(|e| e.to_string());
+                    #[cfg(test)]
+                    if let Some(p) = &job.probe {
+                        p.after_job();
+                    }
                     if res_tx.send(r).is_err() {
                         break;
                     }
                 }
             })
-            .expect("spawning the CPU expert worker");
-        Self {
-            tx,
+            .map_err(|e| {
+                GgmlError::BackendInit(format!(
+                    "CPU (the CPU expert channel's worker thread did not start: {e})"
+                ))
+            })?;
+        Ok(Self {
+            tx: Some(tx),
             rx,
+            worker: Some(worker),
             pending: None,
-        }
+            #[cfg(test)]
+            probe: None,
+        })
     }
 
     /// Queues layer `il`'s CPU experts `picks` (expert, router weight) on input `x` [n_embd].
@@ -78,8 +106,18 @@ impl CpuChannel {
             let _ = self.finish();
         }
         self.pending = Some(il);
+        let job = Job {
+            il,
+            act,
+            x,
+            picks,
+            #[cfg(test)]
+            probe: self.probe.clone(),
+        };
         // A send error means the worker died; finish() reports it.
-        let _ = self.tx.send(Job { il, act, x, picks });
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(job);
+        }
     }
 
     /// The layer whose job is in flight.
@@ -93,6 +131,28 @@ impl CpuChannel {
         self.rx
             .recv()
             .unwrap_or_else(|_| Err("the CPU expert worker stopped".into()))
+    }
+}
+
+impl Drop for CpuChannel {
+    /// Closes the job queue and joins the worker: a job still in flight (left by a step that
+    /// failed half-way) finishes reading the host store before this returns.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(w) = self.worker.take() {
+            // A worker that panicked has nothing left to read; its panic is not ours to raise
+            // in a destructor.
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Offload {
+    /// The CPU channel's worker reads the host store (`Offload::store`) in place: join it before
+    /// any field is dropped, so the store is never freed under a job in flight, whatever the
+    /// fields' declaration order.
+    fn drop(&mut self) {
+        drop(self.cpu.take());
     }
 }
 
@@ -112,8 +172,8 @@ fn run_job(
         let t = ctx
             .new_tensor(sm.ty, &sm.ne)?
             .set_name(&format!("blk.{}.{}.weight", job.il, MATS[m]));
-        // SAFETY: the store outlives the worker's jobs (the engine joins... drops the channel
-        // before the store), and the range is exactly the store tensor's bytes.
+        // SAFETY: the store outlives every job: `Offload`'s `Drop` drops the channel, which joins
+        // this worker, before the store is freed; the range is exactly the store tensor's bytes.
         let buf = unsafe { ctx.wrap_host_memory(sm.addr, sm.bytes)? };
         buf.place(t, 0)?;
         w[m] = Some(t);
@@ -140,4 +200,127 @@ fn run_job(
     wt.write_f32(&job.picks.iter().map(|p| p.1).collect::<Vec<_>>())?;
     backend.compute(&graph)?;
     out.read_f32()
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    //! Dropping an [`Offload`] with a CPU job in flight (a step that failed half-way leaves one):
+    //! the job must finish before the host store it reads is freed.
+    use super::super::offload::{Admit, OffloadOptions};
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// Shared by the test, the worker's jobs and a [`StoreFreed`] in the offload.
+    #[derive(Default)]
+    pub struct Probe {
+        /// Each job sleeps this long before it reads the store, ms.
+        delay_ms: AtomicU64,
+        store_freed: AtomicBool,
+        events: Mutex<Vec<&'static str>>,
+    }
+
+    impl Probe {
+        fn log(&self, e: &'static str) {
+            self.events.lock().unwrap().push(e);
+        }
+
+        /// Before a job: sleeps, then whether the store is still there to read (a job that
+        /// finds it freed logs that and reads nothing, so the failing case does not crash).
+        pub(in crate::experts) fn before_job(&self) -> bool {
+            std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
+            let alive = !self.store_freed.load(Ordering::SeqCst);
+            if !alive {
+                self.log("job found the store freed");
+            }
+            alive
+        }
+
+        pub(in crate::experts) fn after_job(&self) {
+            self.log("job done");
+        }
+    }
+
+    /// Declared right before `Offload::store`, so that, field by field, it drops just before
+    /// the store is freed: marks the store freed.
+    #[derive(Default)]
+    pub struct StoreFreed(pub Option<Arc<Probe>>);
+
+    impl Drop for StoreFreed {
+        fn drop(&mut self) {
+            if let Some(p) = &self.0 {
+                p.store_freed.store(true, Ordering::SeqCst);
+                p.log("store freed");
+            }
+        }
+    }
+
+    #[test]
+    fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_the_store() {
+        let dir = std::env::temp_dir().join(format!("pocketmoe-cpu-drop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("qwen3moe.gguf");
+        let so = crate::synth::SynthOptions {
+            arch: "qwen3moe".into(),
+            preset: "tiny".into(),
+            quant: crate::synth::quantmix::QuantMix::Q8_0,
+            routing_skew: 1.0,
+            seed: 1,
+            out: path.clone(),
+        };
+        crate::synth::synth(&so, &|_, _| {}).unwrap();
+        let file = crate::gguf::GgufModel::open(&path).unwrap();
+        let spec = crate::model::arch_by_name("qwen3moe").unwrap();
+        let hp = crate::model::Hparams::from_meta("qwen3moe", spec.required_keys, &file).unwrap();
+        let backend = std::rc::Rc::new(Backend::cpu(1).unwrap());
+        let opts = OffloadOptions {
+            policy: Default::default(),
+            max_slot_tokens: 1,
+            n_ubatch: 1,
+            prefetch: false,
+            cpu_threads: 1,
+            bandwidths: None,
+            direct: false,
+            admit: Admit::Sync,
+            stop_every: 0,
+        };
+        let mut off = Offload::load(&file, &hp, &backend, opts, &|_, _| {}).unwrap();
+        drop(file);
+        let probe = Arc::new(Probe::default());
+        off.store_freed = StoreFreed(Some(probe.clone()));
+        let il = (0..hp.n_layer as usize).find(|&il| off.cpu_ok[il]).unwrap();
+        let n_embd = hp.n_embd as usize;
+        let cpu = off.cpu.as_mut().expect("a CPU channel");
+        cpu.probe = Some(probe.clone());
+        let job = |c: &mut CpuChannel| {
+            c.start(
+                il,
+                ExpertAct::Swiglu,
+                vec![0.25; n_embd],
+                vec![(0, 0.5), (1, 0.5)],
+            );
+        };
+        // The channel works: one job, joined.
+        job(cpu);
+        assert_eq!(cpu.finish().unwrap().len(), n_embd);
+        assert_eq!(*probe.events.lock().unwrap(), ["job done"]);
+        probe.events.lock().unwrap().clear();
+
+        // A job in flight (it sleeps before reading the store), then the offload is dropped.
+        probe.delay_ms.store(300, Ordering::SeqCst);
+        job(cpu);
+        drop(off);
+        // Without the join the worker is still asleep here: give it time to log what it finds.
+        let t0 = Instant::now();
+        while probe.events.lock().unwrap().len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            *probe.events.lock().unwrap(),
+            ["job done", "store freed"],
+            "the job in flight must finish before the store is freed"
+        );
+    }
 }

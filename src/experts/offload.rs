@@ -145,7 +145,11 @@ pub struct Offload {
     pub(super) k: usize,
     pub(super) layers: Vec<Option<Layer>>,
     pub(crate) opts: OffloadOptions,
-    /// Host store (+ scratch), device staging + control, device slots.
+    /// Tests: marks the store freed as it drops, just before `store` (see `cpu::tests`).
+    #[cfg(test)]
+    pub(super) store_freed: super::cpu::tests::StoreFreed,
+    /// Host store (+ scratch), device staging + control, device slots. The CPU channel's worker
+    /// reads the store: see `cpu`.
     store: Context,
     store_idx: TensorIndex,
     dev: Context,
@@ -176,7 +180,8 @@ pub struct Offload {
     pub n_slots: usize,
     pub(super) n_embd: usize,
     /// The CPU channel, and per layer: whether it may serve the layer (no expert biases), and
-    /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step.
+    /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step. Its
+    /// worker reads `store`: `Offload`'s `Drop` (in `cpu.rs`) joins it before `store` is freed.
     pub(super) cpu: Option<super::cpu::CpuChannel>,
     pub(super) cpu_ok: Vec<bool>,
     pub(super) cpu_dirty: Vec<bool>,
@@ -374,6 +379,7 @@ impl Offload {
             };
             super::cpu::CpuChannel::new(model, opts.cpu_threads)
         });
+        let cpu = cpu.transpose()?;
         let store_idx = store.index();
         let dev_idx = dev.index();
         let bw = opts.bandwidths;
@@ -382,6 +388,8 @@ impl Offload {
             k,
             layers,
             opts,
+            #[cfg(test)]
+            store_freed: Default::default(),
             store,
             store_idx,
             dev,
