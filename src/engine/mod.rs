@@ -9,7 +9,7 @@ pub mod sampling;
 pub mod weights;
 
 use crate::experts::step::{GraphNodes, StepHook};
-use crate::experts::{is_routed_expert, Offload, OffloadOptions};
+use crate::experts::{Offload, OffloadOptions};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::{arch, BatchInputs, GraphBuilder};
@@ -214,7 +214,10 @@ impl Engine {
             !(offload && opts.cpu_experts),
         )?);
         let main = gpu.clone().unwrap_or_else(|| cpu.clone());
-        let keep = |name: &str| !(offload && is_routed_expert(name));
+        // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
+        // out of the weights: the offload store holds them.
+        let resident = |name: &str| v.roles.get(name).is_none_or(|r| r.is_resident());
+        let keep = |name: &str| !offload || resident(name);
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
         // it stays on the GPU: no CPU split and host round trip at every step.

@@ -7,7 +7,7 @@ pub mod cache;
 pub mod offload;
 pub mod policy;
 pub mod transfer;
-pub use offload::{is_routed_expert, Admit, Mode, Offload, OffloadOptions};
+pub use offload::{Admit, Mode, Offload, OffloadOptions};
 pub mod cpu;
 mod direct;
 pub mod step;

@@ -22,16 +22,9 @@ use crate::gguf::GgufModel;
 use crate::model::Hparams;
 use std::rc::Rc;
 
-/// The routed-expert matrices, in the order the graph uses them.
+/// The routed-expert matrices, in the order the graph uses them: `blk.N.<mat>.weight` are the
+/// tensors of role `Role::RoutedExperts`, the non-resident ones (tested in `model::arch::tests`).
 pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
-
-/// Whether GGUF tensor `name` is a routed-expert weight matrix (what offload keeps off the GPU).
-pub fn is_routed_expert(name: &str) -> bool {
-    name.starts_with("blk.")
-        && MATS
-            .iter()
-            .any(|m| name.strip_suffix(".weight").is_some_and(|n| n.ends_with(m)))
-}
 
 #[derive(Debug, Clone)]
 pub struct OffloadOptions {

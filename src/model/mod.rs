@@ -3,8 +3,11 @@
 //! `load_arch_tensors`), hyper-parameters read from GGUF metadata, and validation of a file
 //! against its architecture's table.
 //!
-//! Invariant: every tensor a GGUF holds is classified by exactly one [`Role`]; the placement
-//! planner and the offload path only ever look at roles, never at names.
+//! Invariant: every tensor a GGUF holds is classified by exactly one [`Role`]; what stays on the
+//! GPU and what is offloaded is decided by role ([`Role::is_resident`]), in the placement
+//! planner and in the engine, never by name. The offload host store holds exactly the
+//! non-resident tensors (the routed experts' matrices; a test in `arch::tests` checks every
+//! table against it).
 pub mod arch;
 pub mod hparams;
 pub mod placement;

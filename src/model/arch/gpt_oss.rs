@@ -40,9 +40,9 @@ pub static GPT_OSS: ArchSpec = ArchSpec {
         TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
         TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
         TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
-        TensorSpec { name: "blk.{}.ffn_gate_exps.bias", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
-        TensorSpec { name: "blk.{}.ffn_down_exps.bias", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
-        TensorSpec { name: "blk.{}.ffn_up_exps.bias", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
+        TensorSpec { name: "blk.{}.ffn_gate_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
+        TensorSpec { name: "blk.{}.ffn_down_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+        TensorSpec { name: "blk.{}.ffn_up_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
     ],
     nextn_blocks_optional: false,
 };

@@ -2,8 +2,23 @@
 //!
 //! An architecture is data: GGUF name, the tensors each layer (or the model) holds, their shapes
 //! as functions of [`Hparams`], which layers they occur in, their [`Role`] and whether llama.cpp
-//! requires them. Adding an architecture = one file in this folder with one `ArchSpec` constant,
-//! plus its line in [`ARCHS`].
+//! requires them.
+//!
+//! Adding an architecture touches several places today (issue 15 item 2 is to make it one file
+//! plus one list entry; until then, this is the recipe):
+//! 1. here: a file with one `ArchSpec` constant (tensor table, required keys), its `mod` line
+//!    and its entry in [`ARCHS`] — enough for `inspect` and validation;
+//! 2. `model/hparams.rs`: what llama.cpp's `load_arch_hparams` derives or fixes for it
+//!    (`apply_arch_rules`: gating, weight normalisation, expert width, sliding windows) and the
+//!    `ONE_HEAD_SIZE` / `WHOLE_HEAD_ROPE` lists where they apply;
+//! 3. `graph/arch/`: a file with its `build`, its `mod` line, its name in `BUILT`, its arm in
+//!    `build`'s match, and an arm in `unsupported` for variants the graph refuses;
+//!    `graph/blocks/rope.rs` where its RoPE differs (e.g. deepseek2's YaRN factor);
+//! 4. `synth/presets.rs` (a `tiny` preset, name aliases) and `synth/vocab.rs` (its
+//!    tokenizer's pre-tokenizer), so tests can make a model; `tokenizer/pretok.rs` if the
+//!    pre-tokenizer is new;
+//! 5. the test lists naming every built architecture (`tests/parity.rs`, `offload.rs`,
+//!    `hparams_fuzz.rs`, `graph_order.rs`, `synth_llama.rs`, `weights.rs`, ...).
 //!
 //! Conventions shared by the tables: llama.cpp's `create_tensor_qkv` first tries a fused
 //! `attn_qkv` and falls back to separate `attn_q`/`attn_k`/`attn_v` (each with an optional bias);
@@ -40,8 +55,12 @@ pub enum Role {
     Attention,
     /// The MoE router (`ffn_gate_inp`) and its expert-selection bias (`exp_probs_b`).
     Router,
-    /// Routed experts (`ffn_{up,gate,down}_exps`, their biases): the offloaded part.
+    /// Routed experts' matrices (`ffn_{up,gate,down}_exps.weight`): the offloaded part — with a
+    /// budget, exactly these tensors go to the host store and the GPU expert cache.
     RoutedExperts,
+    /// Routed experts' biases (gpt-oss `ffn_{up,gate,down}_exps.bias`): a few KB per layer,
+    /// resident; the graph adds the selected experts' rows on the device.
+    RoutedExpertBias,
     /// Always-active shared experts (`ffn_*_shexp`) and their gate.
     SharedExperts,
     /// FFN of dense (non-MoE) layers.
@@ -51,8 +70,8 @@ pub enum Role {
 }
 
 impl Role {
-    /// Whether the placement planner keeps this role resident on the GPU (everything except the
-    /// routed experts, DESIGN.md §4).
+    /// Whether this role stays resident on the GPU (everything except the routed experts'
+    /// matrices, docs/design.md §4): the placement planner and the engine decide by this.
     pub fn is_resident(self) -> bool {
         self != Role::RoutedExperts
     }

@@ -280,7 +280,11 @@ fn names_use_llama_cpp_forms() {
             }
             let bias_role = matches!(
                 t.role,
-                Role::Norm | Role::Attention | Role::Router | Role::RoutedExperts | Role::DenseFfn
+                Role::Norm
+                    | Role::Attention
+                    | Role::Router
+                    | Role::RoutedExpertBias
+                    | Role::DenseFfn
             );
             assert!(
                 suffix == "weight" || bias_role,
@@ -343,7 +347,7 @@ fn blocks_are_well_formed() {
                     "{}: {name} in block {il}",
                     a.name
                 );
-                if *role == Role::RoutedExperts {
+                if matches!(role, Role::RoutedExperts | Role::RoutedExpertBias) {
                     assert_eq!(
                         s.last(),
                         Some(&h.n_expert),
@@ -354,7 +358,7 @@ fn blocks_are_well_formed() {
             }
             let experts: Vec<&String> = m
                 .iter()
-                .filter(|(n, (r, _, _))| *r == Role::RoutedExperts && n.ends_with(".weight"))
+                .filter(|(_, (r, _, _))| *r == Role::RoutedExperts)
                 .map(|(n, _)| n)
                 .collect();
             let routers = m
@@ -566,7 +570,7 @@ fn gpt_oss_20b_shapes() {
     assert_eq!(shape(&b, "blk.5.ffn_gate_exps.bias"), vec![2880, 32]);
     assert_eq!(shape(&b, "blk.5.ffn_down_exps.bias"), vec![2880, 32]);
     assert!(b["blk.5.attn_output.bias"].2 && !b["blk.5.attn_q.bias"].2);
-    assert_eq!(b["blk.5.ffn_up_exps.bias"].0, Role::RoutedExperts);
+    assert_eq!(b["blk.5.ffn_up_exps.bias"].0, Role::RoutedExpertBias);
     assert_eq!(b["blk.5.post_attention_norm.weight"].0, Role::Norm);
 }
 
@@ -1178,4 +1182,27 @@ fn validate_refuses_inconsistent_groups_and_windows() {
     h.n_rot = 32;
     let e = h.validate().unwrap_err();
     assert!(e.contains("qwen2moe.attention.key_length = 32: times qwen2moe.attention.head_count = 4 must make qwen2moe.embedding_length = 256"), "{e}");
+}
+
+/// What offload moves off the GPU is decided by role ([`Role::is_resident`]); the host store
+/// (`experts::offload`) holds the routed-expert matrices by name. The two must name the same
+/// tensors in every table, or a tensor would be in neither place (or in both).
+#[test]
+fn non_resident_roles_are_exactly_the_offload_stores_matrices() {
+    use crate::experts::offload::MATS;
+    for a in ARCHS {
+        for t in a.tensors {
+            let stored = MATS
+                .iter()
+                .any(|m| t.name == format!("blk.{{}}.{m}.weight"));
+            assert_eq!(
+                !t.role.is_resident(),
+                stored,
+                "{}: {} has role {:?}",
+                a.name,
+                t.name,
+                t.role
+            );
+        }
+    }
 }
