@@ -360,23 +360,28 @@ fn run_fill(
     let done = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
     let first_error = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                while !failed.load(Ordering::Relaxed) {
-                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                    let Some((index, buf)) = job else { break };
-                    let n = buf.len() as u64;
-                    if let Err(e) = fill(index, buf) {
-                        failed.store(true, Ordering::Relaxed);
-                        let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                        slot.get_or_insert((index, e));
-                        break;
-                    }
-                    progress(done.fetch_add(n, Ordering::Relaxed) + n, total);
-                }
-            });
+    let work = || {
+        while !failed.load(Ordering::Relaxed) {
+            let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some((index, buf)) = job else { break };
+            let n = buf.len() as u64;
+            if let Err(e) = fill(index, buf) {
+                failed.store(true, Ordering::Relaxed);
+                let mut slot = first_error.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert((index, e));
+                break;
+            }
+            progress(done.fetch_add(n, Ordering::Relaxed) + n, total);
         }
+    };
+    std::thread::scope(|s| {
+        // Helpers beside this thread; a thread the OS refuses means fewer helpers, not a panic.
+        for _ in 1..threads {
+            if std::thread::Builder::new().spawn_scoped(s, work).is_err() {
+                break;
+            }
+        }
+        work();
     });
     match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(e) => Err(e),

@@ -437,17 +437,24 @@ pub fn synth(
     }
     let planned_ref = &planned;
     let pools: HashMap<PoolKey, Vec<u8>> = std::thread::scope(|s| {
+        // One thread per pool; a pool whose thread the OS refuses is built on this one.
         let handles: Vec<_> = keys
             .iter()
             .map(|&(k, i)| {
-                s.spawn(move || {
-                    build_pool(&planned_ref[i], opts.seed ^ i as u64).map(|pool| (k, pool))
-                })
+                let job = move || build_pool(&planned_ref[i], opts.seed ^ i as u64).map(|p| (k, p));
+                std::thread::Builder::new()
+                    .spawn_scoped(s, job)
+                    .map_err(|_| job())
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("pool thread panicked"))
+            .map(|h| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(built) => built,
+            })
             .collect::<Result<_, _>>()
     })?;
     // Written under a temporary name in the same folder, then renamed over `out`: a process
