@@ -1,8 +1,8 @@
 //! Structural parity with libllama: the kernels of our decode graph's first block come in the
 //! same order as libllama's, op for op (views, reshapes and permutes, which launch nothing, left
 //! out). On the GPU this order is what makes CUDA-graph replay with programmatic dependent
-//! launch exact (DESIGN.md §3; `scripts/device-replay-check.sh` checks replay on the device):
-//! with K's projection ahead of Q's, replay read stale data. Here, on the CPU, a reordering shows
+//! launch exact (docs/design.md §3.3; `scripts/device-replay-check.sh` checks replay on the
+//! device): with K's projection ahead of Q's, replay read stale data. Here, on the CPU, a reordering shows
 //! up as a differing sequence, before it reaches a GPU.
 mod common;
 use pocketmoe::cli::Decoder;

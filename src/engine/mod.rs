@@ -77,8 +77,9 @@ pub struct EngineOptions {
     pub n_ubatch: usize,
     pub kv_type: GgmlType,
     /// Memory budget on the main device (bytes). With a budget the model does not fit in,
-    /// routed experts are offloaded (DESIGN.md §4). `None` on a GPU: the device's free memory
-    /// minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by itself.
+    /// routed experts are offloaded (docs/design.md §4.1). `None` on a GPU: the device's free
+    /// memory minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by
+    /// itself.
     pub gpu_mem: Option<u64>,
     /// Prefetch experts of the next layer while the current one runs (when offloading).
     pub prefetch: bool,

@@ -1,5 +1,5 @@
-//! Routed-expert offload (DESIGN.md §4): the pinned host store of routed experts, the GPU slot
-//! cache and its policies, prefetch, the CPU channel for misses, and their statistics.
+//! Routed-expert offload (docs/design.md §4): the pinned host store of routed experts, the GPU
+//! slot cache and its policies, prefetch, the CPU channel for misses, and their statistics.
 pub mod stats;
 
 pub use stats::Stats;

@@ -178,7 +178,8 @@ pub struct Offload {
     pub(super) cpu: Option<super::cpu::CpuChannel>,
     pub(super) cpu_ok: Vec<bool>,
     pub(super) cpu_dirty: Vec<bool>,
-    /// Cost model, bytes/s: PCIe copies, and the CPU channel (updated from its jobs).
+    /// Cost model, bytes/s: PCIe copies, and the CPU channel (fixed at load: the options or the
+    /// defaults; docs/design.md §4.5).
     pub(super) pcie_bw: f64,
     pub(super) cpu_bw: f64,
 }

@@ -1,4 +1,4 @@
-//! Offload statistics (DESIGN.md §4, "everything that decides is measured"): cache hits and
+//! Offload statistics (docs/design.md §4.9: everything that decides is measured): cache hits and
 //! misses per layer, where misses were served (copied over PCIe, or computed on the CPU), bytes
 //! moved, prefetch precision/recall, and the time the host spent waiting.
 //!

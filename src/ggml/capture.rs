@@ -1,6 +1,6 @@
 //! Capturing named intermediate tensors during graph compute (ggml's scheduler eval callback),
 //! for ours and for libllama alike: tensors are named the llama.cpp way (`ffn_moe_out-3`), so a
-//! divergence can be located by diffing the two captures by name (DESIGN.md §3, principle 3).
+//! divergence can be located by diffing the two captures by name (docs/design.md §3.2).
 use super::cstr;
 use ggml_sys as sys;
 use std::collections::{HashMap, HashSet};

@@ -1,6 +1,6 @@
 //! Graph building: [`GraphBuilder`] holds one step's ggml context, the weights, the KV cache and
 //! the batch inputs; blocks (`blocks/`) are its methods; each architecture (`arch/`) is one file
-//! that only strings blocks together (DESIGN.md §3).
+//! that only strings blocks together (docs/design.md §3.1).
 //!
 //! Tensor names follow llama.cpp's `cb(cur, "name", il)` convention (`attn_norm-3`,
 //! `ffn_moe_out-12`) so a debug dump diffs by name against the reference.
@@ -65,7 +65,7 @@ pub struct GraphBuilder<'a> {
     pub hp: &'a Hparams,
     pub batch: BatchInputs<'a>,
     pub graph: Graph<'a>,
-    /// The offloaded routed experts, if any (DESIGN.md §4).
+    /// The offloaded routed experts, if any (docs/design.md §4).
     pub experts: Option<&'a crate::experts::Offload>,
     /// Offloaded layers of this graph, for the step hook.
     pub moe_nodes: std::cell::RefCell<Vec<crate::experts::step::MoeNode>>,

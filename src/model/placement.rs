@@ -1,6 +1,6 @@
-//! The placement plan for a VRAM budget (DESIGN.md §1, §4): what stays resident on the GPU, what
-//! the KV cache and compute buffers take, how many routed experts fit in the expert cache, and
-//! the decode-speed bound the physics then implies.
+//! The placement plan for a VRAM budget (docs/design.md §1, §4.1): what stays resident on the
+//! GPU, what the KV cache and compute buffers take, how many routed experts fit in the expert
+//! cache, and the decode-speed bound the physics then implies.
 //!
 //! Bound for one decoded token (batch 1), with `f` the expected cache hit rate:
 //!   resident bytes read once from HBM + hit expert bytes from HBM, and miss bytes either over
@@ -10,7 +10,7 @@ use super::{Hparams, Role};
 use crate::gguf::TensorInfo;
 use std::collections::HashMap;
 
-/// Bandwidths the bound uses, bytes/s. Defaults: measured on the H200 box (DESIGN.md §1).
+/// Bandwidths the bound uses, bytes/s. Defaults: measured on the H200 box (docs/design.md §1).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Bandwidths {
     pub hbm: f64,

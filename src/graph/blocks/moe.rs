@@ -3,8 +3,8 @@
 //! renormalisation and scaling, then up/gate/down through `mul_mat_id` and the weighted sum over
 //! the selected experts. Shared experts are added by the caller's arch file.
 //!
-//! This is the seam of DESIGN.md §4: the offload path replaces [`GraphBuilder::moe`]'s expert
-//! matmuls; architecture files never change.
+//! This is the seam of docs/design.md §4.2: the offload path replaces [`GraphBuilder::moe`]'s
+//! expert matmuls; architecture files never change.
 use crate::experts::{step::MoeNode, Mode};
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
@@ -147,9 +147,9 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
-    /// experts run here; offloaded ones (DESIGN.md §4) run through the expert cache: from cache
-    /// slots with remapped ids and a mask (decode), or from the staging area (prefill). The
-    /// offload step hook stops after the routing (see `experts::step`).
+    /// experts run here; offloaded ones (docs/design.md §4.2) run through the expert cache: from
+    /// cache slots with remapped ids and a mask (decode), or from the staging area (prefill).
+    /// The offload step hook stops after the routing (see `experts::step`).
     pub fn routed_experts(
         &self,
         x: Tensor<'a>,
