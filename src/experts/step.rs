@@ -638,7 +638,7 @@ impl Offload {
 
 /// The distinct experts of the top `k` of each token's predicted router logits (`pred`:
 /// [n_expert * n_tokens]), in order of first appearance.
-pub(super) fn predicted_experts(pred: &[f32], n_expert: usize, k: usize) -> Vec<u32> {
+pub fn predicted_experts(pred: &[f32], n_expert: usize, k: usize) -> Vec<u32> {
     let mut predicted: Vec<u32> = Vec::new();
     for logits in pred.chunks_exact(n_expert) {
         for e in crate::synth::routing::top_k(logits, k) {
