@@ -71,7 +71,7 @@ pub enum Role {
 
 impl Role {
     /// Whether this role stays resident on the GPU (everything except the routed experts'
-    /// matrices, docs/design.md §4): the placement planner and the engine decide by this.
+    /// matrices, docs/design.md §4.1): the placement planner and the engine decide by this.
     pub fn is_resident(self) -> bool {
         self != Role::RoutedExperts
     }
