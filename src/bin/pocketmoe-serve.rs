@@ -17,7 +17,9 @@ use std::time::Duration;
     about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model",
     long_about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model.\n\n\
         Endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE), \
-        GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus).\n\n\
+        GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), and a chat \
+        page at GET / (open without the API key; its API calls send the key entered on the \
+        page; --no-webui turns it off).\n\n\
         Concurrency: up to --parallel requests are decoded together in one batch; further \
         requests wait in a bounded FIFO queue of --queue entries, and a request that finds the \
         queue full is answered 429 (Retry-After: 1); with --queue 0 a request is served when a \
@@ -127,6 +129,11 @@ struct Args {
     /// Access-Control-Allow-Origin and OPTIONS preflights are answered. Default: no CORS headers.
     #[arg(long, value_name = "ORIGIN")]
     cors: Option<String>,
+    /// Do not serve the built-in chat page (GET /, /app.js, /app.css: they then answer 404).
+    /// The page streams chats, folds the reasoning, and shows the model, live tok/s and the
+    /// expert cache's hit rate and PCIe traffic from /metrics.
+    #[arg(long)]
+    no_webui: bool,
 }
 
 /// Seconds (fractions allowed), more than 0.
@@ -208,12 +215,18 @@ fn run(args: Args) -> Result<i32> {
         body_timeout: args.body_timeout,
         max_connections: args.max_connections.min(usize::MAX as u64) as usize,
         cors: args.cors.clone(),
+        webui: !args.no_webui,
     };
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     // Watches the load: one line with the URL when ready, or the reason it failed.
     {
         let engine = engine.clone();
         let (id, parallel, ctx) = (engine.card().id.clone(), args.parallel, args.ctx);
+        let page = if args.no_webui {
+            String::new()
+        } else {
+            format!("; chat page: http://{local}/")
+        };
         rt.spawn(async move {
             loop {
                 match engine.health() {
@@ -221,7 +234,7 @@ fn run(args: Args) -> Result<i32> {
                     Health::Ready => {
                         pb.finish_and_clear();
                         tracing::info!(
-                            "serving {id} at http://{local}/v1 ({parallel} parallel, {ctx} tokens of context each)"
+                            "serving {id} at http://{local}/v1 ({parallel} parallel, {ctx} tokens of context each){page}"
                         );
                         return;
                     }

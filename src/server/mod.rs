@@ -3,7 +3,8 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
 //! `stream: true`), `GET /v1/models[/{id}]`, `GET /health` (503 while loading), `GET /metrics`
 //! (Prometheus), and llama-server's `POST /tokenize`, `POST /detokenize`, `POST /apply-template`,
-//! `GET /props` and `GET /slots` (`extra`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! `GET /props` and `GET /slots` (`extra`), and the built-in chat page at `GET /` (`web`; off
+//! with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -14,8 +15,9 @@
 //! so does a malformed request head (`conn`); a slow client is cut off (`--header-timeout` for
 //! the head, `--body-timeout` for the body: 408); at most `--max-connections` are open; the
 //! API key (when set, `Authorization: Bearer KEY`, the scheme in any case) guards everything but
-//! `/health`; with `--cors ORIGIN` every response carries `Access-Control-Allow-Origin: ORIGIN`
-//! and `OPTIONS` preflights are answered (before the key check: browsers send no key there);
+//! `/health` and the chat page's static files (the page's own API calls carry the key); with
+//! `--cors ORIGIN` every response carries `Access-Control-Allow-Origin: ORIGIN` and `OPTIONS`
+//! preflights are answered (before the key check: browsers send no key there);
 //! shutdown stops accepting, lets running requests finish within the grace period,
 //! then ends them, and closes what is still open one second later (a stalled connection
 //! included).
@@ -29,6 +31,7 @@ pub mod parse;
 mod respond;
 pub mod types;
 pub mod validate;
+mod web;
 pub mod worker;
 
 pub use api::{
@@ -70,6 +73,8 @@ pub struct ServerConfig {
     /// `--cors ORIGIN`: the `Access-Control-Allow-Origin` of every response; `None`: no CORS
     /// headers, and `OPTIONS` is not answered.
     pub cors: Option<String>,
+    /// Serve the built-in chat page at `/` (`--no-webui`: off).
+    pub webui: bool,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +87,7 @@ impl Default for ServerConfig {
             body_timeout: Duration::from_secs(30),
             max_connections: 512,
             cors: None,
+            webui: true,
         }
     }
 }
@@ -107,7 +113,13 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         next_id: AtomicU64::new(1),
         conns,
     });
-    Router::new()
+    let routes = Router::new();
+    let routes = if st.cfg.webui {
+        web::routes(routes)
+    } else {
+        routes
+    };
+    routes
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -277,7 +289,9 @@ fn bearer_token(v: &str) -> Option<&str> {
 
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
-        if req.uri().path() != "/health" {
+        let path = req.uri().path();
+        let open = path == "/health" || (st.cfg.webui && web::PATHS.contains(&path));
+        if !open {
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
