@@ -217,6 +217,8 @@ struct Browser {
     /// Events received so far (`Runtime.exceptionThrown`, `Log.entryAdded`, ...).
     events: Vec<Value>,
     log: PathBuf,
+    /// Its `--user-data-dir` (removed at the end).
+    profile: PathBuf,
 }
 
 impl Browser {
@@ -297,6 +299,7 @@ impl Browser {
             session: None,
             events: Vec::new(),
             log,
+            profile,
         }
     }
 
@@ -388,6 +391,21 @@ impl Browser {
         self.call("Input.insertText", json!({ "text": text }));
     }
 
+    /// Waits for the event `method` (one received earlier counts) and takes it.
+    fn wait_event(&mut self, method: &str, secs: u64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some(i) = self.events.iter().position(|e| e["method"] == method) {
+                return self.events.remove(i);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.from.recv_timeout(left) {
+                Ok(m) => self.events.push(m),
+                Err(_) => panic!("no {method} event from chromium within {secs} s"),
+            }
+        }
+    }
+
     /// Script errors, console errors and refused loads (CSP, ...); not the network's failed
     /// responses (the 401s before the key is entered are expected).
     fn page_errors(&self) -> Vec<String> {
@@ -414,6 +432,7 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 
@@ -615,6 +634,92 @@ fn chat_page_in_a_browser() {
     }
     assert!(metric(&s.addr, "requests_cancelled_total").unwrap() >= 1.0);
 
+    // Reasoning is shown folded: the next two replies are canned (the browser's own request
+    // interception answers them) since the tiny model's gibberish has none. One sends it as
+    // `reasoning_content` (as the server does for Qwen3 / harmony), one inside `<think>` at the
+    // start of the content (a template the server does not parse), with CRLF line ends.
+    let chunk = |delta: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": delta}]})
+        )
+    };
+    let split = [
+        chunk(json!({"role": "assistant", "content": ""})),
+        chunk(json!({"reasoning_content": "The user wants "})),
+        chunk(json!({"reasoning_content": "an answer."})),
+        chunk(json!({"content": "Forty-two."})),
+        "data: [DONE]\n\n".to_string(),
+    ]
+    .concat();
+    let tagged = [
+        chunk(json!({"content": "<think>Plan: "})),
+        chunk(json!({"content": "be brief.</think>"})),
+        chunk(json!({"content": "\n\nHello!"})),
+        "data: [DONE]\n\n".to_string(),
+    ]
+    .concat()
+    .replace('\n', "\r\n");
+    b.call(
+        "Fetch.enable",
+        json!({"patterns": [{"urlPattern": "*/v1/chat/completions", "requestStage": "Request"}]}),
+    );
+    let mut sent = Value::Null;
+    for (ask, body, reasoning, content) in [
+        (
+            "What is the answer?",
+            split,
+            "The user wants an answer.",
+            "Forty-two.",
+        ),
+        ("Say hello", tagged, "Plan: be brief.", "Hello!"),
+    ] {
+        b.type_into("#input", ask);
+        b.click("#send");
+        let paused = b.wait_event("Fetch.requestPaused", 10);
+        sent = serde_json::from_str(
+            paused["params"]["request"]["postData"]
+                .as_str()
+                .unwrap_or("{}"),
+        )
+        .unwrap();
+        assert_eq!(sent["stream"], json!(true), "{sent}");
+        let msgs = sent["messages"].as_array().unwrap();
+        assert_eq!(msgs.last().unwrap()["content"], json!(ask), "{sent}");
+        b.call(
+            "Fetch.fulfillRequest",
+            json!({
+                "requestId": paused["params"]["requestId"],
+                "responseCode": 200,
+                "responseHeaders": [{"name": "Content-Type", "value": "text/event-stream"}],
+                "body": base64_encode(body.as_bytes()),
+            }),
+        );
+        let reply = b.wait_for(
+            "the canned reply",
+            &format!("(r => r && r.state === 'done' && r)({LAST_REPLY})"),
+            10,
+        );
+        assert_eq!(reply["reasoning"], json!(reasoning), "{reply}");
+        assert_eq!(reply["content"], json!(content), "{reply}");
+        let folded = b.eval(
+            "(d => !d.hidden && !d.open)([...document.querySelectorAll('#log .msg.assistant details')].pop())",
+        );
+        assert_eq!(
+            folded,
+            json!(true),
+            "the reasoning is not shown folded: {reply}"
+        );
+    }
+    b.call("Fetch.disable", json!({}));
+    // The conversation sent back holds the earlier replies without their reasoning.
+    let msgs = sent["messages"].as_array().unwrap();
+    assert!(
+        msgs.contains(&json!({"role": "assistant", "content": "Forty-two."}))
+            && !sent.to_string().contains("The user wants"),
+        "the conversation sent: {sent}"
+    );
+
     // Let the panel take one more poll, then the screenshot.
     std::thread::sleep(Duration::from_millis(1200));
     let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
@@ -645,6 +750,26 @@ fn chat_page_in_a_browser() {
 
     let errors = b.page_errors();
     assert!(errors.is_empty(), "the page reported errors: {errors:#?}");
+}
+
+/// Standard base64, padded.
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= c.len() {
+                ABC[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
 }
 
 /// Standard base64 (CDP's encoding of binary data).
