@@ -3,7 +3,8 @@
 //! decode step (so any locality comes from the model, not from repeated tokens).
 mod common;
 use pocketmoe::ggml::capture::Capture;
-use pocketmoe::synth::routing::{top_k, DEFAULT_SKEW};
+use pocketmoe::synth::routing::DEFAULT_SKEW;
+use pocketmoe::util::top_k;
 
 /// Per-layer LRU hit rate of the routing in `picks[layer][step]`, per layer.
 fn lru_hit_rates(picks: &[Vec<Vec<usize>>], n_expert: usize, capacity: usize) -> Vec<f64> {

@@ -4,14 +4,15 @@
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
 pub mod batch;
-pub mod kv;
 pub mod sampling;
-pub mod weights;
+/// The KV cache and the weights live with the graph that reads them; their old paths stay.
+pub use crate::graph::{kv, weights};
 
 use crate::experts::step::{GraphNodes, StepHook};
 use crate::experts::{Offload, OffloadOptions};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
+use crate::graph::blocks::{Resident, RoutedExperts};
 use crate::graph::{arch, BatchInputs, GraphBuilder};
 use crate::model::{arch_by_name, validate::validate, Hparams};
 use std::path::Path;
@@ -527,6 +528,11 @@ impl Engine {
         let size = graph_size(&self.hp);
         let window = self.hp.sliding_window as usize;
         let mut nodes = Vec::new();
+        let offloaded = self.offload.as_ref().map(Offload::graph_experts);
+        let experts: &dyn RoutedExperts = match &offloaded {
+            Some(o) => o,
+            None => &Resident,
+        };
         let g = OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
             let input = |ty, ne: &[i64], name: &'static str| -> Result<_, EngineError> {
                 let t = ctx.new_tensor(ty, ne)?.set_name(name);
@@ -569,8 +575,7 @@ impl Engine {
                 hp: &self.hp,
                 batch,
                 graph,
-                experts: self.offload.as_ref(),
-                moe_nodes: Default::default(),
+                experts,
             };
             let logits = arch::build(&g).map_err(|msg| EngineError::Model {
                 path: String::new(),
@@ -592,7 +597,7 @@ impl Engine {
             if t_out.is_some() {
                 keep.push("inp_out_ids".into());
             }
-            nodes = g.moe_nodes.take();
+            nodes = offloaded.as_ref().map_or_else(Vec::new, |o| o.take_nodes());
             for n in &nodes {
                 keep.push(n.anchor.clone());
                 keep.push(n.selected.clone());

@@ -100,12 +100,16 @@ impl Sampler {
         if self.p.temperature == 0.0 {
             return argmax(&l);
         }
-        // Candidates sorted by logit, descending.
-        let mut cand: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if self.p.top_k > 0 {
-            cand.truncate(self.p.top_k.max(1));
-        }
+        // Candidates sorted by logit, descending (the top k of them with top-k on).
+        let n_cand = if self.p.top_k > 0 {
+            self.p.top_k
+        } else {
+            l.len()
+        };
+        let mut cand: Vec<(u32, f32)> = crate::util::top_k(&l, n_cand)
+            .into_iter()
+            .map(|i| (i as u32, l[i]))
+            .collect();
         let probs = softmax(&cand, 1.0);
         if self.p.top_p < 1.0 {
             let mut acc = 0.0;
@@ -160,11 +164,9 @@ impl Sampler {
     }
 }
 
+/// The index of the largest logit (the lowest among equals; 0 for none).
 pub fn argmax(l: &[f32]) -> u32 {
-    l.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-        .map_or(0, |(i, _)| i as u32)
+    crate::util::top_k(l, 1).first().map_or(0, |&i| i as u32)
 }
 
 /// Softmax of the candidates' logits divided by `temp`.

@@ -10,4 +10,6 @@ pub mod transfer;
 pub use offload::{Admit, Mode, Offload, OffloadOptions};
 pub mod cpu;
 mod direct;
+pub mod seam;
 pub mod step;
+pub use seam::OffloadedExperts;

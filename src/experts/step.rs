@@ -641,7 +641,7 @@ impl Offload {
 pub fn predicted_experts(pred: &[f32], n_expert: usize, k: usize) -> Vec<u32> {
     let mut predicted: Vec<u32> = Vec::new();
     for logits in pred.chunks_exact(n_expert) {
-        for e in crate::synth::routing::top_k(logits, k) {
+        for e in crate::util::top_k(logits, k) {
             if !predicted.contains(&(e as u32)) {
                 predicted.push(e as u32);
             }

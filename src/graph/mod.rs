@@ -6,10 +6,13 @@
 //! `ffn_moe_out-12`) so a debug dump diffs by name against the reference.
 pub mod arch;
 pub mod blocks;
+pub mod kv;
+pub mod weights;
 
-use crate::engine::{kv::KvCache, weights::Weights};
 use crate::ggml::{Context, Graph, Tensor};
 use crate::model::Hparams;
+use kv::KvCache;
+use weights::Weights;
 
 /// The inputs of one micro-batch (created by the engine, filled after allocation).
 #[derive(Clone, Copy)]
@@ -65,10 +68,9 @@ pub struct GraphBuilder<'a> {
     pub hp: &'a Hparams,
     pub batch: BatchInputs<'a>,
     pub graph: Graph<'a>,
-    /// The offloaded routed experts, if any (docs/design.md §4).
-    pub experts: Option<&'a crate::experts::Offload>,
-    /// Offloaded layers of this graph, for the step hook.
-    pub moe_nodes: std::cell::RefCell<Vec<crate::experts::step::MoeNode>>,
+    /// Where the routed experts run: [`blocks::Resident`], or the offloaded experts
+    /// (docs/design.md §4), which record what their step hook needs as the graph is built.
+    pub experts: &'a dyn blocks::RoutedExperts,
 }
 
 impl<'a> GraphBuilder<'a> {

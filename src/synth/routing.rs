@@ -236,14 +236,6 @@ impl ContextChannel {
     }
 }
 
-/// Top-k indices of `logits` (ties broken by index).
-pub fn top_k(logits: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    idx.truncate(k);
-    idx
-}
-
 /// Hit rate of a per-layer LRU cache holding `capacity` of `n_expert` experts, over `n_tokens`
 /// tokens routed top-`k` by a router with the given skew (iid hidden states: no temporal locality,
 /// so this is a lower bound for real traffic at the same popularity).
@@ -262,7 +254,7 @@ pub fn simulate_lru_hit_rate(
     let (mut hits, mut total) = (0u64, 0u64);
     for t in 0..n_tokens as u64 {
         let logits: Vec<f32> = m.iter().map(|&me| me * rng.normal()).collect();
-        for e in top_k(&logits, k) {
+        for e in crate::util::top_k(&logits, k) {
             total += 1;
             if last_use[e] != u64::MAX {
                 hits += 1;

@@ -101,7 +101,7 @@ pub fn decode_routing(
     for _ in 0..n_steps {
         eng.forward_last(&[tok()]).unwrap();
         for (il, name) in names.iter().enumerate() {
-            picks[il].push(pocketmoe::synth::routing::top_k(&cap.got[name], k));
+            picks[il].push(pocketmoe::util::top_k(&cap.got[name], k));
         }
         cap.got.clear();
     }

@@ -8,4 +8,4 @@ pub mod norm;
 pub mod rope;
 
 pub use attention::AttnOpts;
-pub use moe::{ExpertAct, MoeOpts};
+pub use moe::{ExpertAct, MoeOpts, Resident, RoutedExperts};

@@ -3,9 +3,10 @@
 //! renormalisation and scaling, then up/gate/down through `mul_mat_id` and the weighted sum over
 //! the selected experts. Shared experts are added by the caller's arch file.
 //!
-//! This is the seam of docs/design.md §4.2: the offload path replaces [`GraphBuilder::moe`]'s
-//! expert matmuls; architecture files never change.
-use crate::experts::{step::MoeNode, Mode};
+//! This is the seam of docs/design.md §4.2: the graph runs the selected experts through a
+//! [`RoutedExperts`] — [`Resident`] here, from the model's weights; the offloaded experts
+//! implement it in `experts` — so architecture files never change, and `graph` never names the
+//! offload path.
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
@@ -37,6 +38,37 @@ pub struct Routing<'a> {
     pub selected: Tensor<'a>,
     /// f32 [1, k, n_tokens]: their weights (after renormalisation and scaling).
     pub weights: Tensor<'a>,
+}
+
+/// Runs a block's routed experts once its router has chosen them: where the experts' weights
+/// live, and how the graph reaches them. The graph builder holds one ([`GraphBuilder::experts`]).
+pub trait RoutedExperts {
+    /// The selected experts' FFN of block `il` on `x` [n_embd, n_tokens], weighted by the
+    /// routing `r` and summed over each token's k experts: [n_embd, n_tokens].
+    fn ffn<'a>(
+        &'a self,
+        g: &GraphBuilder<'a>,
+        x: Tensor<'a>,
+        il: usize,
+        r: &Routing<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a>;
+}
+
+/// Every routed expert resident with the model's weights: `mul_mat_id` on `ffn_*_exps`.
+pub struct Resident;
+
+impl RoutedExperts for Resident {
+    fn ffn<'a>(
+        &'a self,
+        g: &GraphBuilder<'a>,
+        x: Tensor<'a>,
+        il: usize,
+        r: &Routing<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a> {
+        g.resident_experts(x, il, r, opts)
+    }
 }
 
 impl<'a> GraphBuilder<'a> {
@@ -146,10 +178,9 @@ impl<'a> GraphBuilder<'a> {
         self.cb(masked, "ffn_moe_probs_masked", il as i32)
     }
 
-    /// The selected experts' FFN, weighted and summed over the k experts of each token. Resident
-    /// experts run here; offloaded ones (docs/design.md §4.2) run through the expert cache: from
-    /// cache slots with remapped ids and a mask (decode), or from the staging area (prefill).
-    /// The offload step hook stops after the routing (see `experts::step`).
+    /// The selected experts' FFN, weighted and summed over the k experts of each token, through
+    /// the builder's [`RoutedExperts`]: resident here; offloaded ones (docs/design.md §4.2) run
+    /// through the expert cache, implemented with the offloaded experts.
     pub fn routed_experts(
         &self,
         x: Tensor<'a>,
@@ -157,147 +188,35 @@ impl<'a> GraphBuilder<'a> {
         r: &Routing<'a>,
         opts: &MoeOpts,
     ) -> Tensor<'a> {
-        let ctx = self.ctx;
-        let nt = self.batch.n_tokens as i64;
-        let k = self.hp.n_expert_used as i64;
-        let bias = |m: &str| self.wl_opt(il, &format!("{m}.bias"));
-        let biases = [
-            bias("ffn_up_exps"),
-            bias("ffn_gate_exps"),
-            bias("ffn_down_exps"),
+        self.experts.ffn(self, x, il, r, opts)
+    }
+
+    /// [`Self::routed_experts`] from the model's own expert weights (ids straight from the
+    /// router).
+    pub fn resident_experts(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        r: &Routing<'a>,
+        opts: &MoeOpts,
+    ) -> Tensor<'a> {
+        let w = [
+            Some(self.wl(il, "ffn_up_exps.weight")),
+            self.wl_opt(il, "ffn_gate_exps.weight"),
+            Some(self.wl(il, "ffn_down_exps.weight")),
         ];
-        let Some(off) = self.experts.filter(|o| o.is_offloaded(il)) else {
-            let w = [
-                Some(self.wl(il, "ffn_up_exps.weight")),
-                self.wl_opt(il, "ffn_gate_exps.weight"),
-                Some(self.wl(il, "ffn_down_exps.weight")),
-            ];
-            let t = ExpertTensors { w, biases };
-            let ids = [r.selected; 3];
-            return self.expert_ffn(&t, x, il, ids, r.selected, r.weights, opts);
+        let t = ExpertTensors {
+            w,
+            biases: self.expert_biases(il),
         };
-        // The hook reads these after the anchor; outputs are never overwritten by the allocator.
-        ctx.set_output(r.selected);
-        let weights = self.cb(r.weights, "ffn_moe_weights_final", il as i32);
-        ctx.set_output(weights);
-        let x = self.cb(x, "ffn_moe_in", il as i32);
-        ctx.set_output(x);
-        let mode = off.mode(nt as usize);
-        let mut node = MoeNode {
-            il,
-            mode,
-            anchor: weights.name(),
-            selected: r.selected.name(),
-            weights: weights.name(),
-            input: x.name(),
-            pred: None,
-            gpu_out: None,
-            act: opts.act,
-            direct_stop: false,
-            direct_preds: Vec::new(),
-            direct_ids: None,
-        };
-        // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
-        // right after this router, so the hook's one stop reads the prediction with the routing.
-        if let Some(next) = (mode == Mode::Slots && off.opts.prefetch)
-            .then(|| off.next_offloaded(il))
-            .flatten()
-        {
-            let pred = self.cb(
-                ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
-                "ffn_moe_pred_logits",
-                il as i32,
-            ); // [n_expert, nt]
-            ctx.set_output(pred);
-            self.graph.build_forward(pred);
-            node.anchor = pred.name();
-            node.pred = Some(pred.name());
-        }
-        let out = match mode {
-            Mode::Staging => {
-                let w = std::array::from_fn(|m| off.staging_tensor(il, m));
-                let t = ExpertTensors { w, biases };
-                self.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
-            }
-            Mode::Direct => {
-                // A stop layer (every `stop_every`-th offloaded layer) predicts the following
-                // layers' routing from this layer's FFN input (their routers on it, FATE-style),
-                // so the hook's one stop here can prefetch for all of them.
-                let ahead = off.direct_stop(il).unwrap_or_default();
-                for &next in &ahead {
-                    let pred = self.cb(
-                        ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
-                        &format!("ffn_moe_pred_logits_{next}"),
-                        il as i32,
-                    ); // [n_expert, 1]
-                    ctx.set_output(pred);
-                    self.graph.build_forward(pred);
-                    node.anchor = pred.name();
-                    node.direct_preds.push((next, pred.name()));
-                }
-                node.direct_stop = off.direct_stop(il).is_some();
-                // Each selected expert's id through the layer's device-side table: its slot, or
-                // its place in the host store (read in place). One table per matrix, since each
-                // matrix's store lies at its own distance from its slots.
-                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
-                let ids: [Tensor<'a>; 3] = std::array::from_fn(|m| {
-                    let t = ctx.get_rows(off.remap_view(ctx, il, m), r.selected); // i32 [1, k, 1]
-                    if m == 0 && off.follows() {
-                        // Written straight into the layer's mailbox: the host reads the step's
-                        // hits and misses there (experts::direct).
-                        off.preset_mailbox(t, il, false);
-                        // An output: the graph allocator never frees (reuses) its memory.
-                        ctx.set_output(t);
-                    }
-                    let t = ctx.reshape(t, &[k, nt]).expect("direct ids"); // i32 [k, nt]
-                    self.cb(t, &format!("ffn_moe_direct_ids{m}"), il as i32)
-                });
-                let pred_on = std::env::var("POCKETMOE_MBOX_PRED").map_or(true, |v| v != "0");
-                if let Some(next) = (off.follows() && pred_on)
-                    .then(|| off.next_offloaded(il))
-                    .flatten()
-                {
-                    // FATE: the next layer's router on this layer's FFN input, into the mailbox,
-                    // which the host follows while the graph runs on.
-                    let pred = self.cb(
-                        ctx.mul_mat(self.wl(next, "ffn_gate_inp.weight"), x),
-                        "ffn_moe_pred_logits",
-                        il as i32,
-                    ); // [n_expert, 1]
-                       // Copied into the mailbox by a plain elementwise kernel.
-                    let pred = ctx.scale(pred, 1.0);
-                    off.preset_mailbox(pred, il, true);
-                    ctx.set_output(pred);
-                    self.graph.build_forward(pred);
-                }
-                // Read back after the step: which picks hit a slot.
-                ctx.set_output(ids[0]);
-                node.direct_ids = Some(ids[0].name());
-                let t = ExpertTensors { w, biases };
-                self.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
-            }
-            Mode::Slots => {
-                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
-                let (ids, mask) = off.ctl(il);
-                let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
-                let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
-                let weights = ctx.mul(weights, mask); // [1, k, nt]
-                let t = ExpertTensors { w, biases };
-                let out = self.expert_ffn(&t, x, il, [ids; 3], r.selected, weights, opts);
-                if off.cpu_enabled(il) {
-                    // The CPU channel's share, written by the step hook once the GPU's is done.
-                    let gpu = self.cb(out, "ffn_moe_out_gpu", il as i32);
-                    node.gpu_out = Some(gpu.name());
-                    let cpu = off.ctl_cpu(il);
-                    let cpu = ctx.view(cpu, &[self.hp.n_embd as i64, nt], &[cpu.nb()[1]], 0); // [n_embd, nt]
-                    self.cb(ctx.add(gpu, cpu), "ffn_moe_out", il as i32)
-                } else {
-                    out
-                }
-            }
-        };
-        self.moe_nodes.borrow_mut().push(node);
-        out
+        let ids = [r.selected; 3];
+        self.expert_ffn(&t, x, il, ids, r.selected, r.weights, opts)
+    }
+
+    /// Block `il`'s optional per-expert biases (up, gate, down), resident in every mode.
+    pub fn expert_biases(&self, il: usize) -> [Option<Tensor<'a>>; 3] {
+        ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"]
+            .map(|m| self.wl_opt(il, &format!("{m}.bias")))
     }
 
     /// up/gate/down through `mul_mat_id` with expert ids `ids` (per matrix, into `t.w`'s third
