@@ -91,7 +91,7 @@ pub struct EngineOptions {
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Offloading on a GPU: decode single tokens without graph stops (misses read in place
-    /// from the host store, the cache updated between tokens; `experts::direct`).
+    /// from the host store, the cache updated between tokens; `experts::offload::direct`).
     pub direct_decode: bool,
     /// How direct decode admits misses into the cache (without stops).
     pub admit: crate::experts::Admit,
@@ -318,7 +318,7 @@ impl Engine {
             let off = self.offload.as_ref().expect("offloading");
             let fixed = self.weights.bytes()
                 + self.kv.bytes() as u64
-                + off.dev_bytes as u64
+                + off.dev_bytes() as u64
                 + compute
                 + margin;
             let per_slot = off.slot_bytes_all_layers().max(1) as u64;
@@ -346,7 +346,7 @@ impl Engine {
             "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, micro-batch {} -> {n_slots} expert slots per layer of {}",
             self.weights.bytes(),
             self.kv.bytes(),
-            off.dev_bytes,
+            off.dev_bytes(),
             self.opts.n_ubatch,
             self.hp.n_expert
         );
@@ -360,13 +360,13 @@ impl Engine {
     pub fn device_bytes(&self) -> u64 {
         self.weights.bytes()
             + self.kv.bytes() as u64
-            + self.offload.as_ref().map_or(0, |o| o.dev_bytes as u64)
+            + self.offload.as_ref().map_or(0, |o| o.dev_bytes() as u64)
             + self.sched.buffer_size(0) as u64
     }
 
     /// Offload statistics (`None` when the model is fully resident).
     pub fn offload_stats(&self) -> Option<crate::experts::Stats> {
-        self.offload.as_ref().map(|o| o.stats.clone())
+        self.offload.as_ref().map(|o| o.stats().clone())
     }
 
     /// Device bytes one expert-cache slot costs across all MoE layers (`None` when resident).
@@ -418,15 +418,15 @@ impl Engine {
                     gib(self.kv.bytes() as u64),
                     o.n_ctx,
                     o.kv_type.name(),
-                    gib((off.dev_bytes - off.slots_alloc_bytes(off.n_slots).min(off.dev_bytes)) as u64),
+                    gib((off.dev_bytes() - off.slots_alloc_bytes(off.n_slots()).min(off.dev_bytes())) as u64),
                     gib(compute)
                 );
                 s += &format!(
                     "  routed experts offloaded: {} in page-locked host memory; GPU cache {} slots per layer of {n_expert} experts ({:.0}%), {}; prefill micro-batch {}",
-                    gib(off.host_bytes as u64),
-                    off.n_slots,
-                    100.0 * off.n_slots as f64 / n_expert.max(1) as f64,
-                    gib(off.slots_alloc_bytes(off.n_slots) as u64),
+                    gib(off.host_bytes() as u64),
+                    off.n_slots(),
+                    100.0 * off.n_slots() as f64 / n_expert.max(1) as f64,
+                    gib(off.slots_alloc_bytes(off.n_slots()) as u64),
                     o.n_ubatch
                 );
             }
@@ -442,7 +442,7 @@ impl Engine {
             .map(|o| o.slots_alloc_bytes(n_slots) as u64)
     }
 
-    /// Whether single-token decode runs without graph stops (`experts::direct`).
+    /// Whether single-token decode runs without graph stops (`experts::offload::direct`).
     pub fn direct_decode(&self) -> bool {
         self.offload.as_ref().is_some_and(|o| o.direct_ready())
     }
@@ -454,7 +454,7 @@ impl Engine {
 
     /// The expert cache's slots per layer (`None` when fully resident).
     pub fn expert_slots(&self) -> Option<usize> {
-        self.offload.as_ref().map(|o| o.n_slots)
+        self.offload.as_ref().map(|o| o.n_slots())
     }
 
     /// Captures named intermediate tensors of later forward passes into `cap` (see
@@ -704,8 +704,10 @@ pub(crate) fn run_graph(
             if nodes.is_direct() {
                 off.end_direct(nodes)?;
             }
-            off.stats.compute_s += (t2 - t1).as_secs_f64();
-            off.stats.direct_s += (t1 - t0 + t2.elapsed()).as_secs_f64();
+            off.add_step_time(
+                (t2 - t1).as_secs_f64(),
+                (t1 - t0 + t2.elapsed()).as_secs_f64(),
+            );
         }
         None => sched.compute(&g.graph())?,
     }

@@ -4,10 +4,11 @@
 //! same expert FFN as the GPU's — over the chosen experts and returns their weighted sum.
 //!
 //! Invariants: at most one job in flight; [`CpuChannel::finish`] returns its result before the
-//! next [`CpuChannel::start`]. The worker reads the host store, which [`Offload`] owns: dropping
-//! the channel finishes the job in flight and joins the worker, and [`Offload`]'s `Drop` drops
-//! the channel before any of its fields (the store among them), whatever their order.
-use super::offload::{Offload, MATS};
+//! next [`CpuChannel::start`]. The worker reads the host store, which
+//! [`Offload`](super::Offload) owns: dropping the channel finishes the job in flight and joins the
+//! worker, and `Offload`'s `Drop` (in `offload`) drops the channel before any of its fields (the
+//! store among them), whatever their order.
+use super::offload::ExpertMat;
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Tensor};
 use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -147,15 +148,6 @@ impl Drop for CpuChannel {
     }
 }
 
-impl Drop for Offload {
-    /// The CPU channel's worker reads the host store (`Offload::store`) in place: join it before
-    /// any field is dropped, so the store is never freed under a job in flight, whatever the
-    /// fields' declaration order.
-    fn drop(&mut self) {
-        drop(self.cpu.take());
-    }
-}
-
 fn run_job(
     backend: &Backend,
     model: &CpuModel,
@@ -167,16 +159,16 @@ fn run_job(
     let kc = job.picks.len() as i64;
     let ctx = Context::new(64, 64)?;
     let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
-    for (m, sm) in mats.iter().enumerate() {
-        let Some(sm) = sm else { continue };
-        let t = ctx
-            .new_tensor(sm.ty, &sm.ne)?
-            .set_name(&format!("blk.{}.{}.weight", job.il, MATS[m]));
+    for m in ExpertMat::ALL {
+        let Some(sm) = &mats[m.index()] else { continue };
+        let t =
+            ctx.new_tensor(sm.ty, &sm.ne)?
+                .set_name(&format!("blk.{}.{}.weight", job.il, m.name()));
         // SAFETY: the store outlives every job: `Offload`'s `Drop` drops the channel, which joins
         // this worker, before the store is freed; the range is exactly the store tensor's bytes.
         let buf = unsafe { ctx.wrap_host_memory(sm.addr, sm.bytes)? };
         buf.place(t, 0)?;
-        w[m] = Some(t);
+        w[m.index()] = Some(t);
     }
     let n_embd = model.n_embd as i64;
     let x = ctx.new_tensor(GgmlType::F32, &[n_embd, 1])?;
@@ -206,7 +198,7 @@ fn run_job(
 pub(super) mod tests {
     //! Dropping an [`Offload`] with a CPU job in flight (a step that failed half-way leaves one):
     //! the job must finish before the host store it reads is freed.
-    use super::super::offload::{Admit, OffloadOptions};
+    use super::super::offload::{Admit, Offload, OffloadOptions};
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
@@ -288,10 +280,11 @@ pub(super) mod tests {
         let mut off = Offload::load(&file, &hp, &backend, opts, &|_, _| {}).unwrap();
         drop(file);
         let probe = Arc::new(Probe::default());
-        off.store_freed = StoreFreed(Some(probe.clone()));
-        let il = (0..hp.n_layer as usize).find(|&il| off.cpu_ok[il]).unwrap();
+        let (store_freed, cpu_ok, cpu) = off.test_parts();
+        *store_freed = StoreFreed(Some(probe.clone()));
+        let il = (0..hp.n_layer as usize).find(|&il| cpu_ok[il]).unwrap();
         let n_embd = hp.n_embd as usize;
-        let cpu = off.cpu.as_mut().expect("a CPU channel");
+        let cpu = cpu.expect("a CPU channel");
         cpu.probe = Some(probe.clone());
         let job = |c: &mut CpuChannel| {
             c.start(

@@ -9,7 +9,7 @@ pub mod policy;
 pub mod transfer;
 pub use offload::{Admit, Mode, Offload, OffloadOptions};
 pub mod cpu;
-mod direct;
+pub mod options;
 pub mod seam;
 pub mod step;
 pub use seam::OffloadedExperts;

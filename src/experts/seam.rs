@@ -4,7 +4,7 @@
 //! through the device-side id table (direct decode); the layer is recorded as a [`MoeNode`] for
 //! the step hook, which stops after the routing (see `experts::step`). Layers that are not
 //! offloaded run resident.
-use super::offload::{Mode, Offload};
+use super::offload::{ExpertMat, Mode, Offload};
 use super::step::MoeNode;
 use crate::ggml::Tensor;
 use crate::graph::blocks::moe::{ExpertTensors, MoeOpts, Resident, RoutedExperts, Routing};
@@ -74,7 +74,7 @@ impl RoutedExperts for OffloadedExperts<'_> {
         };
         // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
         // right after this router, so the hook's one stop reads the prediction with the routing.
-        if let Some(next) = (mode == Mode::Slots && off.opts.prefetch)
+        if let Some(next) = (mode == Mode::Slots && off.prefetches())
             .then(|| off.next_offloaded(il))
             .flatten()
         {
@@ -90,7 +90,7 @@ impl RoutedExperts for OffloadedExperts<'_> {
         }
         let out = match mode {
             Mode::Staging => {
-                let w = std::array::from_fn(|m| off.staging_tensor(il, m));
+                let w = ExpertMat::ALL.map(|m| off.staging_tensor(il, m));
                 let t = ExpertTensors { w, biases };
                 g.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
             }
@@ -114,18 +114,18 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 // Each selected expert's id through the layer's device-side table: its slot, or
                 // its place in the host store (read in place). One table per matrix, since each
                 // matrix's store lies at its own distance from its slots.
-                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
-                let ids: [Tensor<'a>; 3] = std::array::from_fn(|m| {
+                let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
+                let ids: [Tensor<'a>; 3] = ExpertMat::ALL.map(|m| {
                     let t = ctx.get_rows(off.remap_view(ctx, il, m), r.selected); // i32 [1, k, 1]
-                    if m == 0 && off.follows() {
+                    if m == ExpertMat::Up && off.follows() {
                         // Written straight into the layer's mailbox: the host reads the step's
-                        // hits and misses there (experts::direct).
+                        // hits and misses there (experts::offload::direct).
                         off.preset_mailbox(t, il, false);
                         // An output: the graph allocator never frees (reuses) its memory.
                         ctx.set_output(t);
                     }
                     let t = ctx.reshape(t, &[k, nt]).expect("direct ids"); // i32 [k, nt]
-                    g.cb(t, &format!("ffn_moe_direct_ids{m}"), il as i32)
+                    g.cb(t, &format!("ffn_moe_direct_ids{}", m.index()), il as i32)
                 });
                 let pred_on = std::env::var("POCKETMOE_MBOX_PRED").map_or(true, |v| v != "0");
                 if let Some(next) = (off.follows() && pred_on)
@@ -152,8 +152,9 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 g.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
             }
             Mode::Slots => {
-                let w = std::array::from_fn(|m| off.slot_tensor(il, m));
-                let (ids, mask) = off.ctl(il);
+                let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
+                let ctl = off.ctl(il);
+                let (ids, mask) = (ctl.ids, ctl.mask);
                 let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
                 let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
                 let weights = ctx.mul(weights, mask); // [1, k, nt]

@@ -44,7 +44,8 @@ pub struct Stats {
     pub stops: u64,
     pub hook_s: f64,
     /// Wall seconds of the forward passes' graph computes (stops included), and of the direct
-    /// decode's host work around them (`experts::direct`): where a decode step's time goes.
+    /// decode's host work around them (`experts::offload::direct`): where a decode step's time
+    /// goes.
     #[serde(default)]
     pub compute_s: f64,
     #[serde(default)]

@@ -1,0 +1,231 @@
+//! Loading: the host store filled from the file, staging, control and direct-mode buffers.
+use super::*;
+
+impl Offload {
+    /// Copies every routed expert of `file` into the host store of `backend`'s device, and
+    /// allocates staging and control tensors (slots come later: [`Offload::alloc_slots`]).
+    pub fn load(
+        file: &GgufModel,
+        hp: &Hparams,
+        backend: &Rc<Backend>,
+        opts: OffloadOptions,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Self, GgmlError> {
+        let (n_expert, k) = (hp.n_expert as usize, hp.n_expert_used as usize);
+        let n_layer = hp.n_layer_decode();
+        let mut layers = Vec::with_capacity(n_layer);
+        let store = Context::new(n_layer * 3 + 1, 0)?;
+        let mut pairs = Vec::new();
+        for il in 0..n_layer {
+            let mut mats: [Option<Mat>; 3] = [None, None, None];
+            for m in ExpertMat::ALL {
+                let mat = m.name();
+                let Some(t) = file.tensor(&format!("blk.{il}.{mat}.weight")) else {
+                    continue;
+                };
+                let ne = [t.ne[0] as i64, t.ne[1] as i64, t.ne[2] as i64];
+                let st = store
+                    .new_tensor(t.ty, &ne)?
+                    .set_name(&format!("blk.{il}.{mat}.weight"));
+                mats[m.index()] = Some(Mat {
+                    ty: t.ty,
+                    ne,
+                    expert_bytes: st.nb()[2],
+                });
+                pairs.push((st, t));
+            }
+            layers.push(if mats.iter().any(Option::is_some) {
+                Some(Layer {
+                    mats,
+                    cache: LayerCache::new(il, n_expert, 0, &opts.policy),
+                    prefetched: Vec::new(),
+                    predicted: Vec::new(),
+                    staged_ahead: None,
+                    direct_base: None,
+                    pending: Vec::new(),
+                    copied_at_stop: Vec::new(),
+                })
+            } else {
+                None
+            });
+        }
+        let host_bytes: usize = layers
+            .iter()
+            .flatten()
+            .flat_map(|l| l.mats.iter().flatten())
+            .map(|m| m.alloc_bytes(n_expert))
+            .sum();
+        let buf = store.new_buffer(backend, Memory::Host, host_bytes)?;
+        let mut off = 0;
+        for (t, _) in &pairs {
+            off = buf.place(*t, off)?;
+        }
+        let total = host_bytes as u64;
+        let mut done = 0;
+        for (t, info) in &pairs {
+            t.write_bytes(file.tensor_data(info))?;
+            file.release(info);
+            done += info.n_bytes;
+            progress(done, total);
+        }
+        drop(pairs);
+        // Scratch (see `readback::ScratchLayout`): selected ids + weights (k per token, whole
+        // micro-batch), the prefetch prediction and control (ids + mask) of a slot micro-batch,
+        // and its FFN input.
+        let t_max = opts.max_slot_tokens;
+        let scratch_len = 4
+            * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
+                + (n_expert * t_max).next_multiple_of(64)
+                + 2 * (k * t_max).next_multiple_of(64))
+            + 4 * hp.n_embd as usize * t_max
+            + 1024;
+        let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
+        let scratch = scratch_buf.base_addr();
+
+        // Device: one staging area as large as the largest layer's experts, and control tensors.
+        let dev = Context::new(n_layer * 6 + 2, 0)?;
+        let stage_bytes = layers
+            .iter()
+            .flatten()
+            .map(|l| {
+                l.mats
+                    .iter()
+                    .flatten()
+                    .map(|m| m.alloc_bytes(n_expert))
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
+        let n_embd = hp.n_embd as usize;
+        let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
+        let n_moe = layers.iter().flatten().count();
+        // Two staging areas, alternating between consecutive offloaded layers, so the next
+        // layer's experts can be copied in while this one computes.
+        let stage_bufs = [
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+        ];
+        let ctl_buf =
+            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
+        ctl_buf.clear(0);
+        // Direct mode's id table: per layer and matrix, i32 [n_expert] (slot, or store offset).
+        let remap_bytes = 4 * n_expert * 3 * n_layer;
+        let remap_buf = dev.new_buffer(backend, Memory::Device, remap_bytes + 256)?;
+        let remap = dev
+            .new_tensor(GgmlType::I32, &[n_expert as i64, 3 * n_layer as i64])?
+            .set_name("off.remap");
+        remap_buf.place(remap, 0)?;
+        // Host side: the table, the cells prefetch flips copy from, and the read-back of a
+        // step's routing (selected and up-matrix ids, k each per layer).
+        let mirror_bytes = 2 * remap_bytes + 8 * k * n_layer + 256;
+        let mirror_buf = store.new_buffer(backend, Memory::Host, mirror_bytes)?;
+        let mirror = mirror_buf.base_addr();
+        let mailbox_buf =
+            store.new_buffer(backend, Memory::Host, 4 * (k + n_expert) * n_layer + 256)?;
+        let (mailbox, mailbox_owner) = (mailbox_buf.base_addr(), remap_buf.raw_addr());
+        let mut ctl_off = 0;
+        for (i_moe, (il, l)) in layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_some())
+            .enumerate()
+        {
+            let Some(l) = l else { continue };
+            let stage_buf = stage_bufs[i_moe % 2];
+            let mut off = 0;
+            for (m, mat) in l.mats.iter().enumerate() {
+                let Some(mat) = mat else { continue };
+                let t = dev
+                    .new_tensor(mat.ty, &mat.ne)?
+                    .set_name(&name(il, &format!("stage{m}")));
+                off = stage_buf.place(t, off)?;
+            }
+            let ids = dev
+                .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "ids"));
+            ctl_buf.place(ids, ctl_off)?;
+            let mask = dev
+                .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "mask"));
+            ctl_buf.place(mask, ctl_off + ctl_bytes)?;
+            let cpu = dev
+                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "cpu"));
+            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
+            ctl_off += 2 * ctl_bytes + cpu_bytes;
+        }
+        // The CPU channel reads the store directly; layers with expert biases stay on the GPU.
+        let cpu_ok: Vec<bool> = (0..n_layer)
+            .map(|il| {
+                layers[il].is_some()
+                    && ExpertMat::ALL.iter().all(|m| {
+                        file.tensor(&format!("blk.{il}.{}.bias", m.name()))
+                            .is_none()
+                    })
+            })
+            .collect();
+        let cpu = (opts.cpu_threads > 0 && cpu_ok.iter().any(|&b| b)).then(|| {
+            let model = crate::experts::cpu::CpuModel {
+                n_embd,
+                layers: (0..n_layer)
+                    .map(|il| {
+                        cpu_ok[il].then(|| {
+                            ExpertMat::ALL.map(|m| {
+                                let t = store.get(
+                                    &store.index(),
+                                    &format!("blk.{il}.{}.weight", m.name()),
+                                )?;
+                                let ne = t.ne();
+                                Some(crate::experts::cpu::StoreMat {
+                                    ty: t.ty(),
+                                    ne: [ne[0], ne[1], ne[2]],
+                                    addr: t.data_addr(),
+                                    bytes: t.n_bytes(),
+                                })
+                            })
+                        })
+                    })
+                    .collect(),
+            };
+            crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads)
+        });
+        let cpu = cpu.transpose()?;
+        let store_idx = store.index();
+        let dev_idx = dev.index();
+        let bw = opts.bandwidths;
+        Ok(Self {
+            n_expert,
+            k,
+            layers,
+            opts,
+            #[cfg(test)]
+            store_freed: Default::default(),
+            store,
+            store_idx,
+            dev,
+            dev_idx,
+            slots: None,
+            scratch,
+            scratch_len,
+            xfer: transfer::for_backend(backend)?,
+            backend: backend.clone(),
+            stats: Stats::new(n_layer),
+            step: 0,
+            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
+            mirror,
+            mirror_len: mirror_bytes,
+            direct_ready: false,
+            mailbox,
+            mailbox_owner,
+            host_bytes,
+            n_slots: 0,
+            n_embd,
+            cpu,
+            cpu_dirty: vec![false; n_layer],
+            cpu_ok,
+            pcie_bw: bw.map_or(if backend.is_cuda() { 45e9 } else { 20e9 }, |b| b.0),
+            cpu_bw: bw.map_or(30e9, |b| b.1),
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! The offloaded routed experts of a model: the host store (raw quantised GGUF blocks, copied
+//! once into page-locked memory), the GPU slot cache (per layer, same layout as the GGUF tensor,
+//! one expert per slot), the prefill staging area, the per-layer control tensors the graph reads
+//! (slot ids, masks), and the copy engine.
+//!
+//! Why copy into pinned buffers rather than register the mmap: `cudaHostRegister` on a
+//! file-backed read-only mapping needs the read-only flag and pins page-cache pages the kernel
+//! may still want to write back or drop; a one-time copy (≈ 5 GB/s) gives plain anonymous
+//! page-locked memory ggml already knows how to allocate (its CUDA host buffer type), the CPU
+//! kernels read it as ordinary host memory, and the file map can be dropped afterwards, so host
+//! RSS ≈ the experts' bytes, not twice that.
+//!
+//! Invariants: slot `s` of layer `il`, matrix `m`, holds exactly the bytes of expert
+//! `cache.slot_of⁻¹(s)` of `blk.il.<m>` (copied whole, never dequantised); staging holds, for a
+//! prefill step, every expert the step uses at its real expert index.
+//!
+//! The code is split by job, each a child module (they alone see the fields): `load` and
+//! `alloc` (memory), `addrs` (where an expert lies), `tensors` (what graphs read), `hook` (the
+//! step hook's entry points), `readback` (a stop's routing to the host), `slots` (a stop's cache
+//! protocol), `staging` (prefill), `planner` (the CPU channel's share), `direct` and
+//! `direct_prefetch` (stop-free decode).
+mod addrs;
+mod alloc;
+mod direct;
+mod direct_prefetch;
+mod hook;
+mod load;
+mod planner;
+mod readback;
+mod slots;
+mod staging;
+mod tensors;
+
+pub use super::options::{Admit, Mode, OffloadOptions};
+pub use readback::predicted_experts;
+pub use tensors::Ctl;
+
+use addrs::LayerAddrs;
+
+use super::cache::LayerCache;
+use super::cpu::CpuChannel;
+use super::step::{DirectStop, GraphNodes, Resolved};
+use super::transfer::{self, Transfer};
+use super::Stats;
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorIndex};
+use crate::gguf::GgufModel;
+use crate::model::Hparams;
+use std::rc::Rc;
+
+/// The routed-expert matrices, in the order the graph uses them: `blk.N.<mat>.weight` are the
+/// tensors of role `Role::RoutedExperts`, the non-resident ones (tested in `model::arch::tests`).
+pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
+
+/// One of the routed-expert matrices: what indexes [`MATS`] and every per-matrix array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertMat {
+    Up,
+    Gate,
+    Down,
+}
+
+impl ExpertMat {
+    /// In the graph's order (that of [`MATS`]).
+    pub const ALL: [Self; 3] = [Self::Up, Self::Gate, Self::Down];
+
+    /// Its place in [`MATS`] and in per-matrix arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The GGUF name part, `ffn_up_exps` etc.
+    pub fn name(self) -> &'static str {
+        MATS[self.index()]
+    }
+}
+
+/// Direct mode: an admission whose copy may still be in flight.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    expert: u32,
+    slot: u32,
+    /// The step that queued it.
+    step: u64,
+}
+
+/// One matrix of one layer's experts.
+#[derive(Debug, Clone)]
+struct Mat {
+    ty: GgmlType,
+    /// [ne0, ne1, n_expert]
+    ne: [i64; 3],
+    /// Bytes of one expert (nb2).
+    expert_bytes: usize,
+}
+
+impl Mat {
+    /// Bytes a tensor of this matrix with `n` experts takes in any buffer: the data, the
+    /// backend's row padding (at most 512 columns' worth, ggml-cuda) and alignment.
+    fn alloc_bytes(&self, n: usize) -> usize {
+        let pad = self.ty.row_size(512).unwrap_or(0) as usize;
+        (self.expert_bytes * n + pad).next_multiple_of(256) + 256
+    }
+}
+
+struct Layer {
+    /// Per [`ExpertMat`]; `None` where the model has no such matrix (e.g. no gate).
+    mats: [Option<Mat>; 3],
+    cache: LayerCache,
+    /// Experts prefetched for this layer's next step, and all experts predicted for it.
+    prefetched: Vec<u32>,
+    predicted: Vec<u32>,
+    /// Prefill: the step whose experts were all staged ahead of this layer's router (see
+    /// `staging`), if any.
+    staged_ahead: Option<u64>,
+    /// Direct mode, per matrix: the expert id that addresses expert 0 in the host store
+    /// relative to the slot tensor (`(store - slots) / expert_bytes`); `None` when the layer
+    /// cannot run direct.
+    direct_base: Option<[Option<i32>; 3]>,
+    /// Direct mode: admissions whose copies may still be in flight.
+    pending: Vec<Pending>,
+    /// Direct mode: misses of this step copied in at this layer's own stop.
+    copied_at_stop: Vec<u32>,
+}
+
+/// The slot cache's device memory (from [`Offload::alloc_slots`]).
+struct SlotArea {
+    ctx: Context,
+    idx: TensorIndex,
+}
+
+/// Every field is private: the child modules implement the protocol, the rest of the crate
+/// goes through methods.
+pub struct Offload {
+    n_expert: usize,
+    k: usize,
+    layers: Vec<Option<Layer>>,
+    opts: OffloadOptions,
+    /// Tests: marks the store freed as it drops, just before `store` (see `cpu::tests`).
+    #[cfg(test)]
+    store_freed: super::cpu::tests::StoreFreed,
+    /// Host store (+ scratch), device staging + control, device slots. The CPU channel's worker
+    /// reads the store: see `cpu`.
+    store: Context,
+    store_idx: TensorIndex,
+    dev: Context,
+    dev_idx: TensorIndex,
+    slots: Option<SlotArea>,
+    /// Host scratch for routing reads and control writes.
+    scratch: usize,
+    scratch_len: usize,
+    /// Page-locked host copy of the direct-mode id table (`off.remap`), then room for the
+    /// routing read-back of every layer of a direct step.
+    mirror: usize,
+    mirror_len: usize,
+    /// Every offloaded layer can run [`Mode::Direct`] (set by `alloc_slots`).
+    direct_ready: bool,
+    /// [`Admit::Prefetch`]: page-locked mailboxes (per layer: k up-matrix ids, then n_expert
+    /// predicted logits) and the raw handle of a device buffer the nodes writing them name.
+    mailbox: usize,
+    mailbox_owner: usize,
+    xfer: Box<dyn Transfer>,
+    /// The compute backend: miss copies and control writes queue on its stream.
+    backend: Rc<Backend>,
+    stats: Stats,
+    step: u64,
+    /// Device bytes of staging + control + slots.
+    dev_bytes: usize,
+    /// Host bytes of the store.
+    host_bytes: usize,
+    n_slots: usize,
+    n_embd: usize,
+    /// The CPU channel, and per layer: whether it may serve the layer (no expert biases), and
+    /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step. Its
+    /// worker reads `store`: `Offload`'s `Drop` (below) joins it before `store` is freed.
+    cpu: Option<CpuChannel>,
+    cpu_ok: Vec<bool>,
+    cpu_dirty: Vec<bool>,
+    /// Cost model, bytes/s: PCIe copies, and the CPU channel (fixed at load: the options or the
+    /// defaults; docs/design.md §4.5).
+    pcie_bw: f64,
+    cpu_bw: f64,
+}
+
+impl Drop for Offload {
+    /// The CPU channel's worker reads the host store (`Offload::store`) in place: join it before
+    /// any field is dropped, so the store is never freed under a job in flight, whatever the
+    /// fields' declaration order.
+    fn drop(&mut self) {
+        drop(self.cpu.take());
+    }
+}
+
+fn name(il: usize, what: &str) -> String {
+    format!("off.{il}.{what}")
+}
+
+impl Offload {
+    /// Whether single-token steps run [`Mode::Direct`].
+    pub fn direct_ready(&self) -> bool {
+        self.direct_ready
+    }
+
+    pub fn is_offloaded(&self, il: usize) -> bool {
+        self.layers.get(il).is_some_and(Option::is_some)
+    }
+
+    /// The first offloaded layer after `il`.
+    pub fn next_offloaded(&self, il: usize) -> Option<usize> {
+        (il + 1..self.layers.len()).find(|&j| self.layers[j].is_some())
+    }
+
+    /// Whether slot-mode graphs predict the next layer's experts (FATE prefetch).
+    pub fn prefetches(&self) -> bool {
+        self.opts.prefetch
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Device bytes of staging, control and slots.
+    pub fn dev_bytes(&self) -> usize {
+        self.dev_bytes
+    }
+
+    /// Host bytes of the store.
+    pub fn host_bytes(&self) -> usize {
+        self.host_bytes
+    }
+
+    /// Cache slots per layer.
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+}
+
+/// Tests: the fields the CPU channel's drop test reaches.
+#[cfg(test)]
+impl Offload {
+    pub(in crate::experts) fn test_parts(
+        &mut self,
+    ) -> (
+        &mut super::cpu::tests::StoreFreed,
+        &[bool],
+        Option<&mut CpuChannel>,
+    ) {
+        (&mut self.store_freed, &self.cpu_ok, self.cpu.as_mut())
+    }
+}

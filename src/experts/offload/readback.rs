@@ -1,0 +1,135 @@
+//! Reading a stop's routing back to the host: the selected ids, their weights, the prefetch
+//! prediction and the FFN input, with one wait, through the host scratch.
+use super::*;
+
+impl Offload {
+    /// Reads the routing of a step — `k * n_tokens` selected ids and their weights, the
+    /// prefetch prediction when the graph has one, and the FFN input [n_embd, n_tokens] when the
+    /// CPU channel may take misses — with one wait, for these reads only (not for prefetches).
+    pub(super) fn read_routing(
+        &mut self,
+        n: &Resolved,
+        n_tokens: usize,
+    ) -> Result<Routing, GgmlError> {
+        let cnt = self.k * n_tokens;
+        let n_pred = if n.pred_addr.is_some() {
+            self.n_expert * n_tokens
+        } else {
+            0
+        };
+        let x_len = if self.cpu_candidate(n, n_tokens) {
+            self.n_embd * n_tokens
+        } else {
+            0
+        };
+        let lay = ScratchLayout::new(self.scratch, cnt, n_pred);
+        let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
+        // The reads end where the control area starts (used by slot steps only, sized for them).
+        if lay.ctl > x_at {
+            return Err(GgmlError::Tensor {
+                name: format!("offload scratch of layer {}", n.il),
+                msg: format!(
+                    "{n_tokens} tokens x {} experts, {n_pred} predicted logits and {x_len} inputs \
+                     need {} B, the scratch has {} B",
+                    self.k,
+                    lay.ctl - self.scratch + 4 * x_len + 256,
+                    self.scratch_len
+                ),
+            });
+        }
+        self.xfer.read(lay.sel, n.sel_addr, 4 * cnt)?;
+        self.xfer.read(lay.w, n.w_addr, 4 * cnt)?;
+        if let Some(p) = n.pred_addr {
+            self.xfer.read(lay.pred, p, 4 * n_pred)?;
+        }
+        if x_len > 0 {
+            self.xfer.read(x_at, n.x_addr, 4 * x_len)?;
+        }
+        let t0 = std::time::Instant::now();
+        self.xfer.wait_reads()?;
+        self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+        // SAFETY: the ranges lie in the live host scratch (asserted above), 4-aligned (ggml
+        // buffer bases are aligned), just written by the waited copies and not shared.
+        let (ids, weights, pred, x) = unsafe {
+            (
+                std::slice::from_raw_parts(lay.sel as *const i32, cnt),
+                std::slice::from_raw_parts(lay.w as *const f32, cnt).to_vec(),
+                std::slice::from_raw_parts(lay.pred as *const f32, n_pred).to_vec(),
+                std::slice::from_raw_parts(x_at as *const f32, x_len).to_vec(),
+            )
+        };
+        let n_expert = self.n_expert as u32;
+        let sel = ids
+            .iter()
+            .map(|&e| {
+                u32::try_from(e)
+                    .ok()
+                    .filter(|&e| e < n_expert)
+                    .ok_or_else(|| GgmlError::Tensor {
+                        name: "ffn_moe_topk".into(),
+                        msg: format!("router selected expert {e}, outside 0..{n_expert}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Routing {
+            sel,
+            weights,
+            pred,
+            x,
+        })
+    }
+}
+
+/// Where a stop's reads and control writes go in the host scratch (byte addresses).
+pub(super) struct ScratchLayout {
+    sel: usize,
+    w: usize,
+    pred: usize,
+    pub(super) ctl: usize,
+    pub(super) end: usize,
+}
+
+impl ScratchLayout {
+    /// For `picks` selected experts (k per token) and `n_pred` predicted logits.
+    pub(super) fn new(base: usize, picks: usize, n_pred: usize) -> Self {
+        let p = 4 * picks.next_multiple_of(64);
+        let sel = base;
+        let w = sel + p;
+        let pred = w + p;
+        let ctl = pred + 4 * n_pred.next_multiple_of(64);
+        Self {
+            sel,
+            w,
+            pred,
+            ctl,
+            end: ctl + 2 * p,
+        }
+    }
+}
+
+/// What a step's router chose, read back to the host.
+pub(super) struct Routing {
+    /// Expert per pick, [k * n_tokens].
+    pub(super) sel: Vec<u32>,
+    /// Weight per pick.
+    pub(super) weights: Vec<f32>,
+    /// The next offloaded layer's predicted router logits [n_expert * n_tokens] (empty without
+    /// prefetch).
+    pub(super) pred: Vec<f32>,
+    /// FFN input [n_embd * n_tokens] (when the CPU channel may take misses).
+    pub(super) x: Vec<f32>,
+}
+
+/// The distinct experts of the top `k` of each token's predicted router logits (`pred`:
+/// [n_expert * n_tokens]), in order of first appearance.
+pub fn predicted_experts(pred: &[f32], n_expert: usize, k: usize) -> Vec<u32> {
+    let mut predicted: Vec<u32> = Vec::new();
+    for logits in pred.chunks_exact(n_expert) {
+        for e in crate::util::top_k(logits, k) {
+            if !predicted.contains(&(e as u32)) {
+                predicted.push(e as u32);
+            }
+        }
+    }
+    predicted
+}

@@ -1,0 +1,190 @@
+//! A stop's cache protocol (the graph waits after an offloaded layer's router): the routing
+//! read back, then, by the layer's mode, the used experts staged (`staging`), or the misses
+//! split between the copy engine and the CPU channel (`planner`), admitted into slots, the
+//! control written and the next layer's predicted experts prefetched.
+use super::readback::{Routing, ScratchLayout};
+use super::*;
+
+impl Offload {
+    pub(super) fn on_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<(), GgmlError> {
+        let (il, mode) = (n.il, n.mode);
+        let routing = self.read_routing(n, n_tokens)?;
+        let mut used: Vec<u32> = Vec::with_capacity(routing.sel.len());
+        for &e in &routing.sel {
+            if !used.contains(&e) {
+                used.push(e);
+            }
+        }
+        // Decode: split the misses between the copy engine and the CPU channel.
+        let on_cpu = if self.cpu_candidate(n, n_tokens) {
+            self.plan_cpu(il, &used)
+        } else {
+            Vec::new()
+        };
+        let layer = self.layers[il].as_mut().expect("offloaded layer");
+        let st = &mut self.stats.layers[il];
+        st.used += used.len() as u64;
+        if mode == Mode::Slots {
+            st.prefetch_used += layer.prefetched.iter().filter(|e| used.contains(e)).count() as u64;
+            st.predicted_used += layer.predicted.iter().filter(|e| used.contains(e)).count() as u64;
+        }
+        layer.prefetched.clear();
+        layer.predicted.clear();
+        match mode {
+            Mode::Staging => self.stage_used(il, &used, n_tokens),
+            Mode::Direct => unreachable!("direct layers never stop"),
+            Mode::Slots => self.slots_used(n, n_tokens, &routing, &used, &on_cpu),
+        }
+    }
+
+    /// Slot mode: admits the misses not on the CPU and queues their copies, the slot ids and
+    /// the mask on the compute stream, starts the CPU channel's job, and prefetches for the next
+    /// offloaded layer.
+    pub(super) fn slots_used(
+        &mut self,
+        n: &Resolved,
+        n_tokens: usize,
+        routing: &Routing,
+        used: &[u32],
+        on_cpu: &[u32],
+    ) -> Result<(), GgmlError> {
+        let il = n.il;
+        let sel = &routing.sel;
+        let addrs = self.addrs(il);
+        let backend = self.backend.clone();
+        let now = self.step;
+        let layer = self.layers[il].as_mut().expect("offloaded layer");
+        let st = &mut self.stats.layers[il];
+        let mut h2d = 0u64;
+        // The previous layer's prefetches into this layer's slots land before anything
+        // queued on the compute stream from here: the miss copies below (which may
+        // reuse a slot a prefetch is still filling) and the expert matmuls.
+        self.xfer.fence()?;
+        let mut copies = Vec::new();
+        for &e in used {
+            if layer.cache.slot(e).is_some() {
+                st.hits += 1;
+                continue;
+            }
+            st.misses += 1;
+            if on_cpu.contains(&e) {
+                st.cpu += 1;
+                continue;
+            }
+            st.copies += 1;
+            let (slot, _) = layer
+                .cache
+                .admit(e, &|r| used.contains(&r), now)
+                .ok_or_else(|| GgmlError::Tensor {
+                    name: format!("expert cache of layer {il}"),
+                    msg: format!(
+                        "{} experts needed at once, {} slots",
+                        used.len(),
+                        layer.cache.n_slots()
+                    ),
+                })?;
+            copies.push((slot, e));
+            h2d += addrs.expert_bytes();
+        }
+        for &e in used {
+            layer.cache.touch(e, now);
+        }
+        self.stats.h2d_bytes += h2d;
+        // Control: slot ids and the mask; CPU experts point at slot 0 with weight 0.
+        let ids: Vec<i32> = sel
+            .iter()
+            .map(|&e| layer.cache.slot(e).map_or(0, |s| s as i32))
+            .collect();
+        let mask: Vec<f32> = sel
+            .iter()
+            .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
+            .collect();
+        for (slot, e) in copies {
+            for (m, a) in addrs.mats() {
+                let Some(t) = self.slot_tensor(il, m) else {
+                    continue;
+                };
+                let eb = a.expert_bytes;
+                // SAFETY: the store is page-locked host memory that lives, unchanged,
+                // as long as the engine; the slot tensor lies in the compute backend's
+                // buffer.
+                unsafe { t.write_async(&backend, slot as usize * eb, a.in_store(e), eb) }?;
+            }
+        }
+        if !on_cpu.is_empty() {
+            let picks: Vec<(u32, f32)> = sel
+                .iter()
+                .zip(&routing.weights)
+                .filter(|(e, _)| on_cpu.contains(e))
+                .map(|(&e, &w)| (e, w))
+                .collect();
+            self.stats.cpu_bytes += addrs.expert_bytes() * picks.len() as u64;
+            let cpu = self.cpu.as_mut().expect("CPU channel enabled");
+            cpu.start(il, n.act, routing.x.clone(), picks);
+        } else if self.cpu_dirty[il] {
+            // The CPU-result tensor still holds an earlier step's share: zero it.
+            self.cpu_dirty[il] = false;
+            let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
+            self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
+        }
+        let ctl = self.ctl(il);
+        let n = ids.len();
+        let lay = ScratchLayout::new(self.scratch, n, routing.pred.len());
+        assert!(lay.end <= self.scratch + self.scratch_len);
+        // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned;
+        // no copy reading it is pending (every stop follows a synchronisation of the
+        // compute stream), and nothing writes it again before the next stop, so the
+        // queued copies read it unchanged.
+        unsafe {
+            let p = lay.ctl as *mut i32;
+            std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
+            std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
+            ctl.ids.write_async(&backend, 0, lay.ctl, 4 * n)?;
+            ctl.mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
+        }
+        if !routing.pred.is_empty() {
+            self.prefetch_after(il, &routing.pred)?;
+        }
+        Ok(())
+    }
+
+    /// After layer `il`'s experts are queued: takes the next offloaded layer's predicted router
+    /// logits `pred` [n_expert, n_tokens] (computed by the graph on this layer's FFN input),
+    /// and queues copies of the predicted experts that are not resident on the copy stream.
+    /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
+    /// attention; the next stop fences them before its slot writes and matmuls.
+    pub(super) fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
+        let Some(next) = self.next_offloaded(il) else {
+            return Ok(());
+        };
+        let addrs = self.addrs(next);
+        let now = self.step;
+        let k = self.k;
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
+        let predicted = predicted_experts(pred, self.n_expert, k);
+        let mut h2d = 0u64;
+        let mut fetched = Vec::new();
+        for &e in &predicted {
+            if layer.cache.slot(e).is_some() {
+                continue;
+            }
+            // Evict only experts not predicted; stop when the cache has none left to give.
+            let Some((slot, _)) = layer.cache.admit(e, &|r| predicted.contains(&r), now) else {
+                break;
+            };
+            for (_, a) in addrs.mats() {
+                self.xfer
+                    .copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
+                h2d += a.expert_bytes as u64;
+            }
+            fetched.push(e);
+        }
+        let st = &mut self.stats.layers[next];
+        st.prefetched += fetched.len() as u64;
+        st.copies += fetched.len() as u64;
+        self.stats.h2d_bytes += h2d;
+        layer.prefetched = fetched;
+        layer.predicted = predicted;
+        Ok(())
+    }
+}
