@@ -7,7 +7,7 @@
 //!   admit the misses by policy (LFRU, the default, and LRU), touch the used ones.
 //! - `routing_readback`: one token's read-back parse over 48 layers: the selected ids checked
 //!   and made distinct, and the FATE prediction turned into distinct top-8 experts
-//!   (`experts::step::predicted_experts`).
+//!   (`experts::offload::predicted_experts`).
 //! - `tokenizer_encode`: ~4 KB of English through a real vocabulary (Qwen2's, from the test
 //!   fixtures when `scripts/fetch-fixtures.sh` has fetched them, else the tiny synthetic
 //!   model's 151,936-token vocabulary).
@@ -18,8 +18,8 @@
 //! is a fixed pseudo-random skewed trace, so runs compare.
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use pocketmoe::experts::cache::LayerCache;
+use pocketmoe::experts::offload::predicted_experts;
 use pocketmoe::experts::policy::PolicyKind;
-use pocketmoe::experts::step::predicted_experts;
 use pocketmoe::gguf::{split_path, GgufModel, GgufWriter};
 use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::Tokenizer;
@@ -78,8 +78,8 @@ fn trace(n_tokens: usize) -> Vec<Vec<Vec<u32>>> {
         .collect()
 }
 
-/// What `experts::step` does with one layer's selected experts in slot mode: hits looked up,
-/// misses admitted (a used expert is never the victim), every used expert touched.
+/// What `experts::offload` (`slots`) does with one layer's selected experts in slot mode: hits
+/// looked up, misses admitted (a used expert is never the victim), every used expert touched.
 fn decide(cache: &mut LayerCache, used: &[u32], now: u64) -> usize {
     let mut misses = 0;
     for &e in used {

@@ -8,8 +8,8 @@ pub mod sampling;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
 
-use crate::experts::step::{GraphNodes, StepHook};
-use crate::experts::{Offload, OffloadOptions};
+use crate::experts::step::GraphNodes;
+use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};

@@ -8,7 +8,7 @@
 //! [`Offload`](super::Offload) owns: dropping the channel finishes the job in flight and joins the
 //! worker, and `Offload`'s `Drop` (in `offload`) drops the channel before any of its fields (the
 //! store among them), whatever their order.
-use super::offload::ExpertMat;
+use super::mats::ExpertMat;
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Tensor};
 use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
 use std::sync::mpsc::{channel, Receiver, Sender};

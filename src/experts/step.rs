@@ -13,9 +13,8 @@
 //!   (the host waits for that read only), then fences: the compute stream waits, on the device,
 //!   for the prefetches before any later slot write or matmul.
 //! - Staging: when `computed` returns, every staging copy of the layer has landed.
-pub use super::offload::predicted_experts;
-use super::offload::{Mode, Offload};
-use crate::ggml::{EvalHook, GgmlError, OwnedGraph};
+use super::options::Mode;
+use crate::ggml::OwnedGraph;
 use std::collections::HashMap;
 
 /// An offloaded layer of a built graph, as the graph builder recorded it.
@@ -47,7 +46,7 @@ pub struct MoeNode {
 
 /// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
-    by_anchor: HashMap<usize, (Stop, Resolved)>,
+    pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
     /// Direct layers, read after the step.
     pub(super) direct: Vec<DirectLayer>,
     /// Direct stop layers: predicted layers and the addresses of their logits.
@@ -76,8 +75,9 @@ pub(super) struct PredictedLayer {
     pub(super) logits_addr: usize,
 }
 
+/// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
 #[derive(Clone, Copy)]
-enum Stop {
+pub(super) enum Stop {
     Routing,
     GpuOut,
 }
@@ -158,39 +158,5 @@ impl GraphNodes {
     /// Whether the step has direct layers (see `experts::offload::direct`).
     pub fn is_direct(&self) -> bool {
         !self.direct.is_empty()
-    }
-}
-
-/// The eval hook for one forward pass of `n_tokens`.
-pub struct StepHook<'a> {
-    pub off: &'a mut Offload,
-    pub nodes: &'a GraphNodes,
-    pub n_tokens: usize,
-}
-
-impl EvalHook for StepHook<'_> {
-    fn wants(&mut self, id: usize) -> bool {
-        if self.nodes.direct_stops.contains_key(&id) {
-            return true;
-        }
-        match self.nodes.by_anchor.get(&id) {
-            Some((Stop::Routing, _)) => true,
-            // Asked after this layer's routing stop: only a layer whose misses went to the CPU
-            // channel stops again.
-            Some((Stop::GpuOut, n)) => self.off.hook_wants_gpu_out(n.il),
-            None => false,
-        }
-    }
-
-    fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
-        let t0 = std::time::Instant::now();
-        if let Some(d) = self.nodes.direct_stops.get(&id) {
-            return self.off.hook_direct_stop(d, t0);
-        }
-        let (stop, n) = self.nodes.by_anchor[&id];
-        match stop {
-            Stop::Routing => self.off.hook_routing(&n, self.n_tokens, t0),
-            Stop::GpuOut => self.off.hook_gpu_out(n.il, self.n_tokens, t0),
-        }
     }
 }

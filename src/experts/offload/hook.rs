@@ -1,6 +1,8 @@
-//! The step's side of the offloaded experts: its start, its times, and the step hook's entry
-//! points (`step::StepHook`), each counting its stop.
+//! A step of the offloaded experts: its start, its times, and the eval hook that runs the
+//! protocol at each stop ([`StepHook`]; the graph's nodes it stops at: `step::GraphNodes`).
 use super::*;
+use crate::experts::step::Stop;
+use crate::ggml::EvalHook;
 
 impl Offload {
     /// Starts a forward pass of `n_tokens` (advances the policies' clock).
@@ -20,51 +22,49 @@ impl Offload {
         self.stats.direct_s += direct_s;
     }
 
-    /// The layer whose CPU-channel job is in flight.
-    pub(super) fn cpu_pending(&self) -> Option<usize> {
-        self.cpu.as_ref().and_then(|c| c.pending())
-    }
-
     /// Counts a graph stop that began at `t0`.
-    pub(super) fn count_stop(&mut self, t0: std::time::Instant) {
+    fn count_stop(&mut self, t0: std::time::Instant) {
         self.stats.stops += 1;
         self.stats.hook_s += t0.elapsed().as_secs_f64();
     }
+}
 
-    /// The step hook's entry points (`step::StepHook`).
-    pub(in crate::experts) fn hook_wants_gpu_out(&self, il: usize) -> bool {
-        self.cpu_pending() == Some(il)
+/// The eval hook for one forward pass of `n_tokens`.
+pub struct StepHook<'a> {
+    pub off: &'a mut Offload,
+    pub nodes: &'a GraphNodes,
+    pub n_tokens: usize,
+}
+
+impl EvalHook for StepHook<'_> {
+    fn wants(&mut self, id: usize) -> bool {
+        if self.nodes.direct_stops.contains_key(&id) {
+            return true;
+        }
+        match self.nodes.by_anchor.get(&id) {
+            Some((Stop::Routing, _)) => true,
+            // Asked after this layer's routing stop: only a layer whose misses went to the CPU
+            // channel stops again.
+            Some((Stop::GpuOut, n)) => {
+                self.off.cpu.as_ref().and_then(|c| c.pending()) == Some(n.il)
+            }
+            None => false,
+        }
     }
 
-    pub(in crate::experts) fn hook_direct_stop(
-        &mut self,
-        d: &DirectStop,
-        t0: std::time::Instant,
-    ) -> Result<(), GgmlError> {
-        let r = self.on_direct_stop(d);
-        self.count_stop(t0);
-        r
-    }
-
-    pub(in crate::experts) fn hook_routing(
-        &mut self,
-        n: &Resolved,
-        n_tokens: usize,
-        t0: std::time::Instant,
-    ) -> Result<(), GgmlError> {
-        let r = self.on_routing(n, n_tokens);
-        self.count_stop(t0);
-        r
-    }
-
-    pub(in crate::experts) fn hook_gpu_out(
-        &mut self,
-        il: usize,
-        n_tokens: usize,
-        t0: std::time::Instant,
-    ) -> Result<(), GgmlError> {
-        let r = self.on_gpu_out(il, n_tokens);
-        self.count_stop(t0);
+    fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
+        let t0 = std::time::Instant::now();
+        if let Some(d) = self.nodes.direct_stops.get(&id) {
+            let r = self.off.on_direct_stop(d);
+            self.off.count_stop(t0);
+            return r;
+        }
+        let (stop, n) = self.nodes.by_anchor[&id];
+        let r = match stop {
+            Stop::Routing => self.off.on_routing(&n, self.n_tokens),
+            Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),
+        };
+        self.off.count_stop(t0);
         r
     }
 }

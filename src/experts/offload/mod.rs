@@ -16,7 +16,7 @@
 //!
 //! The code is split by job, each a child module (they alone see the fields): `load` and
 //! `alloc` (memory), `addrs` (where an expert lies), `tensors` (what graphs read), `hook` (the
-//! step hook's entry points), `readback` (a stop's routing to the host), `slots` (a stop's cache
+//! step hook), `readback` (a stop's routing to the host), `slots` (a stop's cache
 //! protocol), `staging` (prefill), `planner` (the CPU channel's share), `direct` and
 //! `direct_prefetch` (stop-free decode).
 mod addrs;
@@ -31,7 +31,9 @@ mod slots;
 mod staging;
 mod tensors;
 
+pub use super::mats::{ExpertMat, MATS};
 pub use super::options::{Admit, Mode, OffloadOptions};
+pub use hook::StepHook;
 pub use readback::predicted_experts;
 pub use tensors::Ctl;
 
@@ -46,33 +48,6 @@ use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorI
 use crate::gguf::GgufModel;
 use crate::model::Hparams;
 use std::rc::Rc;
-
-/// The routed-expert matrices, in the order the graph uses them: `blk.N.<mat>.weight` are the
-/// tensors of role `Role::RoutedExperts`, the non-resident ones (tested in `model::arch::tests`).
-pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
-
-/// One of the routed-expert matrices: what indexes [`MATS`] and every per-matrix array.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExpertMat {
-    Up,
-    Gate,
-    Down,
-}
-
-impl ExpertMat {
-    /// In the graph's order (that of [`MATS`]).
-    pub const ALL: [Self; 3] = [Self::Up, Self::Gate, Self::Down];
-
-    /// Its place in [`MATS`] and in per-matrix arrays.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The GGUF name part, `ffn_up_exps` etc.
-    pub fn name(self) -> &'static str {
-        MATS[self.index()]
-    }
-}
 
 /// Direct mode: an admission whose copy may still be in flight.
 #[derive(Debug, Clone, Copy)]
