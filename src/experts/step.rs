@@ -1,5 +1,5 @@
 //! One forward pass through the offloaded experts: the scheduler stops after each offloaded
-//! layer's router ([`StepHook`] as ggml's eval callback); we read the selected expert ids (and
+//! layer's router ([`StepHook`](super::StepHook) as ggml's eval callback); we read the selected expert ids (and
 //! the next layer's predicted router logits), make the experts available (slot cache: admit
 //! misses, queue their copies and the remapped ids on the compute stream; staging: copy every
 //! used expert in, from its slot when cached), queue prefetches for the next layer on our copy
@@ -13,6 +13,10 @@
 //!   (the host waits for that read only), then fences: the compute stream waits, on the device,
 //!   for the prefetches before any later slot write or matmul.
 //! - Staging: when `computed` returns, every staging copy of the layer has landed.
+//!
+//! This module holds the graph's side: the offloaded layers as the graph builder records them
+//! ([`MoeNode`]) and the nodes the hook stops at ([`GraphNodes`]). The hook and the protocol it
+//! runs are in `offload` (`hook`, `readback`, `slots`, `staging`, `planner`).
 use super::options::Mode;
 use crate::ggml::OwnedGraph;
 use std::collections::HashMap;
