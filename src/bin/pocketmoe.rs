@@ -1,4 +1,4 @@
-//! `pocketmoe`: the command-line tool (self-check, synth, inspect, run, bench, tokenize).
+//! `pocketmoe`: the command-line tool (self-check, synth, inspect, run, bench, serve-bench, tokenize).
 use anyhow::{bail, Context as _, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use pocketmoe::ggml::{Backend, Device, DeviceKind};
@@ -35,6 +35,9 @@ enum Cmd {
     Run(pocketmoe::cli::run::RunArgs),
     /// Time prompt processing (pp) and generation (tg), ours and llama.cpp's on the same file.
     Bench(pocketmoe::cli::bench::BenchArgs),
+    /// Load an OpenAI-compatible server (this one, llama-server, vLLM) with concurrent
+    /// streaming completions: aggregate tok/s and time to first token per concurrency level.
+    ServeBench(pocketmoe::cli::serve_bench::ServeBenchArgs),
     /// Print the token ids (or, with --pieces, ids and pieces) a GGUF's tokenizer gives a text.
     Tokenize(pocketmoe::cli::tokenize::TokenizeArgs),
 }
@@ -60,6 +63,7 @@ fn main() {
         Cmd::Bench(args) => pocketmoe::cli::bench::run(args),
         Cmd::Run(args) => pocketmoe::cli::run::run(args),
         Cmd::Tokenize(args) => pocketmoe::cli::tokenize::run(args),
+        Cmd::ServeBench(args) => pocketmoe::cli::serve_bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod inspect;
 pub mod run;
+pub mod serve_bench;
 pub mod synth;
 pub mod tokenize;
 
