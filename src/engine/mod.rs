@@ -719,8 +719,11 @@ const COMPUTE_RESERVE: u64 = 512 << 20;
 /// Device memory left for the CUDA backend's own workspace (cuBLAS, its memory pool) when
 /// sizing the expert cache.
 const CUDA_MARGIN: u64 = 384 << 20;
-/// Largest micro-batch decoded from the expert cache (larger ones stage every used expert).
-const MAX_SLOT_TOKENS: usize = 4;
+/// Largest micro-batch decoded from the expert cache, with the CPU channel taking the misses
+/// that do not fit (larger ones stage every used expert). 16: a server's concurrent decode
+/// batch (`--parallel` up to 16) stays on the cache; at 4, a 16-stream batch on an 8 GiB budget
+/// staged every expert through PCIe (docs/bench-h200.md, session 7).
+const MAX_SLOT_TOKENS: usize = 16;
 
 /// Nodes a step's graph may hold (generous: ~64 per block).
 fn graph_size(hp: &Hparams) -> usize {

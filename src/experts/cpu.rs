@@ -1,7 +1,8 @@
 //! The CPU channel: cache misses computed by ggml's CPU kernels, straight from the host store,
 //! on a worker thread, while the GPU runs the hits and the copy engine brings other misses in
-//! (docs/design.md §4.5). Decode only (one token per step): the worker builds a tiny graph — the
-//! same expert FFN as the GPU's — over the chosen experts and returns their weighted sum.
+//! (docs/design.md §4.5). Decode micro-batches (one token, or a few from concurrent requests): the
+//! worker builds a tiny graph — the same expert FFN as the GPU's — over each token's chosen
+//! experts and returns their weighted sums.
 //!
 //! Invariants: at most one job in flight; [`CpuChannel::finish`] returns its result before the
 //! next [`CpuChannel::start`]. The worker reads the host store, which
@@ -34,8 +35,10 @@ pub struct CpuModel {
 struct Job {
     il: usize,
     act: ExpertAct,
+    /// FFN input, [n_embd * n_tokens].
     x: Vec<f32>,
-    picks: Vec<(u32, f32)>,
+    /// Per token, its experts on the CPU and their router weights (a token may have none).
+    picks: Vec<Vec<(u32, f32)>>,
     #[cfg(test)]
     probe: Option<std::sync::Arc<tests::Probe>>,
 }
@@ -100,8 +103,9 @@ impl CpuChannel {
         })
     }
 
-    /// Queues layer `il`'s CPU experts `picks` (expert, router weight) on input `x` [n_embd].
-    pub fn start(&mut self, il: usize, act: ExpertAct, x: Vec<f32>, picks: Vec<(u32, f32)>) {
+    /// Queues layer `il`'s CPU experts: `picks[t]` (expert, router weight) of token `t`, on input
+    /// `x` [n_embd * picks.len()].
+    pub fn start(&mut self, il: usize, act: ExpertAct, x: Vec<f32>, picks: Vec<Vec<(u32, f32)>>) {
         if self.pending.is_some() {
             // Left over from a step that failed half-way: drain it.
             let _ = self.finish();
@@ -126,7 +130,8 @@ impl CpuChannel {
         self.pending
     }
 
-    /// Waits for the job in flight: the weighted sum of its experts' outputs [n_embd].
+    /// Waits for the job in flight: per token, the weighted sum of its experts' outputs
+    /// [n_embd * n_tokens].
     pub fn finish(&mut self) -> Result<Vec<f32>, String> {
         self.pending = None;
         self.rx
@@ -156,7 +161,20 @@ fn run_job(
     let mats = model.layers[job.il]
         .as_ref()
         .expect("CPU job for an offloaded layer");
-    let kc = job.picks.len() as i64;
+    let nt = job.picks.len();
+    // mul_mat_id takes the same number of experts per token: shorter lists are padded with an
+    // expert the job reads anyway, at weight 0.
+    let kc = job.picks.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let pad = job.picks.iter().flatten().next().map_or(0, |p| p.0);
+    let (mut id_data, mut w_data) = (Vec::with_capacity(kc * nt), Vec::with_capacity(kc * nt));
+    for tok in &job.picks {
+        for j in 0..kc {
+            let (e, w) = tok.get(j).copied().unwrap_or((pad, 0.0));
+            id_data.push(e as i32);
+            w_data.push(w);
+        }
+    }
+    let (kc, nt) = (kc as i64, nt as i64);
     let ctx = Context::new(64, 64)?;
     let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
     for m in ExpertMat::ALL {
@@ -171,25 +189,21 @@ fn run_job(
         w[m.index()] = Some(t);
     }
     let n_embd = model.n_embd as i64;
-    let x = ctx.new_tensor(GgmlType::F32, &[n_embd, 1])?;
-    let ids = ctx.new_tensor(GgmlType::I32, &[kc, 1])?;
-    let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, 1])?;
+    let x = ctx.new_tensor(GgmlType::F32, &[n_embd, nt])?;
+    let ids = ctx.new_tensor(GgmlType::I32, &[kc, nt])?;
+    let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, nt])?;
     let t = ExpertTensors {
         w,
         biases: [None; 3],
     };
-    let dims = FfnDims {
-        n_embd,
-        k: kc,
-        nt: 1,
-    };
+    let dims = FfnDims { n_embd, k: kc, nt };
     let out = expert_ffn(&ctx, &t, x, dims, [ids; 3], ids, wt, job.act, &|y, _| y);
     let graph = Graph::new(&ctx, 64);
     graph.build_forward(out);
     ctx.alloc_tensors(backend)?;
     x.write_f32(&job.x)?;
-    ids.write_i32(&job.picks.iter().map(|p| p.0 as i32).collect::<Vec<_>>())?;
-    wt.write_f32(&job.picks.iter().map(|p| p.1).collect::<Vec<_>>())?;
+    ids.write_i32(&id_data)?;
+    wt.write_f32(&w_data)?;
     backend.compute(&graph)?;
     out.read_f32()
 }
@@ -291,7 +305,7 @@ pub(super) mod tests {
                 il,
                 ExpertAct::Swiglu,
                 vec![0.25; n_embd],
-                vec![(0, 0.5), (1, 0.5)],
+                vec![vec![(0, 0.5), (1, 0.5)]],
             );
         };
         // The channel works: one job, joined.

@@ -92,6 +92,9 @@ pub(super) struct Resolved {
     pub(super) il: usize,
     pub(super) mode: Mode,
     pub(super) sel_addr: usize,
+    /// Bytes between consecutive tokens' selected ids: the top-k is a view of the whole
+    /// argsort (`ggml_argsort_top_k`), so each token's k ids start n_expert ids apart.
+    pub(super) sel_row: usize,
     pub(super) w_addr: usize,
     pub(super) x_addr: usize,
     /// The prefetch prediction's address, when the graph computes one.
@@ -136,6 +139,7 @@ impl GraphNodes {
                 il: n.il,
                 mode: n.mode,
                 sel_addr: g.tensor(&n.selected).data_addr(),
+                sel_row: g.tensor(&n.selected).nb()[1],
                 w_addr: g.tensor(&n.weights).data_addr(),
                 x_addr: g.tensor(&n.input).data_addr(),
                 pred_addr: n.pred.as_ref().map(|p| g.tensor(p).data_addr()),

@@ -81,6 +81,11 @@ impl Offload {
             + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
         let scratch = scratch_buf.base_addr();
+        // A micro-batch's rows of the router's argsort (its top-k ids are a view of them).
+        let sel_rows_len = 4 * n_expert * opts.n_ubatch.max(t_max).max(1);
+        let sel_rows = store
+            .new_buffer(backend, Memory::Host, sel_rows_len)?
+            .base_addr();
 
         // Device: one staging area as large as the largest layer's experts, and control tensors.
         let dev = Context::new(n_layer * 6 + 2, 0)?;
@@ -208,6 +213,8 @@ impl Offload {
             slots: None,
             scratch,
             scratch_len,
+            sel_rows,
+            sel_rows_len,
             xfer: transfer::for_backend(backend)?,
             backend: backend.clone(),
             stats: Stats::new(n_layer),

@@ -123,6 +123,10 @@ pub struct Offload {
     /// Host scratch for routing reads and control writes.
     scratch: usize,
     scratch_len: usize,
+    /// Page-locked room for a micro-batch's selected-id rows as the graph holds them (strided:
+    /// see `step::Resolved::sel_row`), compacted on the host.
+    sel_rows: usize,
+    sel_rows_len: usize,
     /// Page-locked host copy of the direct-mode id table (`off.remap`), then room for the
     /// routing read-back of every layer of a direct step.
     mirror: usize,

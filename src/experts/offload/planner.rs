@@ -3,9 +3,10 @@
 use super::*;
 
 impl Offload {
-    /// Whether the CPU channel may take some of this step's misses in layer `n.il`.
+    /// Whether the CPU channel may take some of this step's misses in layer `n.il`: a slot-mode
+    /// micro-batch (decode: one token, or one per concurrent request).
     pub(super) fn cpu_candidate(&self, n: &Resolved, n_tokens: usize) -> bool {
-        n.mode == Mode::Slots && n_tokens == 1 && self.cpu_enabled(n.il)
+        n.mode == Mode::Slots && n_tokens <= self.opts.max_slot_tokens && self.cpu_enabled(n.il)
     }
 
     /// Which of `used`'s misses the CPU computes: greedy, each miss to the channel that would

@@ -37,7 +37,25 @@ impl Offload {
                 ),
             });
         }
-        self.xfer.read(lay.sel, n.sel_addr, 4 * cnt)?;
+        // The selected ids are a view of the router's argsort [n_expert, n_tokens]: one read of
+        // the rows they lie in when the tokens' k ids are not contiguous (compacted below).
+        let row = 4 * self.k;
+        let strided = n_tokens > 1 && n.sel_row != row;
+        if strided {
+            let bytes = n.sel_row * (n_tokens - 1) + row;
+            if bytes > self.sel_rows_len {
+                return Err(GgmlError::Tensor {
+                    name: format!("ffn_moe_topk of layer {}", n.il),
+                    msg: format!(
+                        "{n_tokens} tokens' rows need {bytes} B, the read-back room has {} B",
+                        self.sel_rows_len
+                    ),
+                });
+            }
+            self.xfer.read(self.sel_rows, n.sel_addr, bytes)?;
+        } else {
+            self.xfer.read(lay.sel, n.sel_addr, 4 * cnt)?;
+        }
         self.xfer.read(lay.w, n.w_addr, 4 * cnt)?;
         if let Some(p) = n.pred_addr {
             self.xfer.read(lay.pred, p, 4 * n_pred)?;
@@ -48,6 +66,18 @@ impl Offload {
         let t0 = std::time::Instant::now();
         self.xfer.wait_reads()?;
         self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+        if strided {
+            // SAFETY: the rows were read into the live, 4-aligned `sel_rows` room (size checked
+            // above) by the waited copy; token t's k ids start t rows in; the compacted ids go
+            // to `lay.sel`, which lies in the scratch and does not overlap it.
+            unsafe {
+                for t in 0..n_tokens {
+                    let src = (self.sel_rows + t * n.sel_row) as *const i32;
+                    let dst = (lay.sel + t * row) as *mut i32;
+                    std::ptr::copy_nonoverlapping(src, dst, self.k);
+                }
+            }
+        }
         // SAFETY: the ranges lie in the live host scratch (asserted above), 4-aligned (ggml
         // buffer bases are aligned), just written by the waited copies and not shared.
         let (ids, weights, pred, x) = unsafe {

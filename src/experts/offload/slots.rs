@@ -112,13 +112,21 @@ impl Offload {
             }
         }
         if !on_cpu.is_empty() {
-            let picks: Vec<(u32, f32)> = sel
-                .iter()
-                .zip(&routing.weights)
-                .filter(|(e, _)| on_cpu.contains(e))
-                .map(|(&e, &w)| (e, w))
+            // Per token (sel holds k picks per token).
+            let k = sel.len() / n_tokens;
+            let picks: Vec<Vec<(u32, f32)>> = sel
+                .chunks_exact(k)
+                .zip(routing.weights.chunks_exact(k))
+                .map(|(s, w)| {
+                    s.iter()
+                        .zip(w)
+                        .filter(|(e, _)| on_cpu.contains(e))
+                        .map(|(&e, &w)| (e, w))
+                        .collect()
+                })
                 .collect();
-            self.stats.cpu_bytes += addrs.expert_bytes() * picks.len() as u64;
+            // Each CPU expert's weights are read once, whatever the tokens using it.
+            self.stats.cpu_bytes += addrs.expert_bytes() * on_cpu.len() as u64;
             let cpu = self.cpu.as_mut().expect("CPU channel enabled");
             cpu.start(il, n.act, routing.x.clone(), picks);
         } else if self.cpu_dirty[il] {

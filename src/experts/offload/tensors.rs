@@ -12,13 +12,13 @@ impl Offload {
         (self.n_slots / self.k.max(1)).min(self.opts.max_slot_tokens)
     }
 
-    /// Slots when the micro-batch's experts fit the cache, or for a single token when the CPU
-    /// channel can take what does not fit; staging otherwise.
+    /// Slots when the micro-batch's experts fit the cache, or for a decode micro-batch (up to
+    /// `max_slot_tokens`) when the CPU channel can take what does not fit; staging otherwise.
     pub fn mode(&self, n_tokens: usize) -> Mode {
         if n_tokens == 1 && self.direct_ready {
             return Mode::Direct;
         }
-        let overflow_to_cpu = n_tokens == 1
+        let overflow_to_cpu = n_tokens <= self.opts.max_slot_tokens
             && self.n_slots > 0
             && self.cpu.is_some()
             && (0..self.layers.len()).all(|il| !self.is_offloaded(il) || self.cpu_ok[il]);
