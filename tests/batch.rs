@@ -161,13 +161,17 @@ fn batched_equals_single_gpt_oss() {
     check("gpt-oss");
 }
 
-/// Concurrent decode under offload, 4 sequences together, through the expert cache:
-/// - every expert in a slot, the CPU channel off: the 4-token steps run in slot mode, so the host
+/// Concurrent decode under offload, sequences together, through the expert cache:
+/// - 4 sequences, every expert in a slot, the CPU channel off: the 4-token steps run in slot
+///   mode, so the host
 ///   must read each token's selected experts (a strided view of the router's argsort: reading
 ///   them as contiguous gave token 0's ranking to every token, cosine 0.59 by step 7);
-/// - one slot more than a token's experts, a slow PCIe and a fast CPU in the cost model: a step's
+/// - 12 sequences (more than 8 tokens a step, where ggml-cuda's mul_mat_id groups rows by
+///   expert; up to 8 it runs each row on its own), one slot more than a token's experts, a slow
+///   PCIe and a fast CPU in the cost model: a step's
 ///   experts do not fit the cache, and the CPU channel takes the excess and the other misses in
-///   one multi-token job.
+///   one multi-token job. The CPU's picks must name slot ids their token does not use (see
+///   `experts::offload::slots::control_ids`).
 ///
 /// Both follow the resident engine's batched run: cosine >= 0.99999 at every step and the same
 /// greedy tokens, as `tests/offload.rs` holds single-token offload to (where the CPU's experts
@@ -185,18 +189,23 @@ fn offloaded_batch_decode_matches_resident() {
         } else {
             Device::Cpu
         },
-        n_ctx: 4 * SLOT,
+        n_ctx: 12 * SLOT,
         n_threads: 2,
         gpu_mem,
         offload_bandwidths: cpu.then_some((1e9, 1e12)),
         cpu_experts: cpu,
         ..Default::default()
     };
-    let prompts: Vec<Vec<u32>> = (0..4u32)
-        .map(|i| (0..(5 + 3 * i)).map(|j| (j * 37 + i * 101) % 900).collect())
+    let prompts: Vec<Vec<u32>> = (0..12u32)
+        .map(|i| {
+            (0..(5 + 3 * (i % 4)))
+                .map(|j| (j * 37 + i * 101) % 900)
+                .collect()
+        })
         .collect();
     let mut resident = Engine::load(&path, opts(None, false), &|_, _| {}).unwrap();
-    let want = run(&mut resident, &prompts, Layout::Together);
+    let want4 = run(&mut resident, &prompts[..4], Layout::Together);
+    let want12 = run(&mut resident, &prompts, Layout::Together);
     let (n_expert, k) = (
         resident.hp.n_expert as usize,
         resident.hp.n_expert_used as usize,
@@ -207,11 +216,11 @@ fn offloaded_batch_decode_matches_resident() {
         other => panic!("a 1-byte budget: {:?}", other.err()),
     };
     let probe = Engine::load(&path, opts(Some(floor), false), &|_, _| {}).unwrap();
-    for (slots, cpu) in [(n_expert, false), (k + 1, true)] {
+    for (slots, cpu, want) in [(n_expert, false, &want4), (k + 1, true, &want12)] {
         let budget = floor + probe.expert_cache_bytes(slots).unwrap();
         let mut eng = Engine::load(&path, opts(Some(budget), cpu), &|_, _| {}).unwrap();
         assert_eq!(eng.expert_slots(), Some(slots));
-        let got = run(&mut eng, &prompts, Layout::Together);
+        let got = run(&mut eng, &prompts[..want.len()], Layout::Together);
         let st = eng.offload_stats().unwrap();
         let on_cpu: u64 = st.layers.iter().map(|l| l.cpu).sum();
         assert_eq!(

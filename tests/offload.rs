@@ -134,11 +134,26 @@ fn check_arch(arch: &str) {
         let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw, direct);
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
+        // The prompt's last micro-batch (8 of 40 tokens) runs from the slots, so the CPU channel
+        // may take some of its experts: on a GPU build those round as the CPU does (see below),
+        // measured at cosine 0.999987 on the H200; otherwise the resident path's numbers.
+        let prompt_cpu: u64 = eng
+            .offload_stats()
+            .unwrap()
+            .layers
+            .iter()
+            .map(|l| l.cpu)
+            .sum();
+        let prompt_min = if cfg!(feature = "cuda") && prompt_cpu > 0 {
+            0.9999
+        } else {
+            0.99999
+        };
         for (pos, (g, w)) in got_prompt.iter().zip(&want_prompt).enumerate() {
             let c = cosine(g, w);
             assert!(
-                c >= 0.99999,
-                "{arch} {slots} slots {policy:?}: prompt cosine {c} at {pos}"
+                c >= prompt_min,
+                "{arch} {slots} slots {policy:?}: prompt cosine {c} at {pos} ({prompt_cpu} CPU-channel experts)"
             );
         }
         eng.reset();

@@ -90,11 +90,10 @@ impl Offload {
             layer.cache.touch(e, now);
         }
         self.stats.h2d_bytes += h2d;
-        // Control: slot ids and the mask; CPU experts point at slot 0 with weight 0.
-        let ids: Vec<i32> = sel
-            .iter()
-            .map(|&e| layer.cache.slot(e).map_or(0, |s| s as i32))
-            .collect();
+        // Control: slot ids and the mask; CPU experts point at a free slot id with weight 0.
+        let ids = control_ids(sel, n_tokens, layer.cache.n_slots(), |e| {
+            layer.cache.slot(e).map(|s| s as usize)
+        });
         let mask: Vec<f32> = sel
             .iter()
             .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
@@ -194,5 +193,56 @@ impl Offload {
         layer.prefetched = fetched;
         layer.predicted = predicted;
         Ok(())
+    }
+}
+
+/// The slot id of each pick (`sel`: k experts per token, `slot_of`: an expert's slot if cached).
+/// A pick without a slot (the CPU channel's, masked to weight 0) gets the lowest slot id that
+/// none of its token's other picks uses: ggml-cuda's batched mul_mat_id (more than 8 tokens)
+/// groups rows by expert assuming a token names each at most once, and overran its buffers
+/// (an illegal memory access on the H200 at 16 tokens) when every CPU pick pointed at slot 0.
+pub(super) fn control_ids(
+    sel: &[u32],
+    n_tokens: usize,
+    n_slots: usize,
+    slot_of: impl Fn(u32) -> Option<usize>,
+) -> Vec<i32> {
+    let k = sel.len() / n_tokens.max(1);
+    let mut ids = Vec::with_capacity(sel.len());
+    for tok in sel.chunks_exact(k.max(1)) {
+        let slots: Vec<Option<usize>> = tok.iter().map(|&e| slot_of(e)).collect();
+        let mut free = (0..n_slots).filter(|s| !slots.contains(&Some(*s)));
+        for s in &slots {
+            // With fewer slots than a token's picks, ids repeat: only a single-token step
+            // (ggml's per-row kernels) has so few.
+            ids.push(s.or_else(|| free.next()).unwrap_or(0) as i32);
+        }
+    }
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::control_ids;
+
+    #[test]
+    fn cpu_picks_get_distinct_unused_slot_ids_per_token() {
+        // 2 tokens, k = 3, 4 slots: expert 10 in slot 2, 11 in slot 0; the others on the CPU.
+        let slot_of = |e: u32| match e {
+            10 => Some(2),
+            11 => Some(0),
+            _ => None,
+        };
+        let ids = control_ids(&[10, 5, 6, 7, 11, 8], 2, 4, slot_of);
+        assert_eq!(ids, [2, 0, 1, 1, 0, 2]);
+        for tok in ids.chunks(3) {
+            let mut t = tok.to_vec();
+            t.dedup();
+            t.sort();
+            t.dedup();
+            assert_eq!(t.len(), 3, "ids repeat within a token: {tok:?}");
+        }
+        // Fewer slots than picks: what is left repeats 0 (single-token steps only).
+        assert_eq!(control_ids(&[5, 6, 7], 1, 1, |_| None), [0, 0, 0]);
     }
 }
