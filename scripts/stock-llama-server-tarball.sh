@@ -18,16 +18,14 @@ python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$
 tar -C "$tmp" -xzf "$tmp/llama_cpp_python-$VER.tar.gz"
 src="$tmp/llama_cpp_python-$VER/vendor/llama.cpp"
 [ -f "$src/tools/server/server.cpp" ] || { echo "no tools/server in llama-cpp-python $VER" >&2; exit 1; }
-for d in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
-  rm -rf "$src/ggml/src/ggml-$d"
-done
 # Not needed to build: model vocabularies, docs, test data, the web UI's npm sources (the build
 # embeds an empty UI table without them: -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF).
 rm -rf "$src/models" "$src/docs" "$src/benches" "$src/tools/server/tests" "$src/tools/server/bench" \
   "$src/.git"* "$src/media"
 find "$src/tools/ui" -mindepth 1 -maxdepth 1 ! -name CMakeLists.txt ! -name '*.in' \
   ! -name sources.cmake -exec rm -rf {} +
-mkdir -p dist/stock
-tar -C "$(dirname "$src")" -cJf "$out" llama.cpp
+# shellcheck source=scripts/stock-common.sh
+source scripts/stock-common.sh
+pack_trimmed "$src" "$out"
 echo "$VER" > dist/stock/server-version
 du -h "$out"

@@ -18,10 +18,8 @@ curl -sSfL -o "$tmp/sys4.crate" \
 tar -C "$tmp" -xzf "$tmp/sys4.crate"
 src="$tmp/llama-cpp-sys-4-$VER/llama.cpp"
 [ -f "$src/tools/llama-bench/llama-bench.cpp" ] || { echo "no tools/llama-bench in $VER" >&2; exit 1; }
-for d in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
-  rm -rf "$src/ggml/src/ggml-$d"
-done
-mkdir -p dist/stock
-tar -C "$(dirname "$src")" -cJf "$out" llama.cpp
+# shellcheck source=scripts/stock-common.sh
+source scripts/stock-common.sh
+pack_trimmed "$src" "$out"
 echo "$VER" > dist/stock/version
 du -h "$out"

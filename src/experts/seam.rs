@@ -78,13 +78,7 @@ impl RoutedExperts for OffloadedExperts<'_> {
             .then(|| off.next_offloaded(il))
             .flatten()
         {
-            let pred = g.cb(
-                ctx.mul_mat(g.wl(next, "ffn_gate_inp.weight"), x),
-                "ffn_moe_pred_logits",
-                il as i32,
-            ); // [n_expert, nt]
-            ctx.set_output(pred);
-            g.graph.build_forward(pred);
+            let pred = output(g, predicted_logits(g, x, next, il, "ffn_moe_pred_logits")); // [n_expert, nt]
             node.anchor = pred.name();
             node.pred = Some(pred.name());
         }
@@ -100,13 +94,8 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 // so the hook's one stop here can prefetch for all of them.
                 let ahead = off.direct_stop(il).unwrap_or_default();
                 for &next in &ahead {
-                    let pred = g.cb(
-                        ctx.mul_mat(g.wl(next, "ffn_gate_inp.weight"), x),
-                        &format!("ffn_moe_pred_logits_{next}"),
-                        il as i32,
-                    ); // [n_expert, 1]
-                    ctx.set_output(pred);
-                    g.graph.build_forward(pred);
+                    let name = format!("ffn_moe_pred_logits_{next}");
+                    let pred = output(g, predicted_logits(g, x, next, il, &name)); // [n_expert, 1]
                     node.anchor = pred.name();
                     node.direct_preds.push((next, pred.name()));
                 }
@@ -134,16 +123,12 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 {
                     // FATE: the next layer's router on this layer's FFN input, into the mailbox,
                     // which the host follows while the graph runs on.
-                    let pred = g.cb(
-                        ctx.mul_mat(g.wl(next, "ffn_gate_inp.weight"), x),
-                        "ffn_moe_pred_logits",
-                        il as i32,
-                    ); // [n_expert, 1]
-                       // Copied into the mailbox by a plain elementwise kernel.
+                    let pred = predicted_logits(g, x, next, il, "ffn_moe_pred_logits"); // [n_expert, 1]
+
+                    // Copied into the mailbox by a plain elementwise kernel.
                     let pred = ctx.scale(pred, 1.0);
                     off.preset_mailbox(pred, il, true);
-                    ctx.set_output(pred);
-                    g.graph.build_forward(pred);
+                    output(g, pred);
                 }
                 // Read back after the step: which picks hit a slot.
                 ctx.set_output(ids[0]);
@@ -175,4 +160,25 @@ impl RoutedExperts for OffloadedExperts<'_> {
         self.nodes.borrow_mut().push(node);
         out
     }
+}
+
+/// FATE: layer `next`'s router on layer `il`'s FFN input `x`, named `name` (a graph node, so it
+/// runs where the graph does).
+fn predicted_logits<'a>(
+    g: &GraphBuilder<'a>,
+    x: Tensor<'a>,
+    next: usize,
+    il: usize,
+    name: &str,
+) -> Tensor<'a> {
+    let logits = g.ctx.mul_mat(g.wl(next, "ffn_gate_inp.weight"), x);
+    g.cb(logits, name, il as i32)
+}
+
+/// Marks `t` a graph output (never reused by the allocator: the hook reads it) and adds it to
+/// the graph now, so it is computed right after the router.
+fn output<'a>(g: &GraphBuilder<'a>, t: Tensor<'a>) -> Tensor<'a> {
+    g.ctx.set_output(t);
+    g.graph.build_forward(t);
+    t
 }
