@@ -102,16 +102,7 @@ fn counts_agree_with_the_servers_metrics() {
 
 /// GET `path` from `addr` (length-delimited or chunked), the body as text.
 fn ureq_get(addr: &str, path: &str) -> String {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n").unwrap().1.to_string()
+    common::http_exchange(addr, &format!("GET {path} HTTP/1.1"), b"").2
 }
 
 fn chunked(sizes: &[usize], payload: &[u8], ext: &str) -> Vec<u8> {

@@ -195,25 +195,7 @@ fn openai_client_real_engine() {
 
 /// One raw HTTP/1.1 exchange; returns the status and body.
 fn http(addr: &str, head: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    let req = format!("{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    // The server may answer (413, 431) and close before reading it all.
-    let _ = s.write_all(req.as_bytes()).and_then(|_| s.write_all(body));
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| {
-            panic!(
-                "no HTTP status in {text:?} (request {head:?} {:?})",
-                String::from_utf8_lossy(body)
-            )
-        });
-    let body = text.split_once("\r\n\r\n").map_or("", |x| x.1).to_string();
+    let (status, _, body) = common::http_exchange(addr, head, body);
     (status, body)
 }
 

@@ -19,7 +19,7 @@ use pocketmoe::gguf::GgufModel;
 use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -69,21 +69,7 @@ impl Drop for Server {
 
 /// One raw HTTP/1.1 exchange; returns the status, the head and the body.
 fn http(addr: &str, head: &str, body: &[u8]) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let req = format!("{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
-    let (h, b) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, h.to_ascii_lowercase(), b.to_string())
+    common::http_exchange(addr, head, body)
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {

@@ -19,8 +19,7 @@ use pocketmoe::synth::quantmix::QuantMix;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -110,28 +109,16 @@ fn budget_floor() -> u64 {
 /// One HTTP/1.1 exchange (`key`: send the API key); returns the status, the head (lower case)
 /// and the body.
 fn http(addr: &str, method: &str, path: &str, key: bool, body: &str) -> (u16, String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let auth = if key {
         format!("Authorization: Bearer {KEY}\r\n")
     } else {
         String::new()
     };
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\n{auth}Content-Type: application/json\r\nContent-Length: {}",
         body.len()
     );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
-    let (h, b) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, h.to_ascii_lowercase(), b.to_string())
+    common::http_exchange(addr, &head, body.as_bytes())
 }
 
 /// `name`'s unlabelled sample in `/metrics`.

@@ -155,3 +155,32 @@ pub fn spawn_serve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (std::process::Chil
         .expect("pocketmoe-serve did not report its URL");
     (child, addr)
 }
+
+/// One raw HTTP/1.1 exchange with the server at `addr`: `head` is the request line and headers
+/// (without Host, Connection and the blank line, which are added), then `body`. Returns the
+/// status, the response head in lower case, and the body. A server may answer (413, 431) and
+/// close before reading a body, so write errors are ignored; no status line is a panic naming
+/// the request.
+pub fn http_exchange(addr: &str, head: &str, body: &[u8]) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300)))
+        .unwrap();
+    let req = format!("{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let _ = s.write_all(req.as_bytes()).and_then(|_| s.write_all(body));
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no HTTP status in {text:?} (request {head:?} {:?})",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )
+        });
+    let (h, b) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, h.to_ascii_lowercase(), b.to_string())
+}
