@@ -51,7 +51,7 @@ pub struct RunArgs {
     pub cache_type: crate::ggml::GgmlType,
     /// Device memory budget (e.g. 8GiB; default on a GPU: its free memory minus max(1 GiB, 5%)).
     /// When the model does not fit, routed experts stay in pinned host memory and the GPU keeps
-    /// a cache of them (DESIGN.md §4).
+    /// a cache of them (docs/design.md §4).
     #[arg(long, value_parser = super::inspect::parse_bytes)]
     pub gpu_mem: Option<u64>,
     /// Expert-cache policy: lru, lfu, lfru, lfru:HALF_LIFE.

@@ -125,8 +125,8 @@ mod value;
 mod writer;
 
 pub use error::{FormatError, GgufError};
-pub use header::GgufHeader;
-pub use reader::{parse_split_path, split_path, GgufFile, GgufModel, TensorInfo};
+pub use header::{GgufHeader, TensorInfo};
+pub use reader::{parse_split_path, split_path, GgufFile, GgufModel};
 pub use value::{GgufArray, GgufValue, GgufValueType, MAX_ARRAY_DEPTH};
 pub use writer::GgufWriter;
 

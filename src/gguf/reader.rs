@@ -19,39 +19,9 @@ use indexmap::IndexMap;
 use memmap2::Mmap;
 
 use super::error::{FormatError, GgufError};
-use super::header::GgufHeader;
+use super::header::{GgufHeader, TensorInfo};
 use super::value::GgufValue;
 use super::{KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT};
-use crate::ggml::GgmlType;
-
-/// One tensor of the index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    pub ty: GgmlType,
-    /// ne0 first, padded with 1 up to 4 dimensions.
-    pub ne: [u64; 4],
-    pub n_dims: u32,
-    /// Absolute byte offset of the data within its (shard) file.
-    pub offset: u64,
-    /// `ty.row_size(ne0) * ne1 * ne2 * ne3`.
-    pub n_bytes: u64,
-    /// Index of the shard file that holds the data (0 for single files).
-    pub shard: usize,
-    /// Byte offset of this tensor's info record in the header (for messages).
-    pub info_offset: u64,
-}
-
-impl TensorInfo {
-    /// The shape without padding: `ne[..n_dims]`.
-    pub fn shape(&self) -> &[u64] {
-        &self.ne[..(self.n_dims as usize).min(4)]
-    }
-
-    pub fn n_elements(&self) -> u64 {
-        self.ne.iter().product()
-    }
-}
 
 /// One memory-mapped GGUF file with its validated header.
 pub struct GgufFile {

@@ -1,4 +1,4 @@
-//! The narrow boundary between the HTTP layer and whatever generates tokens (DESIGN.md §3.7,
+//! The narrow boundary between the HTTP layer and whatever generates tokens (docs/design.md §6,
 //! after TGI's router/backend split): the server only calls [`Engine`]. [`super::LocalEngine`]
 //! is the real one (a GGUF on one engine thread with continuous batching); tests plug in mocks.
 //!

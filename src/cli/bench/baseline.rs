@@ -1,5 +1,5 @@
-//! The llama.cpp baseline at its best settings for a VRAM budget (DESIGN.md §5): all layers on
-//! the GPU when they fit; otherwise routed experts in host memory, either all of them
+//! The llama.cpp baseline at its best settings for a VRAM budget (docs/design.md §5): all layers
+//! on the GPU when they fit; otherwise routed experts in host memory, either all of them
 //! (`-ot exps=CPU`) or those of the first N layers (`--n-cpu-moe N`) with the fewest N that fits;
 //! micro-batches (`-ub`) 512/2048/4096 for prompt processing (op offload moves each host expert
 //! to the GPU once per micro-batch, so larger ones amortise PCIe but cost compute-buffer VRAM).

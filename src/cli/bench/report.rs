@@ -1,6 +1,6 @@
 //! What `pocketmoe bench` reports: every setting tried (ours and llama.cpp's, per budget), and one
 //! row per (budget, test) comparing ours with llama.cpp's best setting that fits the budget, with
-//! the decode/prefill bound DESIGN.md §1 implies and the fraction of it we reach. Printed as
+//! the decode/prefill bound docs/design.md §1 implies and the fraction of it we reach. Printed as
 //! markdown (llama-bench's test names: `pp512`, `tg128 @ d8192`), written as JSON.
 //!
 //! Bounds (tokens/s), from the placement plan for the budget (`model::placement`):
