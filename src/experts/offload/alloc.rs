@@ -5,17 +5,7 @@ use super::*;
 impl Offload {
     /// Device bytes one slot costs in every MoE layer together.
     pub fn slot_bytes_all_layers(&self) -> usize {
-        self.layers
-            .iter()
-            .flatten()
-            .map(|l| {
-                l.mats
-                    .iter()
-                    .flatten()
-                    .map(|m| m.expert_bytes)
-                    .sum::<usize>()
-            })
-            .sum()
+        self.layers.iter().flatten().map(Layer::expert_bytes).sum()
     }
 
     /// Device bytes `n_slots` slots take in every MoE layer together (with padding, and, where

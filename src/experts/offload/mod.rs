@@ -97,6 +97,13 @@ struct Layer {
     copied_at_stop: Vec<u32>,
 }
 
+impl Layer {
+    /// Bytes of one expert, every matrix together (what one slot holds, one copy moves).
+    fn expert_bytes(&self) -> usize {
+        self.mats.iter().flatten().map(|m| m.expert_bytes).sum()
+    }
+}
+
 /// The slot cache's device memory (from [`Offload::alloc_slots`]).
 struct SlotArea {
     ctx: Context,

@@ -14,12 +14,7 @@ impl Offload {
     /// both channels end at about the same time.
     pub(super) fn plan_cpu(&self, il: usize, used: &[u32]) -> Vec<u32> {
         let layer = self.layers[il].as_ref().expect("offloaded layer");
-        let bytes: f64 = layer
-            .mats
-            .iter()
-            .flatten()
-            .map(|m| m.expert_bytes as f64)
-            .sum();
+        let bytes = layer.expert_bytes() as f64;
         let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
         let (mut t_pcie, mut t_cpu) = (0.0, CPU_START_S);
         let mut on_cpu = Vec::new();
