@@ -42,6 +42,14 @@ ours() { # port model log [args]; sets PID
     --port "$port" --parallel 16 --ctx 1024 "$@" > "$log" 2>&1 &
   PID=$!
 }
+# Ours with 16 slots and no --ctx: the context the server picks itself (the model's trained
+# context where it fits), to show that a large context does not slow concurrent decode.
+oursauto() { # port model log [args]; sets PID
+  local port=$1 model=$2 log=$3; shift 3
+  LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" "$PMOE/bin/pocketmoe-serve" -m "$model" \
+    --port "$port" --parallel 16 "$@" > "$log" 2>&1 &
+  PID=$!
+}
 stock() { # port model log [args]; sets PID
   local port=$1 model=$2 log=$3; shift 3
   "$(cat "$ST/llama-server")" -m "$model" --port "$port" -np 16 -c 16384 "$@" > "$log" 2>&1 &
@@ -52,6 +60,9 @@ case "$PHASE" in
 prep)
   (scripts/device-stock-server.sh > "$OUTDIR/stock-build.log" 2>&1 && tail -1 "$OUTDIR/stock-build.log" > "$ST/llama-server") &
   build=$!
+  # The CUDA offload and batch tests meanwhile (TESTS="" skips them).
+  (TESTS="${TESTS-offload batch}"; [ -n "$TESTS" ] && TESTS="$TESTS" $RUN tests > "$OUTDIR/tests.log" 2>&1; echo "tests rc=$?" >> "$OUTDIR/tests.log") &
+  tests=$!
   [ -s "$M" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" > /dev/null 2>&1
   [ -s "$M0" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m --routing-skew 0 -o "$M0" > /dev/null 2>&1
   t "models: $(ls -la "$M" "$M0" | awk '{print $5}' | tr '\n' ' ')"
@@ -64,6 +75,7 @@ prep)
     curl -s localhost:8000/v1/chat/completions -H 'content-type: application/json' \
       -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16}' > "$OUTDIR/zero-config-reply.json"
     curl -s localhost:8000/props > "$OUTDIR/zero-config-props.json"
+    t "zero-config: $(grep -m1 '^context' "$OUTDIR/zero-config.log")"
   else t "zero-config: did not come up"; fi
   stop $pid; wait $pid 2>/dev/null
   # Our 8 GiB server: its real VRAM is the target llama-server has to fit.
@@ -74,6 +86,8 @@ prep)
     echo "$(vram)" > "$ST/ours-vram"; t "ours 8GiB: VRAM $(cat "$ST/ours-vram") MiB"
   else t "ours 8GiB did not come up"; echo 8192 > "$ST/ours-vram"; fi
   stop "$pid"; wait "$pid" 2>/dev/null
+  wait $tests; t "$(tail -1 "$OUTDIR/tests.log")"
+  grep -E "^test |test result|slots:|cosine" "$OUTDIR/tests.log" | tail -60 > "$OUTDIR/tests-summary.log"
   wait $build || { t "llama-server build failed"; tail -20 "$OUTDIR/stock-build.log"; exit 1; }
   t "llama-server: $(cat "$ST/llama-server")"
   # Best fitting --n-cpu-moe: the fewest layers' experts on the CPU with VRAM <= ours, <= 8 GiB.
@@ -102,20 +116,29 @@ bench)
     local pid; $kind $port "$model" "$OUTDIR/$label.log" "$@"; pid=$PID
     if ! wait_up $port 240 "$pid"; then t "$label did not come up"; tail -5 "$OUTDIR/$label.log"; stop "$pid"; return; fi
     t "$label up"
-    local metrics=; [ "$kind" = ours ] && metrics=--metrics
+    local metrics=; [ "$kind" != stock ] && metrics=--metrics
     LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" timeout 200 "$PMOE/bin/pocketmoe" serve-bench --url "http://127.0.0.1:$port" --label "$label" \
       --concurrency 1,4,16 --requests 3 --max-tokens 128 --prompt-words 200 $metrics \
       --json "$OUTDIR/$label.json" 2>&1 | tee -a "$OUTDIR/table.md"
     t "$label: VRAM $(vram) MiB"; echo "VRAM $(vram) MiB" >> "$OUTDIR/table.md"
-    [ "$kind" = ours ] && curl -s localhost:$port/metrics | grep -v '^#' > "$OUTDIR/$label.metrics"
+    [ "$kind" != stock ] && curl -s localhost:$port/metrics | grep -v '^#' > "$OUTDIR/$label.metrics"
     stop "$pid"; wait "$pid" 2>/dev/null
   }
-  one ours-resident ours "$M"
-  one stock-resident stock "$M" -ngl 99
-  one ours-8GiB ours "$M" --gpu-mem 8GiB
-  one "stock-ncpumoe$nc" stock "$M" -ngl 99 --n-cpu-moe "$nc"
-  one ours-8GiB-skew0 ours "$M0" --gpu-mem 8GiB
-  one "stock-ncpumoe$nc-skew0" stock "$M0" -ngl 99 --n-cpu-moe "$nc"
+  # ROWS picks and orders the rows (default: all); a row is skipped when less than 100 s of the
+  # call's 600 s are left.
+  for row in ${ROWS:-ours-resident stock-resident ours-8GiB stock-8GiB ours-resident-autoctx ours-8GiB-skew0 stock-8GiB-skew0}; do
+    [ $(( $(date +%s) - start )) -gt 500 ] && { t "skipped $row: out of time"; continue; }
+    case $row in
+      ours-resident) one ours-resident ours "$M" ;;
+      stock-resident) one stock-resident stock "$M" -ngl 99 ;;
+      ours-8GiB) one ours-8GiB ours "$M" --gpu-mem 8GiB ;;
+      stock-8GiB) one "stock-ncpumoe$nc" stock "$M" -ngl 99 --n-cpu-moe "$nc" ;;
+      ours-resident-autoctx) one ours-resident-autoctx oursauto "$M" ;;
+      ours-8GiB-skew0) one ours-8GiB-skew0 ours "$M0" --gpu-mem 8GiB ;;
+      stock-8GiB-skew0) one "stock-ncpumoe$nc-skew0" stock "$M0" -ngl 99 --n-cpu-moe "$nc" ;;
+      *) t "unknown row $row" ;;
+    esac
+  done
   t "done"
   ;;
 *) echo "usage: $0 prep|bench OUTDIR" >&2; exit 2 ;;

@@ -7,12 +7,14 @@
 //! over 512+ cache rows. Each sums in another order, so the same token's logits differ in the
 //! last bits depending on what shares its forward pass; the test prints that difference for the
 //! default kernels and asserts exact equality with the reference kernels, covering all three
-//! switches (92 prompt tokens in one pass; a lone sequence in the last slot). The offloaded
+//! switches (301 prompt tokens in one pass; a lone sequence in the last pages). Sequences live in
+//! KV pages (`engine::batch::KV_PAGE`); ascending pages give exactly the result alone, pages out
+//! of order the same tokens within rounding (attention sums the rows in another order). The offloaded
 //! batch test holds concurrent decode through the expert cache and the CPU channel to the same.
 mod common;
 use common::argmax;
-use pocketmoe::engine::batch::{BatchModel, SeqChunk};
-use pocketmoe::engine::{Engine, EngineOptions};
+use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
+use pocketmoe::engine::{Engine, EngineError, EngineOptions};
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::PathBuf;
 
@@ -20,36 +22,47 @@ fn tiny(arch: &str) -> PathBuf {
     common::synth_tiny("batch", arch, QuantMix::Q8_0, 1.0, 5)
 }
 
-const SLOT: usize = 256;
 const STEPS: usize = 8;
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Layout {
-    /// Each prompt on its own, in slot 0.
+    /// Each prompt on its own, in pages 0, 1.
     Alone,
-    /// Each prompt on its own, in the last slot (a long, mostly masked cache: 512+ rows).
+    /// Each prompt on its own, in the last two pages (a long, mostly masked cache: 512+ rows).
     AloneLastSlot,
-    /// All prompts in one batch, prompt i in slot i.
+    /// Each prompt on its own, in the last page then page 2: pages out of order, so attention
+    /// sums the sequence's rows in another order (see `PagePool`): the same tokens, logits within
+    /// rounding, not bit-equal.
+    OutOfOrder,
+    /// All prompts in one batch, interleaved: prompt i in pages i and 4 + i.
     Together,
+}
+
+/// The KV pages of prompt `i` of `n` in `layout`: two each (the longest prompt of `check`
+/// crosses into its second page during decode).
+fn pages(layout: Layout, i: usize, n: usize) -> [u32; 2] {
+    match layout {
+        Layout::Alone => [0, 1],
+        Layout::AloneLastSlot => [2 * n as u32 - 2, 2 * n as u32 - 1],
+        Layout::OutOfOrder => [2 * n as u32 - 1, 2],
+        Layout::Together => [i as u32, (n + i) as u32],
+    }
 }
 
 /// Greedy continuation of each prompt, returning the tokens and the logits of every step.
 fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     let mut out: Vec<(Vec<u32>, Vec<Vec<f32>>)> = vec![(Vec::new(), Vec::new()); prompts.len()];
+    let n = prompts.len();
+    let pages: Vec<[u32; 2]> = (0..n).map(|i| pages(layout, i, n)).collect();
     let groups: Vec<Vec<usize>> = match layout {
         Layout::Together => vec![(0..prompts.len()).collect()],
         _ => (0..prompts.len()).map(|i| vec![i]).collect(),
-    };
-    let base = |i: usize| match layout {
-        Layout::Alone => 0,
-        Layout::AloneLastSlot => 3 * SLOT,
-        Layout::Together => i * SLOT,
     };
     for g in groups {
         let chunks: Vec<SeqChunk> = g
             .iter()
             .map(|&i| SeqChunk {
-                kv_base: base(i),
+                pages: &pages[i],
                 pos: 0,
                 tokens: &prompts[i],
                 logits: true,
@@ -66,7 +79,7 @@ fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>,
                 .iter()
                 .enumerate()
                 .map(|(k, &i)| SeqChunk {
-                    kv_base: base(i),
+                    pages: &pages[i],
                     pos: prompts[i].len() + out[i].0.len() - 1,
                     tokens: std::slice::from_ref(&next[k]),
                     logits: true,
@@ -94,15 +107,16 @@ fn compare(a: &[(Vec<u32>, Vec<Vec<f32>>)], b: &[(Vec<u32>, Vec<Vec<f32>>)]) -> 
 fn check(arch: &str) {
     let path = tiny(arch);
     let opts = EngineOptions {
-        n_ctx: 4 * SLOT,
+        n_ctx: 8 * KV_PAGE,
         n_threads: 2,
         ..Default::default()
     };
     let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
-    // 5 + 17 + 29 + 41 = 92 prompt tokens together: past the 64-row tile of flash attention.
+    // 5 + 17 + 29 + 250 = 301 prompt tokens together: past the 64-row tile of flash attention;
+    // the last prompt's decode crosses from its first page into its second.
     let prompts: Vec<Vec<u32>> = (0..4u32)
         .map(|i| {
-            (0..(5 + 12 * i))
+            (0..if i == 3 { 250 } else { 5 + 12 * i })
                 .map(|j| (j * 37 + i * 101) % 900)
                 .collect()
         })
@@ -124,6 +138,27 @@ fn check(arch: &str) {
         assert!(same, "{arch}: {layout:?}: greedy tokens differ from Alone");
         assert_eq!(d, 0.0, "{arch}: {layout:?}: logits differ from Alone");
     }
+    // Pages out of order: the sequence's own rows are summed in another order. Same greedy
+    // tokens, and logits as close as a reordered f32 sum leaves them: cosine >= 0.9999, the
+    // bound the parity tests hold CPU rounding to (measured here: see the printed figure).
+    let ooo = run(&mut eng, &prompts, Layout::OutOfOrder);
+    let (d, same) = compare(&alone, &ooo);
+    let min_cos = alone
+        .iter()
+        .zip(&ooo)
+        .flat_map(|(a, b)| a.1.iter().zip(&b.1).map(|(x, y)| common::cosine(x, y)))
+        .fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "{arch}: pages out of order vs Alone: max |logit diff| {d:e}, min cosine {min_cos:.9}"
+    );
+    assert!(
+        same,
+        "{arch}: pages out of order: greedy tokens differ from Alone"
+    );
+    assert!(
+        min_cos >= 0.9999,
+        "{arch}: pages out of order: min cosine {min_cos}"
+    );
 
     // The single-sequence path and the batch path share the scheduler and cache.
     eng.reset();
@@ -132,21 +167,35 @@ fn check(arch: &str) {
     let again = run(&mut eng, &prompts[..1], Layout::Alone);
     assert_eq!(again[0].0, alone[0].0);
 
-    // Errors are values: rows past the cache, ids past the vocabulary.
+    // Errors are values: positions past the pages given, pages past the cache, ids past the
+    // vocabulary.
     let bad = [SeqChunk {
-        kv_base: 4 * SLOT - 2,
-        pos: 0,
+        pages: &[7],
+        pos: KV_PAGE - 2,
         tokens: &[1, 2, 3],
         logits: true,
     }];
-    assert!(eng.forward_batch(&bad).is_err());
+    let e = eng.forward_batch(&bad).unwrap_err();
+    assert!(
+        matches!(e, EngineError::KvPages { need, have } if need == KV_PAGE + 1 && have == KV_PAGE),
+        "{e}"
+    );
     let bad = [SeqChunk {
-        kv_base: 0,
+        pages: &[8],
+        pos: 0,
+        tokens: &[1],
+        logits: true,
+    }];
+    let e = eng.forward_batch(&bad).unwrap_err();
+    assert!(matches!(e, EngineError::ContextFull { .. }), "{e}");
+    let bad = [SeqChunk {
+        pages: &[0],
         pos: 0,
         tokens: &[u32::MAX],
         logits: true,
     }];
-    assert!(eng.forward_batch(&bad).is_err());
+    let e = eng.forward_batch(&bad).unwrap_err();
+    assert!(matches!(e, EngineError::BadToken { .. }), "{e}");
     drop(eng);
     let _ = std::fs::remove_file(&path);
 }
@@ -180,7 +229,7 @@ fn batched_equals_single_gpt_oss() {
 /// there, for the CPU case, mean cosine >= 0.98 and 3/4 of the tokens, as in `tests/offload.rs`.
 #[test]
 fn offloaded_batch_decode_matches_resident() {
-    use pocketmoe::engine::{Device, EngineError};
+    use pocketmoe::engine::Device;
     // Its own file: `check` removes the shared one when it is done.
     let path = common::synth_tiny("batch-offload", "qwen3moe", QuantMix::Q8_0, 1.0, 5);
     let opts = |gpu_mem: Option<u64>, cpu: bool| EngineOptions {
@@ -189,7 +238,7 @@ fn offloaded_batch_decode_matches_resident() {
         } else {
             Device::Cpu
         },
-        n_ctx: 12 * SLOT,
+        n_ctx: 24 * KV_PAGE,
         n_threads: 2,
         gpu_mem,
         offload_bandwidths: cpu.then_some((1e9, 1e12)),

@@ -67,10 +67,15 @@ struct Args {
     #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
     gpu_mem: Option<u64>,
     /// Context length of each request (prompt + completion); the KV cache holds
-    /// ctx × parallel positions. (llama-server's -c/--ctx-size is the whole cache, shared by its
-    /// slots; here it is per request.)
-    #[arg(short = 'c', long, visible_alias = "ctx-size", default_value_t = 4096)]
-    ctx: usize,
+    /// ctx × parallel positions (llama-server's -c/--ctx-size is the whole cache, shared by its
+    /// slots; here it is per request). Default, as llama.cpp's --fit: on a GPU, the model's
+    /// trained context when that many positions for every parallel request fit beside the whole
+    /// model in the budget, else the most that does, down to 4096 (below that the routed experts
+    /// are offloaded and the context stays at 4096); on the CPU, 4096. Capped by the trained
+    /// context either way. A request's cache rows are taken as it grows, in pages of 256, lowest
+    /// first, so a large context does not slow requests that use little of it.
+    #[arg(short = 'c', long, visible_alias = "ctx-size")]
+    ctx: Option<usize>,
     /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
     /// llama.cpp does for a quantised cache).
     #[arg(long, default_value = "f16", value_parser = pocketmoe::cli::parse_cache_type)]
@@ -186,17 +191,33 @@ fn run(args: Args) -> Result<i32> {
     if let Some(note) = note {
         eprintln!("{note}");
     }
+    let mut engine_opts = EngineOptions {
+        device,
+        n_threads: args.threads,
+        n_ubatch: args.batch,
+        gpu_mem: args.gpu_mem,
+        kv_type: args.cache_type,
+        ..Default::default()
+    };
+    engine_opts.n_ctx = match args.ctx {
+        Some(c) => c,
+        None => {
+            let f = pocketmoe::engine::context::fit_context_for(
+                &args.model,
+                &engine_opts,
+                args.parallel,
+            )?;
+            eprintln!(
+                "context {} tokens per request × {} parallel: {}",
+                f.ctx, args.parallel, f.why
+            );
+            f.ctx
+        }
+    };
+    let ctx = engine_opts.n_ctx;
     let opts = LocalOptions {
         model: args.model.clone(),
-        engine: EngineOptions {
-            device,
-            n_ctx: args.ctx,
-            n_threads: args.threads,
-            n_ubatch: args.batch,
-            gpu_mem: args.gpu_mem,
-            kv_type: args.cache_type,
-            ..Default::default()
-        },
+        engine: engine_opts,
         parallel: args.parallel,
         max_queue: args.queue,
         alias: args.alias.clone(),
@@ -221,7 +242,7 @@ fn run(args: Args) -> Result<i32> {
     // Watches the load: one line with the URL when ready, or the reason it failed.
     {
         let engine = engine.clone();
-        let (id, parallel, ctx) = (engine.card().id.clone(), args.parallel, args.ctx);
+        let (id, parallel) = (engine.card().id.clone(), args.parallel);
         let page = if args.no_webui {
             String::new()
         } else {

@@ -42,9 +42,11 @@ pub struct RunArgs {
         help = super::GPU_LAYERS_HELP
     )]
     pub n_gpu_layers: Option<super::GpuLayers>,
-    /// Context length.
-    #[arg(short = 'c', long, visible_alias = "ctx-size", default_value_t = 4096)]
-    pub ctx: usize,
+    /// Context length. Default: on a GPU, the model's trained context if it fits beside the
+    /// whole model in the budget, else the most that does, down to 4096 (then the routed experts
+    /// are offloaded); on the CPU, 4096. Capped by the trained context either way.
+    #[arg(short = 'c', long, visible_alias = "ctx-size")]
+    pub ctx: Option<usize>,
     /// KV cache type: f16, or q8_0 (half the memory; K and V stored Hadamard-rotated, as
     /// llama.cpp does for a quantised cache).
     #[arg(long, default_value = "f16", value_parser = super::parse_cache_type)]
@@ -127,9 +129,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(note) = note {
         eprintln!("{note}");
     }
-    let opts = EngineOptions {
+    let mut opts = EngineOptions {
         device,
-        n_ctx: args.ctx,
         n_threads: args.threads,
         gpu_mem: args.gpu_mem,
         kv_type: args.cache_type,
@@ -137,6 +138,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         prefetch: !args.no_prefetch,
         cpu_experts: !args.no_cpu_experts,
         ..Default::default()
+    };
+    opts.n_ctx = match args.ctx {
+        Some(c) => c,
+        None => {
+            let f = crate::engine::context::fit_context_for(&args.model, &opts, 1)?;
+            eprintln!("context {} tokens: {}", f.ctx, f.why);
+            f.ctx
+        }
     };
     let t_load = Instant::now();
     let what = if args.reference {
@@ -165,7 +174,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         } else {
             args.threads
         };
-        let ctx = LlamaContext::new_with_kv(&lm, args.ctx as u32, threads as i32, args.cache_type)?;
+        let ctx =
+            LlamaContext::new_with_kv(&lm, opts.n_ctx as u32, threads as i32, args.cache_type)?;
         loaded(t_load);
         let mut dec = LlamaDecoder { ctx, n_past: 0 };
         let r = gen.run(&mut dec);

@@ -1,15 +1,23 @@
 //! Multi-sequence forward passes over one shared KV cache (continuous batching, as llama.cpp's
-//! `llama_batch` with several `seq_id`s): each sequence owns a contiguous range of cache rows
-//! starting at its `kv_base` (position p of the sequence lives in row `kv_base + p`), and one
-//! forward pass carries tokens of several sequences. Each token gets its own position, its own
-//! cache row (the `inp_kv_idxs` input) and its own mask row over the shared cache (it sees the
-//! rows of its own sequence up to its position, nothing else), so sequences never see each other.
+//! `llama_batch` with several `seq_id`s). The cache is cut into pages of [`KV_PAGE`] rows; each
+//! sequence owns a list of pages (position p lives in row `pages[p / KV_PAGE] * KV_PAGE +
+//! p % KV_PAGE`), handed out lowest first by a [`PagePool`], and one forward pass carries tokens
+//! of several sequences. Each token gets its own position, its own cache row (the `inp_kv_idxs`
+//! input) and its own mask row over the shared cache (it sees the rows of its own sequence up to
+//! its position, nothing else), so sequences never see each other.
+//!
+//! Why pages: attention runs over cache rows `0..n_kv`, where `n_kv` is the highest row any
+//! token of the pass can see (padded). With one fixed range of `ctx` rows per sequence, the
+//! sequence in range s made every pass attend over `s × ctx` rows, mostly masked, so the cost
+//! of concurrent decode grew with the context length chosen; with pages taken lowest first,
+//! `n_kv` grows with the tokens actually held (as llama.cpp's unified cache).
 //! Logits are computed only for the rows asked for (`out_ids`, llama.cpp's `inp_out_ids`).
 //!
-//! Invariants: every row a chunk touches is checked against the cache size before a graph is
-//! built (`ContextFull`), token ids against the vocabulary (`BadToken`); chunks longer than a
-//! micro-batch in total are split over several passes, in order. Where ranges of two chunks
-//! overlap is the caller's business (the server's scheduler gives each slot its own range).
+//! Invariants: every row a chunk touches is checked against the cache size and its page list
+//! before a graph is built (`ContextFull`, `KvPages`), token ids against the vocabulary
+//! (`BadToken`); chunks longer than a micro-batch in total are split over several passes, in
+//! order. That two sequences' pages are disjoint is the caller's business (the server's
+//! scheduler takes them from one [`PagePool`]).
 //! Reference: llama.cpp `llama_kv_cache::set_input_kq_mask` (per-token mask rows over a unified
 //! cache) and `llama_batch` / `inp_out_ids`.
 use super::run_graph;
@@ -17,16 +25,134 @@ use super::{Engine, EngineError};
 use crate::experts::step::GraphNodes;
 use crate::graph::BatchInputs;
 
+/// Cache rows per page: the unit in which sequences get cache rows, and the padding of `n_kv`
+/// (a multiple of the graph's own KV padding, so a full page never adds a pad).
+pub const KV_PAGE: usize = 256;
+
 /// One sequence's tokens in a batched forward pass.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqChunk<'t> {
-    /// First cache row of the sequence (the row of its position 0).
-    pub kv_base: usize,
+    /// The sequence's cache pages, in position order: they must cover `pos + tokens.len()`
+    /// positions.
+    pub pages: &'t [u32],
     /// Position of `tokens[0]` (= how many of the sequence's tokens are already cached).
     pub pos: usize,
     pub tokens: &'t [u32],
     /// Whether the logits of the chunk's last token are wanted.
     pub logits: bool,
+}
+
+impl SeqChunk<'_> {
+    /// The cache row of position `pos` of this sequence (its page must exist).
+    pub fn row(&self, pos: usize) -> usize {
+        self.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE
+    }
+
+    /// One past the highest cache row this chunk's tokens can see (its rows of positions
+    /// `0..pos + len`).
+    fn top_row(&self) -> usize {
+        let n = self.pos + self.tokens.len();
+        if n == 0 {
+            return 0;
+        }
+        let last = (n - 1) / KV_PAGE;
+        self.pages[..=last]
+            .iter()
+            .enumerate()
+            .map(|(k, &p)| {
+                p as usize * KV_PAGE
+                    + if k == last {
+                        (n - 1) % KV_PAGE + 1
+                    } else {
+                        KV_PAGE
+                    }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The free pages of a cache. Shared (the default): a sequence grows by the lowest free page
+/// above its last one, else the lowest free page, so the rows in use stay at the bottom of the
+/// cache and attention spans little more than the tokens held. Per slot ([`PagePool::per_slot`]):
+/// slot i takes pages only from its own region, lowest first, so its rows always ascend.
+///
+/// Why ascending matters: attention sums over cache rows in row order. Rows of other sequences
+/// are masked and add exact zeros, so a sequence whose pages ascend sums its own rows in
+/// position order, exactly as alone; out of order, the sums round differently (on the tiny
+/// models, logits move by ~0.1). Batch-invariant serving needs that exactness: it uses per-slot
+/// pages.
+#[derive(Debug, Clone)]
+pub struct PagePool {
+    free: std::collections::BTreeSet<u32>,
+    /// Per-slot mode: pages per slot.
+    region: Option<u32>,
+}
+
+impl PagePool {
+    /// A shared pool of the whole pages of a cache of `rows` rows.
+    pub fn new(rows: usize) -> Self {
+        Self {
+            free: (0..(rows / KV_PAGE) as u32).collect(),
+            region: None,
+        }
+    }
+
+    /// A pool of `rows` rows split into `n_slots` equal regions, one per slot.
+    pub fn per_slot(rows: usize, n_slots: usize) -> Self {
+        let per = (rows / KV_PAGE / n_slots.max(1)) as u32;
+        Self {
+            free: (0..per * n_slots as u32).collect(),
+            region: Some(per),
+        }
+    }
+
+    /// Grows the pages of `slot` to cover `n` positions; false (and `pages` unchanged) when the
+    /// pool (or the slot's region) has too few pages left.
+    pub fn cover(&mut self, slot: usize, pages: &mut Vec<u32>, n: usize) -> bool {
+        let need = n.div_ceil(KV_PAGE).saturating_sub(pages.len());
+        let (lo, hi) = match self.region {
+            Some(per) => (per * slot as u32, per * (slot as u32 + 1)),
+            None => (0, u32::MAX),
+        };
+        let before = pages.len();
+        for _ in 0..need {
+            let above = pages.last().map_or(lo, |&p| p + 1).max(lo);
+            let pick = self.free.range(above..hi).next().copied().or_else(|| {
+                // Shared mode only: below the last page when nothing above is free.
+                self.region
+                    .is_none()
+                    .then(|| self.free.first().copied())
+                    .flatten()
+            });
+            match pick {
+                Some(p) => {
+                    self.free.remove(&p);
+                    pages.push(p);
+                }
+                None => {
+                    self.free.extend(pages.drain(before..));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Gives `pages` back.
+    pub fn release(&mut self, pages: &mut Vec<u32>) {
+        self.free.extend(pages.drain(..));
+    }
+
+    pub fn n_free(&self) -> usize {
+        self.free.len()
+    }
+}
+
+/// Cache rows for `n_seq` sequences of `ctx` positions each: whole pages per sequence, so a
+/// [`PagePool`] over them can always cover every sequence to its full context.
+pub fn rows_for(n_seq: usize, ctx: usize) -> usize {
+    n_seq * ctx.div_ceil(KV_PAGE) * KV_PAGE
 }
 
 /// The shape a cached multi-sequence graph was built for.
@@ -76,11 +202,18 @@ impl BatchModel for Engine {
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
         for c in chunks {
-            let need = c.kv_base + c.pos + c.tokens.len();
-            if need > self.opts.n_ctx {
+            let need = c.pos + c.tokens.len();
+            if need > c.pages.len() * KV_PAGE {
+                return Err(EngineError::KvPages {
+                    need,
+                    have: c.pages.len() * KV_PAGE,
+                });
+            }
+            let top = c.top_row();
+            if top > self.opts.n_ctx {
                 return Err(EngineError::ContextFull {
                     n_ctx: self.opts.n_ctx,
-                    need,
+                    need: top,
                 });
             }
             if let Some(&id) = c.tokens.iter().find(|&&t| t as u64 >= self.hp.n_vocab) {
@@ -134,8 +267,20 @@ impl Engine {
         toks: &[Tok],
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = toks.len();
-        let row = |t: &Tok| chunks[t.chunk].kv_base + t.pos;
-        let top = toks.iter().map(|t| row(t) + 1).max().unwrap_or(0);
+        let row = |t: &Tok| chunks[t.chunk].row(t.pos);
+        // The highest row a token of this micro-batch sees: its own sequence's rows up to it.
+        let top = toks
+            .iter()
+            .map(|t| {
+                let c = &chunks[t.chunk];
+                SeqChunk {
+                    tokens: &c.tokens[..t.pos + 1 - c.pos],
+                    ..*c
+                }
+                .top_row()
+            })
+            .max()
+            .unwrap_or(0);
         let n_kv = BatchInputs::padded_n_kv(top, 0, self.opts.n_ctx);
         let outs: Vec<i32> = (0..n as i32).filter(|&i| toks[i as usize].out).collect();
         let key = GraphKey {
@@ -164,17 +309,17 @@ impl Engine {
         g.tensor("inp_kv_idxs").write_i64(&rows)?;
         let window = self.hp.sliding_window as usize;
         let mask = |window: usize| {
-            let mut m = Vec::with_capacity(n_kv * n * 2);
-            for t in toks {
-                mask_row(&mut m, chunks[t.chunk].kv_base, t.pos, n_kv, window);
+            let mut m = vec![half::f16::NEG_INFINITY.to_bits(); n_kv * n];
+            for (t, row) in toks.iter().zip(m.chunks_exact_mut(n_kv)) {
+                mask_row(row, &chunks[t.chunk], t.pos, window);
             }
             m
         };
         g.tensor("attn_inp_kq_mask")
-            .write_bytes(&mask(usize::MAX))?;
+            .write_bytes(bytemuck::cast_slice(&mask(usize::MAX)))?;
         if g.has("attn_inp_kq_mask_swa") {
             g.tensor("attn_inp_kq_mask_swa")
-                .write_bytes(&mask(window))?;
+                .write_bytes(bytemuck::cast_slice(&mask(window)))?;
         }
         if !outs.is_empty() {
             g.tensor("inp_out_ids").write_i32(&outs)?;
@@ -189,16 +334,118 @@ impl Engine {
     }
 }
 
-/// Appends the f16 mask row of the token at position `pos` of the sequence based at cache row
-/// `base`: 0 for rows `base + j` with `j <= pos` and `pos - j < window`, -inf elsewhere (other
-/// sequences, later positions, padding).
-fn mask_row(m: &mut Vec<u8>, base: usize, pos: usize, n_kv: usize, window: usize) {
-    let (zero, neg_inf) = (
-        half::f16::ZERO.to_le_bytes(),
-        half::f16::NEG_INFINITY.to_le_bytes(),
-    );
-    for r in 0..n_kv {
-        let visible = r >= base && r - base <= pos && pos - (r - base) < window;
-        m.extend_from_slice(if visible { &zero } else { &neg_inf });
+/// Fills `row` (one token's f16 mask over `row.len()` cache rows, all -inf on entry) for the
+/// token at position `pos` of sequence `c`: 0 at the rows of its positions `j <= pos` with
+/// `pos - j < window`; other sequences, later positions and padding stay -inf. Page-wise slice
+/// fills: a 2048-token micro-batch at depth 8192 has 25M mask entries.
+fn mask_row(row: &mut [u16], c: &SeqChunk<'_>, pos: usize, window: usize) {
+    let zero = half::f16::ZERO.to_bits();
+    let mut j = (pos + 1).saturating_sub(window);
+    while j <= pos {
+        let end = (j / KV_PAGE + 1) * KV_PAGE; // first position of the next page
+        let last = pos.min(end - 1);
+        let r = c.row(j);
+        row[r..r + (last - j + 1)].fill(zero);
+        j = last + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_hands_out_lowest_pages_and_takes_them_back() {
+        let mut pool = PagePool::new(4 * KV_PAGE + 7);
+        assert_eq!(pool.n_free(), 4, "only whole pages");
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert!(pool.cover(0, &mut a, 1));
+        assert!(pool.cover(1, &mut b, KV_PAGE + 1));
+        assert_eq!((a.as_slice(), b.as_slice()), (&[0][..], &[1, 2][..]));
+        assert!(
+            pool.cover(0, &mut a, KV_PAGE),
+            "already covered: takes nothing"
+        );
+        assert_eq!(a, [0]);
+        assert!(!pool.cover(0, &mut a, 3 * KV_PAGE), "needs 2 more, 1 left");
+        assert_eq!(
+            (a.as_slice(), pool.n_free()),
+            (&[0][..], 1),
+            "unchanged after a refusal"
+        );
+        pool.release(&mut b);
+        assert!(b.is_empty());
+        assert!(pool.cover(0, &mut a, 2 * KV_PAGE + 1));
+        assert_eq!(a, [0, 1, 2], "the lowest free pages again");
+    }
+
+    #[test]
+    fn pool_prefers_pages_above_the_last_and_regions_stay_apart() {
+        let mut pool = PagePool::new(4 * KV_PAGE);
+        let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        assert!(pool.cover(0, &mut a, 1)); // [0]
+        assert!(pool.cover(1, &mut b, 1)); // [1]
+        assert!(pool.cover(2, &mut c, 1)); // [2]
+        pool.release(&mut a); // free: 0, 3
+        assert!(pool.cover(1, &mut b, KV_PAGE + 1));
+        assert_eq!(b, [1, 3], "above its last page, not the lower free 0");
+        assert!(pool.cover(2, &mut c, KV_PAGE + 1));
+        assert_eq!(c, [2, 0], "nothing free above: the lowest free");
+        // Per slot: 2 slots of 2 pages; slot 1 never gets slot 0's pages.
+        let mut pool = PagePool::per_slot(4 * KV_PAGE + 300, 2);
+        assert_eq!(pool.n_free(), 4);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        assert!(pool.cover(1, &mut b, 2 * KV_PAGE));
+        assert_eq!(b, [2, 3]);
+        assert!(
+            !pool.cover(1, &mut b, 2 * KV_PAGE + 1),
+            "its region is full"
+        );
+        assert_eq!((b.len(), pool.n_free()), (2, 2));
+        assert!(pool.cover(0, &mut a, 2 * KV_PAGE));
+        assert_eq!(a, [0, 1]);
+    }
+
+    #[test]
+    fn rows_and_top_row_follow_the_pages() {
+        let pages = [3u32, 1];
+        let c = SeqChunk {
+            pages: &pages,
+            pos: KV_PAGE - 1,
+            tokens: &[7, 8],
+            logits: true,
+        };
+        assert_eq!(c.row(0), 3 * KV_PAGE);
+        assert_eq!(c.row(KV_PAGE - 1), 4 * KV_PAGE - 1);
+        assert_eq!(c.row(KV_PAGE), KV_PAGE);
+        // Positions 0..KV_PAGE + 1: all of page 3, the first row of page 1.
+        assert_eq!(c.top_row(), 4 * KV_PAGE);
+        let low = [0u32, 5];
+        assert_eq!(SeqChunk { pages: &low, ..c }.top_row(), 5 * KV_PAGE + 1);
+        assert_eq!(rows_for(3, KV_PAGE + 1), 6 * KV_PAGE);
+    }
+
+    #[test]
+    fn mask_row_sees_own_positions_through_pages() {
+        let pages = [1u32, 0];
+        let c = SeqChunk {
+            pages: &pages,
+            pos: 0,
+            tokens: &[],
+            logits: false,
+        };
+        let vis = |pos: usize, window: usize| {
+            let mut m = vec![half::f16::NEG_INFINITY.to_bits(); 2 * KV_PAGE];
+            mask_row(&mut m, &c, pos, window);
+            m.iter()
+                .enumerate()
+                .filter(|(_, &b)| b == half::f16::ZERO.to_bits())
+                .map(|(r, _)| r)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(vis(1, usize::MAX), [KV_PAGE, KV_PAGE + 1]);
+        // Position KV_PAGE + 1 with a window of 3: positions KV_PAGE - 1 (row 2*KV_PAGE - 1),
+        // KV_PAGE (row 0) and KV_PAGE + 1 (row 1).
+        assert_eq!(vis(KV_PAGE + 1, 3), [0, 1, 2 * KV_PAGE - 1]);
     }
 }

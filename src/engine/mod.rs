@@ -4,6 +4,7 @@
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
 pub mod batch;
+pub mod context;
 pub mod sampling;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
@@ -30,6 +31,8 @@ pub enum EngineError {
     ContextFull { n_ctx: usize, need: usize },
     #[error("a GPU budget of {} is below what the resident parts need: the smallest budget that works is {} ({need} B: weights other than routed experts, KV cache, staging and compute buffers, with no expert cache); raise --gpu-mem, or lower --ctx or the micro-batch", gib(*budget), gib(*need))]
     BudgetTooSmall { budget: u64, need: u64 },
+    #[error("a sequence's KV pages hold {have} positions, {need} needed")]
+    KvPages { need: usize, have: usize },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
     BadToken { id: u32, n_vocab: u64 },
 }
@@ -190,9 +193,7 @@ impl Engine {
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
             .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
-        let kv_bytes = opts.kv_type.row_size(1).unwrap_or(2)
-            * widths.iter().map(|&(k, v)| (k + v) as u64).sum::<u64>()
-            * opts.n_ctx as u64;
+        let kv_row = context::kv_row_bytes(&hp, opts.kv_type);
         // On a GPU without a budget: its free memory minus a margin.
         let gpu = match opts.device {
             Device::Cuda(i) => Some(Rc::new(Backend::cuda(i)?)),
@@ -205,6 +206,7 @@ impl Engine {
                 .and_then(|g| g.memory())
                 .map(|(free, total)| self::auto_budget(free as u64, total as u64));
         }
+        let kv_bytes = kv_row * opts.n_ctx as u64;
         // Offload when the budget is below the whole model (+ KV + a compute reserve).
         let offload = opts
             .gpu_mem

@@ -5,7 +5,8 @@
 //! taken while fewer than `parallel + max_queue` are in flight (decoding or waiting), so an
 //! idle server serves even with `max_queue` 0; beyond that it gets 429.
 //!
-//! Invariants: the per-sequence context is `--ctx`; the KV cache holds `ctx × parallel` rows;
+//! Invariants: the per-sequence context is `--ctx`; the KV cache holds `ctx × parallel` rows
+//! rounded up to whole pages per sequence (`engine::batch::rows_for`);
 //! `prompt + max_tokens <= ctx` for every job sent to the worker.
 use super::api::{
     Engine, EngineInfo, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat,
@@ -127,11 +128,13 @@ impl LocalEngine {
             parallel: opts.parallel,
             slot_len: opts.engine.n_ctx,
             n_batch: opts.engine.n_ubatch,
+            pages_per_slot: opts.batch_invariant,
         };
         let thread = {
             let (shared, state, tok) = (shared.clone(), state.clone(), tok.clone());
             let mut eopts = opts.engine.clone();
-            eopts.n_ctx = opts.engine.n_ctx * opts.parallel;
+            // Whole pages for every slot's whole context (the scheduler's page pool).
+            eopts.n_ctx = crate::engine::batch::rows_for(opts.parallel, opts.engine.n_ctx);
             let path = opts.model.clone();
             let batch_invariant = opts.batch_invariant;
             std::thread::Builder::new()

@@ -1,5 +1,7 @@
 //! The engine thread's scheduler: continuous batching of up to `parallel` sequences over one
-//! shared KV cache (each sequence owns one slot of `slot_len` cache rows), fed from a FIFO queue.
+//! shared KV cache, fed from a FIFO queue. Each sequence may hold up to `slot_len` positions;
+//! its cache rows come in pages from one [`PagePool`] as it grows (lowest free page first) and
+//! go back when it ends, so the rows attended stay close to the tokens actually held.
 //!
 //! Every step runs one forward pass holding one decode token of every generating sequence plus
 //! prompt chunks of admitted sequences, up to `n_batch` tokens; the prefill budget goes round
@@ -12,11 +14,13 @@
 //! gone (client disconnected, stop string reached) is dropped at the next step and its slot
 //! reused; `Shared::queued` counts the jobs sent but not yet admitted or dropped,
 //! `Shared::active` the occupied slots, `Shared::in_flight` both together (jobs sent and not
-//! yet ended) and `Shared::kv_tokens` the cache rows the occupied slots hold. A slot's counters
+//! yet ended) and `Shared::kv_tokens` the cache rows the occupied slots hold. The pool has
+//! whole pages for `parallel` sequences of `slot_len` positions, so covering a sequence never
+//! fails while the model's `kv_rows` is at least [`rows_for`]`(parallel, slot_len)`. A slot's counters
 //! drop before its last event is sent, so a client that has seen the end of its request never
 //! finds it counted in `/metrics`.
 use super::api::{Event, FinishReason, TokenLogprob};
-use crate::engine::batch::{BatchModel, SeqChunk};
+use crate::engine::batch::{rows_for, BatchModel, PagePool, SeqChunk};
 use crate::engine::sampling::{Sampler, SamplerParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -70,6 +74,10 @@ pub struct Config {
     pub slot_len: usize,
     /// Tokens per forward pass (>= parallel).
     pub n_batch: usize,
+    /// Each slot takes cache pages from its own region ([`PagePool::per_slot`]): a sequence's
+    /// rows always ascend, which batch-invariant serving needs to give exactly the result alone;
+    /// attention then spans up to the highest busy slot's region. Otherwise one shared pool.
+    pub pages_per_slot: bool,
 }
 
 /// Counters the HTTP side reads.
@@ -123,6 +131,8 @@ struct Seq {
     all: Vec<u32>,
     n_prompt: usize,
     cached: usize,
+    /// Its KV-cache pages (from the scheduler's pool), covering at least `cached` positions.
+    pages: Vec<u32>,
     n_gen: usize,
     sampler: Sampler,
     dec: StreamDecoder,
@@ -138,6 +148,7 @@ impl Seq {
             all: job.prompt.clone(),
             n_prompt: job.prompt.len(),
             cached: 0,
+            pages: Vec::new(),
             n_gen: 0,
             sampler,
             dec: StreamDecoder::new(),
@@ -159,6 +170,12 @@ pub fn run<M: BatchModel, V: Vocab>(
     shared: &Shared,
 ) {
     let mut slots: Vec<Option<Seq>> = (0..cfg.parallel).map(|_| None).collect();
+    let rows = model.kv_rows().min(rows_for(cfg.parallel, cfg.slot_len));
+    let mut pool = if cfg.pages_per_slot {
+        PagePool::per_slot(rows, cfg.parallel)
+    } else {
+        PagePool::new(rows)
+    };
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut deadline: Option<Instant> = None;
     let mut disconnected = false;
@@ -207,11 +224,12 @@ pub fn run<M: BatchModel, V: Vocab>(
         let over = deadline.is_some_and(|d| Instant::now() >= d);
         for slot in slots.iter_mut() {
             if slot.as_ref().is_some_and(|s| s.job.events.is_closed()) {
-                vacate(slot, shared, None);
+                vacate(slot, &mut pool, shared, None);
                 shared.cancelled.fetch_add(1, Relaxed);
             } else if over {
                 vacate(
                     slot,
+                    &mut pool,
                     shared,
                     Some(Event::Error(
                         "the server shut down before the request finished".into(),
@@ -240,7 +258,7 @@ pub fn run<M: BatchModel, V: Vocab>(
             *slot = Some(Seq::new(job));
         }
         shared.active.store(slots.iter().flatten().count(), Relaxed);
-        step(model, vocab, cfg, &mut slots, &mut rr, shared);
+        step(model, vocab, cfg, &mut slots, &mut pool, &mut rr, shared);
         publish(&slots, cfg, shared);
     }
     shared.active.store(0, Relaxed);
@@ -266,8 +284,9 @@ fn publish(slots: &[Option<Seq>], cfg: Config, shared: &Shared) {
 }
 
 /// Frees `slot` (if occupied): the counters first, then `last` goes out.
-fn vacate(slot: &mut Option<Seq>, shared: &Shared, last: Option<Event>) {
-    if let Some(s) = slot.take() {
+fn vacate(slot: &mut Option<Seq>, pool: &mut PagePool, shared: &Shared, last: Option<Event>) {
+    if let Some(mut s) = slot.take() {
+        pool.release(&mut s.pages);
         shared.active.fetch_sub(1, Relaxed);
         shared.kv_tokens.fetch_sub(s.cached as u64, Relaxed);
         shared.end_job();
@@ -283,6 +302,7 @@ fn step<M: BatchModel, V: Vocab>(
     vocab: &V,
     cfg: Config,
     slots: &mut [Option<Seq>],
+    pool: &mut PagePool,
     rr: &mut usize,
     shared: &Shared,
 ) {
@@ -310,13 +330,26 @@ fn step<M: BatchModel, V: Vocab>(
     if plan.is_empty() {
         return;
     }
+    // Pages for what this step adds (the pool holds enough for every slot's whole context).
+    for &(i, take, _) in &plan {
+        let s = slots[i].as_mut().expect("planned slots are active");
+        if !pool.cover(i, &mut s.pages, s.cached + take) {
+            return fail(
+                slots,
+                &plan,
+                pool,
+                shared,
+                "the KV cache has no free page left",
+            );
+        }
+    }
     let result = {
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
             .map(|&(i, take, logits)| {
                 let s = slots[i].as_ref().expect("planned slots are active");
                 SeqChunk {
-                    kv_base: i * cfg.slot_len,
+                    pages: &s.pages,
                     pos: s.cached,
                     tokens: &s.all[s.cached..s.cached + take],
                     logits,
@@ -329,14 +362,28 @@ fn step<M: BatchModel, V: Vocab>(
     };
     let logits = match result {
         Ok(Ok(l)) => l,
-        Ok(Err(e)) => return fail(slots, &plan, shared, &format!("the engine failed: {e}")),
+        Ok(Err(e)) => {
+            return fail(
+                slots,
+                &plan,
+                pool,
+                shared,
+                &format!("the engine failed: {e}"),
+            );
+        }
         Err(p) => {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            return fail(slots, &plan, shared, &format!("the engine panicked: {msg}"));
+            return fail(
+                slots,
+                &plan,
+                pool,
+                shared,
+                &format!("the engine panicked: {msg}"),
+            );
         }
     };
     if let Some(stats) = model.offload_stats() {
@@ -357,7 +404,7 @@ fn step<M: BatchModel, V: Vocab>(
         }
         let Some(l) = rows.next() else {
             let e = Event::Error("the engine returned too few logits".into());
-            vacate(slot, shared, Some(e));
+            vacate(slot, pool, shared, Some(e));
             continue;
         };
         let before = s.n_gen;
@@ -365,7 +412,7 @@ fn step<M: BatchModel, V: Vocab>(
         generated += s.n_gen - before; // an end-of-generation token is not counted
         if let Some(reason) = finished {
             let tail = s.dec.finish();
-            vacate(slot, shared, Some(Event::Done { reason, tail }));
+            vacate(slot, pool, shared, Some(Event::Done { reason, tail }));
         }
     }
     shared.generated.fetch_add(generated as u64, Relaxed);
@@ -377,10 +424,21 @@ fn step<M: BatchModel, V: Vocab>(
 }
 
 /// Ends the requests of a failed step.
-fn fail(slots: &mut [Option<Seq>], plan: &[(usize, usize, bool)], shared: &Shared, msg: &str) {
+fn fail(
+    slots: &mut [Option<Seq>],
+    plan: &[(usize, usize, bool)],
+    pool: &mut PagePool,
+    shared: &Shared,
+    msg: &str,
+) {
     tracing::error!("{msg}");
     for &(i, _, _) in plan {
-        vacate(&mut slots[i], shared, Some(Event::Error(msg.to_string())));
+        vacate(
+            &mut slots[i],
+            pool,
+            shared,
+            Some(Event::Error(msg.to_string())),
+        );
     }
 }
 
@@ -461,6 +519,16 @@ mod tests {
         steps: Vec<usize>,
     }
 
+    impl Fake {
+        /// A cache of exactly the rows the scheduler's pool needs.
+        fn new(cfg: Config) -> Self {
+            Self {
+                rows: vec![None; rows_for(cfg.parallel, cfg.slot_len)],
+                steps: Vec::new(),
+            }
+        }
+    }
+
     const N_VOCAB: usize = 64;
 
     impl BatchModel for Fake {
@@ -475,13 +543,13 @@ mod tests {
             self.steps.push(chunks.iter().map(|c| c.tokens.len()).sum());
             for c in chunks {
                 for (t, &id) in c.tokens.iter().enumerate() {
-                    self.rows[c.kv_base + c.pos + t] = Some(id);
+                    self.rows[c.row(c.pos + t)] = Some(id);
                 }
                 if c.logits {
-                    let end = c.kv_base + c.pos + c.tokens.len();
+                    let end = c.pos + c.tokens.len();
                     let mut h = 0xcbf29ce484222325u64;
-                    for r in &self.rows[c.kv_base..end] {
-                        let id = r.expect("every row up to pos was written");
+                    for j in 0..end {
+                        let id = self.rows[c.row(j)].expect("every row up to pos was written");
                         h = (h ^ id as u64).wrapping_mul(0x100000001b3);
                     }
                     let mut l = vec![0.0; N_VOCAB];
@@ -504,8 +572,13 @@ mod tests {
     }
 
     fn job(i: u32, tx: UnboundedSender<Event>) -> Job {
+        job_of(i, 3 + 5 * i, tx)
+    }
+
+    /// Job `i` with a prompt of `len` tokens.
+    fn job_of(i: u32, len: u32, tx: UnboundedSender<Event>) -> Job {
         Job {
-            prompt: (0..3 + 5 * i).map(|t| 1 + (t * 7 + i) % 60).collect(),
+            prompt: (0..len).map(|t| 1 + (t * 7 + i) % 60).collect(),
             sampling: SamplerParams {
                 temperature: 0.0,
                 ..Default::default()
@@ -528,24 +601,34 @@ mod tests {
 
     /// Runs `jobs` (sent at once) through a scheduler; returns each job's text.
     fn serve(ids: &[u32], parallel: usize, n_batch: usize) -> (Vec<String>, Vec<usize>) {
+        serve_len(ids, |i| 3 + 5 * i, 64, parallel, n_batch, false)
+    }
+
+    /// [`serve`] with job `i`'s prompt `len(i)` tokens long and contexts of `slot_len`.
+    fn serve_len(
+        ids: &[u32],
+        len: impl Fn(u32) -> u32,
+        slot_len: usize,
+        parallel: usize,
+        n_batch: usize,
+        pages_per_slot: bool,
+    ) -> (Vec<String>, Vec<usize>) {
         let cfg = Config {
             parallel,
-            slot_len: 64,
+            slot_len,
             n_batch,
+            pages_per_slot,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let mut outs = Vec::new();
         let shared = Shared::default();
         for &i in ids {
             let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
-            send(&shared, &tx, job(i, etx));
+            send(&shared, &tx, job_of(i, len(i), etx));
             outs.push(erx);
         }
         drop(tx);
-        let mut model = Fake {
-            rows: vec![None; parallel * 64],
-            steps: Vec::new(),
-        };
+        let mut model = Fake::new(cfg);
         run(&mut model, &Names, cfg, rx, &shared);
         assert_eq!(shared.queued.load(Relaxed), 0);
         assert_eq!(shared.in_flight.load(Relaxed), 0);
@@ -584,12 +667,30 @@ mod tests {
         assert!(steps.iter().all(|&n| n <= 8), "{steps:?}");
     }
 
+    /// Prompts longer than a page, prefilled a few tokens at a time side by side: each
+    /// sequence's pages interleave with the others' (e.g. [0, 3], [1, 4]) and pages of ended
+    /// sequences are reused by later ones; any slip in the page bookkeeping changes a text.
+    #[test]
+    fn sequences_spread_over_interleaved_pages_equal_alone() {
+        let len = |i: u32| 200 + 40 * i;
+        let ids: Vec<u32> = (0..5).collect();
+        let alone: Vec<String> = ids
+            .iter()
+            .map(|&i| serve_len(&[i], len, 600, 1, 4096, false).0.remove(0))
+            .collect();
+        for per_slot in [false, true] {
+            let (together, _) = serve_len(&ids, len, 600, 3, 24, per_slot);
+            assert_eq!(together, alone, "pages per slot: {per_slot}");
+        }
+    }
+
     #[test]
     fn dropped_receivers_free_their_slot() {
         let cfg = Config {
             parallel: 1,
             slot_len: 64,
             n_batch: 16,
+            pages_per_slot: false,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Shared::default();
@@ -600,10 +701,7 @@ mod tests {
             send(&shared, &tx, j);
         }
         drop(tx);
-        let mut model = Fake {
-            rows: vec![None; 64],
-            steps: Vec::new(),
-        };
+        let mut model = Fake::new(cfg);
         run(&mut model, &Names, cfg, rx, &shared);
         assert_eq!(shared.cancelled.load(Relaxed), 1);
         let mut n = 0;
@@ -620,16 +718,14 @@ mod tests {
             parallel: 1,
             slot_len: 64,
             n_batch: 16,
+            pages_per_slot: false,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = Shared::default();
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
         send(&shared, &tx, job(2, etx));
         tx.send(Msg::Shutdown(Duration::from_secs(60))).unwrap();
-        let mut model = Fake {
-            rows: vec![None; 64],
-            steps: Vec::new(),
-        };
+        let mut model = Fake::new(cfg);
         run(&mut model, &Names, cfg, rx, &shared);
         assert_eq!(shared.queued.load(Relaxed), 0);
         assert_eq!(shared.in_flight.load(Relaxed), 0);
@@ -645,16 +741,14 @@ mod tests {
             parallel: 2,
             slot_len: 64,
             n_batch: 16,
+            pages_per_slot: false,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let shared = std::sync::Arc::new(Shared::default());
         let worker = {
             let shared = shared.clone();
             std::thread::spawn(move || {
-                let mut model = Fake {
-                    rows: vec![None; 128],
-                    steps: Vec::new(),
-                };
+                let mut model = Fake::new(cfg);
                 run(&mut model, &Names, cfg, rx, &shared);
             })
         };
