@@ -1,7 +1,7 @@
 //! Grouped-query attention over the KV cache (llama.cpp `build_qkv` + `build_attn` with flash
 //! attention): q/k/v projections (+ optional biases), optional q/k RMSNorm, RoPE, cache store,
 //! `flash_attn_ext` with a causal mask, output projection.
-use crate::ggml::{GgmlType, RopeParams, Tensor};
+use crate::ggml::{RopeParams, Tensor};
 use crate::graph::GraphBuilder;
 
 /// Where the q/k RMSNorm applies, if anywhere.
@@ -121,27 +121,22 @@ impl<'a> GraphBuilder<'a> {
         );
         // Store this batch's K and V rows at positions n_past.. of the cache.
         let (kc, vc) = (self.kv.k(il), self.kv.v(il));
-        let (k_row, v_row) = (self.kv.k_width[il], self.kv.v_width[il]);
-        let kt = self.kv.ty;
-        let k_rb = kt.row_size(k_row as u64).expect("cache row") as usize;
-        let v_rb = kt.row_size(v_row as u64).expect("cache row") as usize;
+        let (k_row, v_row) = (self.kv.k_width[il] as i64, self.kv.v_width[il] as i64);
         // Views, not reshape/cont nodes (as llama.cpp's cpy_k/cpy_v): ggml-cuda fuses
         // rope -> view -> set_rows into one kernel, and a contiguous V needs no copy.
         let k = if k.is_contiguous() { k } else { ctx.cont(k) };
-        let k_flat = ctx.view(k, &[k_row as i64, nt], &[k.nb()[0] * k_row], 0); // [k_row, nt]
-        let v_flat = if v.is_contiguous() && v.ne()[0] == v_row as i64 {
+        let k_flat = ctx.view(k, &[k_row, nt], &[k.nb()[0] * k_row as usize], 0); // [k_row, nt]
+        let v_flat = if v.is_contiguous() && v.ne()[0] == v_row {
             v
         } else {
             ctx.cont(v)
         }; // [v_row, nt]
-        self.graph.build_forward(ctx.set_rows(kc, k_flat, b.kv_idx));
-        self.graph.build_forward(ctx.set_rows(vc, v_flat, b.kv_idx));
+        self.kv_store(kc, k_flat);
+        self.kv_store(vc, v_flat);
 
         // Attend over cache positions 0..n_kv.
-        let n_kv = b.n_kv() as i64;
-        let elt = |t: GgmlType, n: i64| t.row_size(n as u64).expect("head row") as usize;
-        let k_all = ctx.view(kc, &[dk, n_kv, n_head_kv], &[k_rb, elt(kt, dk)], 0); // [dk, n_kv, n_head_kv]
-        let v_all = ctx.view(vc, &[dv, n_kv, n_head_kv], &[v_rb, elt(kt, dv)], 0); // [dv, n_kv, n_head_kv]
+        let k_all = self.kv_view(kc, k_row, dk, dk, n_head_kv); // [dk, n_kv, n_head_kv]
+        let v_all = self.kv_view(vc, v_row, dv, dv, n_head_kv); // [dv, n_kv, n_head_kv]
         let qp = ctx.permute(q, [0, 2, 1, 3]); // [dk, nt, n_head]
         let mask = match b.mask_swa {
             Some(m) if hp.is_swa(il) => m,
@@ -158,5 +153,28 @@ impl<'a> GraphBuilder<'a> {
             Some(r) => ctx.mul_mat_hadamard(r, o),
             None => o,
         }
+    }
+
+    /// Stores `rows` [row, nt] (one cache row per token of the batch) at this batch's
+    /// positions of `cache` (a `set_rows` node, as llama.cpp's `cpy_k`/`cpy_v`).
+    pub(crate) fn kv_store(&self, cache: Tensor<'a>, rows: Tensor<'a>) {
+        self.graph
+            .build_forward(self.ctx.set_rows(cache, rows, self.batch.kv_idx));
+    }
+
+    /// `cache` (rows of `row` elements) over positions 0..n_kv as `heads` heads of `d` elements,
+    /// `head` elements apart: [d, n_kv, heads] (a view, as llama.cpp's `get_k`/`get_v`).
+    pub(crate) fn kv_view(
+        &self,
+        cache: Tensor<'a>,
+        row: i64,
+        d: i64,
+        head: i64,
+        heads: i64,
+    ) -> Tensor<'a> {
+        let bytes = |n: i64| self.kv.ty.row_size(n as u64).expect("cache row") as usize;
+        let n_kv = self.batch.n_kv() as i64;
+        self.ctx
+            .view(cache, &[d, n_kv, heads], &[bytes(row), bytes(head)], 0)
     }
 }

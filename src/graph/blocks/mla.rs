@@ -16,7 +16,7 @@
 //!
 //! Invariant (absorbed form): the cache is K-only (V width 0); one row per position = [kv_cmpr (kv_lora) | k_pe
 //! (n_rot)]. The score scale folds in YaRN's mscale twice (`kq_scale`), as llama.cpp does.
-use crate::ggml::{GgmlType, Tensor};
+use crate::ggml::Tensor;
 use crate::graph::blocks::rope::mul_add1;
 use crate::graph::GraphBuilder;
 
@@ -137,16 +137,12 @@ impl<'a> GraphBuilder<'a> {
         let kc = self.kv.k(il);
         let k_row = self.kv.k_width[il] as i64; // kv_lora + n_rot
         debug_assert_eq!(k_row, kv_lora + n_rot);
-        let kt = self.kv.ty;
-        let k_rb = kt.row_size(k_row as u64).expect("cache row") as usize;
         let k_flat = ctx.reshape(k_cur, &[k_row, nt]).expect("k flat"); // [k_row, nt]
-        self.graph.build_forward(ctx.set_rows(kc, k_flat, b.kv_idx));
+        self.kv_store(kc, k_flat);
 
         // MQA over cache positions 0..n_kv: K = the whole row, V = its first kv_lora columns.
-        let n_kv = b.n_kv() as i64;
-        let elt = |t: GgmlType, n: i64| t.row_size(n as u64).expect("head row") as usize;
-        let k_all = ctx.view(kc, &[k_row, n_kv, 1], &[k_rb, elt(kt, k_row)], 0); // [k_row, n_kv, 1]
-        let v_all = ctx.view(kc, &[kv_lora, n_kv, 1], &[k_rb, elt(kt, k_row)], 0); // [kv_lora, n_kv, 1]
+        let k_all = self.kv_view(kc, k_row, k_row, k_row, 1); // [k_row, n_kv, 1]
+        let v_all = self.kv_view(kc, k_row, kv_lora, k_row, 1); // [kv_lora, n_kv, 1]
         let qp = ctx.permute(q_cur, [0, 2, 1, 3]); // [k_row, nt, n_head]
         let o = ctx.flash_attn(qp, k_all, v_all, b.mask, kq_scale); // [kv_lora, n_head, nt]
 
