@@ -3,6 +3,7 @@
 //! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-2`) does the quantised
 //! math; this crate does the MoE-specific parts. See the README's architecture section for the
 //! layout, and docs/design.md for the physics, the offload design as built and the invariants.
+pub mod arch;
 pub mod cli;
 pub mod engine;
 pub mod experts;

@@ -110,42 +110,10 @@ fn check(arch: &str) {
     }
 }
 
+/// Every architecture with a graph (`pocketmoe::arch::built`).
 #[test]
-fn qwen3moe_decode_kernels_in_libllama_order() {
-    check("qwen3moe");
-}
-
-#[test]
-fn gpt_oss_decode_kernels_in_libllama_order() {
-    check("gpt-oss");
-}
-
-#[test]
-fn mixtral_decode_kernels_in_libllama_order() {
-    check("llama");
-}
-
-#[test]
-fn deepseek2_decode_kernels_in_libllama_order() {
-    check("deepseek2");
-}
-
-#[test]
-fn qwen2moe_decode_kernels_in_libllama_order() {
-    check("qwen2moe");
-}
-
-#[test]
-fn olmoe_decode_kernels_in_libllama_order() {
-    check("olmoe");
-}
-
-#[test]
-fn glm4moe_decode_kernels_in_libllama_order() {
-    check("glm4moe");
-}
-
-#[test]
-fn minimax_m2_decode_kernels_in_libllama_order() {
-    check("minimax-m2");
+fn decode_kernels_in_libllama_order() {
+    for arch in pocketmoe::arch::built() {
+        check(arch.spec.name);
+    }
 }

@@ -19,18 +19,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// (architecture, preset) of the fuzzed base files.
-const MODELS: &[(&str, &str)] = &[
-    ("qwen3moe", "tiny"),
-    ("qwen2moe", "tiny"),
-    ("gpt-oss", "tiny"),
-    ("deepseek2", "tiny"),
-    ("deepseek2", "tiny-kvb"),
-    ("llama", "tiny"),
-    ("glm4moe", "tiny"),
-    ("minimax-m2", "tiny"),
-    ("olmoe", "tiny"),
-];
+/// (architecture, preset) of the fuzzed base files: every built architecture's `tiny`, plus
+/// deepseek2's legacy layout.
+fn models() -> Vec<(&'static str, &'static str)> {
+    let mut m: Vec<_> = pocketmoe::arch::built()
+        .map(|a| (a.spec.name, "tiny"))
+        .collect();
+    m.push(("deepseek2", "tiny-kvb"));
+    m
+}
 
 /// A tiny model loads and decodes in well under a second; a case still running after this hangs.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -224,7 +221,7 @@ fn mutated_numeric_metadata_is_refused_naming_the_key_or_runs_finite() {
     let t_start = Instant::now();
     let mut cases = Vec::new();
     let mut bases = Vec::new();
-    for &(arch, preset) in MODELS {
+    for (arch, preset) in models() {
         let base = common::synth_preset("hparams_fuzz", arch, preset, QuantMix::Q8_0, 1.0, 3);
         let file = GgufModel::open(&base).unwrap();
         for (k, v) in file.metadata() {
@@ -312,7 +309,7 @@ fn mutated_numeric_metadata_is_refused_naming_the_key_or_runs_finite() {
 fn sqrt_softplus_gating_is_refused_naming_the_key_or_ignored() {
     let mut failures = Vec::new();
     let mut dir = None;
-    for (i, &(arch, preset)) in MODELS.iter().enumerate() {
+    for (i, (arch, preset)) in models().into_iter().enumerate() {
         let base = common::synth_preset("hparams_gating", arch, preset, QuantMix::Q8_0, 1.0, 3);
         let d = base.parent().unwrap().to_path_buf();
         let key = format!("{arch}.expert_gating_func");

@@ -244,9 +244,12 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
+/// Every architecture with a graph (`pocketmoe::arch::built`).
 #[test]
-fn qwen3moe_cpu_parity() {
-    check_parity("qwen3moe", Device::Cpu);
+fn cpu_parity_every_built_arch() {
+    for arch in pocketmoe::arch::built() {
+        check_parity(arch.spec.name, Device::Cpu);
+    }
 }
 
 /// A q8_0 KV cache: libllama stores K and V Hadamard-rotated; so do we.
@@ -255,41 +258,6 @@ fn q8_0_kv_cache_cpu_parity() {
     for arch in ["qwen3moe", "gpt-oss"] {
         check_parity_kv(arch, "tiny", Device::Cpu, GgmlType::Q8_0);
     }
-}
-
-#[test]
-fn mixtral_cpu_parity() {
-    check_parity("llama", Device::Cpu);
-}
-
-#[test]
-fn qwen2moe_cpu_parity() {
-    check_parity("qwen2moe", Device::Cpu);
-}
-
-#[test]
-fn gpt_oss_cpu_parity() {
-    check_parity("gpt-oss", Device::Cpu);
-}
-
-#[test]
-fn glm4moe_cpu_parity() {
-    check_parity("glm4moe", Device::Cpu);
-}
-
-#[test]
-fn minimax_m2_cpu_parity() {
-    check_parity("minimax-m2", Device::Cpu);
-}
-
-#[test]
-fn olmoe_cpu_parity() {
-    check_parity("olmoe", Device::Cpu);
-}
-
-#[test]
-fn deepseek2_cpu_parity() {
-    check_parity("deepseek2", Device::Cpu);
 }
 
 /// DeepSeek files in the legacy layout (fused `attn_kv_b`): per-head K/V, ordinary MHA.
@@ -340,17 +308,8 @@ fn iq2_xxs_cpu_parity() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_parity_every_built_arch() {
-    for arch in [
-        "qwen3moe",
-        "gpt-oss",
-        "llama",
-        "qwen2moe",
-        "olmoe",
-        "glm4moe",
-        "minimax-m2",
-        "deepseek2",
-    ] {
-        check_parity(arch, Device::Cuda(0));
+    for arch in pocketmoe::arch::built() {
+        check_parity(arch.spec.name, Device::Cuda(0));
     }
     check_parity_preset("deepseek2", "tiny-kvb", Device::Cuda(0));
 }

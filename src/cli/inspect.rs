@@ -5,7 +5,7 @@ use crate::ggml::{GgmlType, Kernels};
 use crate::gguf::GgufModel;
 use crate::model::placement::{self, Bandwidths, Placement};
 use crate::model::validate::{validate, Finding};
-use crate::model::{arch_by_name, Hparams, Role};
+use crate::model::{Hparams, Role};
 use anyhow::{bail, Context as _, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
         kernels,
         placement: None,
     };
-    let Some(arch) = arch_by_name(&arch_name) else {
+    let Some(arch) = crate::arch::by_name(&arch_name).map(|a| &a.spec) else {
         rep.findings.push(format!(
             "architecture {arch_name:?} is not supported (supported: {})",
             supported_list()
@@ -155,7 +155,7 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
         return Ok(rep);
     };
     rep.supported = true;
-    let hp = match Hparams::from_meta(&arch_name, arch.required_keys, &model) {
+    let hp = match Hparams::from_meta(arch, &model) {
         Ok(hp) => hp,
         Err(e) => {
             rep.findings.push(format!("hyper-parameters: {e}"));
@@ -190,9 +190,9 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
 }
 
 fn supported_list() -> String {
-    crate::model::ARCHS
+    crate::arch::ARCHS
         .iter()
-        .map(|a| a.name)
+        .map(|a| a.spec.name)
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -8,7 +8,7 @@
 use super::{auto_budget, Device, EngineError, EngineOptions, COMPUTE_RESERVE};
 use crate::ggml::{Backend, GgmlType};
 use crate::gguf::GgufModel;
-use crate::model::{arch_by_name, Hparams};
+use crate::model::Hparams;
 use std::path::Path;
 
 /// The context kept when the model does not fit beside more (llama.cpp's `--fit-ctx` default).
@@ -90,13 +90,7 @@ pub fn fit_context_for(
         msg,
     };
     let file = GgufModel::open(path)?;
-    let arch_name = file
-        .get_str("general.architecture")
-        .ok_or_else(|| model_err("no general.architecture".into()))?
-        .to_string();
-    let spec = arch_by_name(&arch_name)
-        .ok_or_else(|| model_err(format!("architecture {arch_name:?} is not supported")))?;
-    let hp = Hparams::from_meta(&arch_name, spec.required_keys, &file).map_err(model_err)?;
+    let (_, hp) = crate::arch::hparams(&file).map_err(model_err)?;
     let model_bytes: u64 = file.tensors().map(|t| t.n_bytes).sum();
     let budget = match opts.device.resolve() {
         Device::Cuda(i) => match opts.gpu_mem {

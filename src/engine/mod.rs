@@ -9,13 +9,14 @@ pub mod sampling;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
 
+use crate::arch;
 use crate::experts::step::GraphNodes;
 use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};
-use crate::graph::{arch, BatchInputs, GraphBuilder};
-use crate::model::{arch_by_name, validate::validate, Hparams};
+use crate::graph::{BatchInputs, GraphBuilder};
+use crate::model::{validate::validate, Hparams};
 use std::path::Path;
 use std::rc::Rc;
 
@@ -157,17 +158,13 @@ impl Engine {
             msg,
         };
         let file = GgufModel::open(path)?;
-        let arch_name = file
-            .get_str("general.architecture")
-            .ok_or_else(|| model_err("no general.architecture".into()))?
-            .to_string();
-        let spec = arch_by_name(&arch_name)
-            .ok_or_else(|| model_err(format!("architecture {arch_name:?} is not supported")))?;
-        let hp = Hparams::from_meta(&arch_name, spec.required_keys, &file).map_err(model_err)?;
-        if !arch::is_built(&arch_name) {
+        let (arch, hp) = arch::hparams(&file).map_err(model_err)?;
+        let spec = &arch.spec;
+        if arch.graph.is_none() {
             return Err(model_err(format!(
-                "no graph for architecture {arch_name:?} yet (built: {})",
-                arch::BUILT.join(", ")
+                "no graph for architecture {:?} yet (built: {})",
+                spec.name,
+                arch::built_names()
             )));
         }
         if let Some(msg) = arch::unsupported(&hp) {
@@ -179,7 +176,7 @@ impl Engine {
             return Err(model_err(e.to_string()));
         }
         // Before any weight is loaded: refuse what the options cannot give.
-        if opts.kv_type.is_quantized() && (hp.is_mla() || arch_name == "deepseek2") {
+        if opts.kv_type.is_quantized() && (hp.is_mla() || !arch.quantized_kv) {
             return Err(model_err(format!(
                 "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",
                 opts.kv_type

@@ -277,8 +277,8 @@ pub(super) mod tests {
         };
         crate::synth::synth(&so, &|_, _| {}).unwrap();
         let file = crate::gguf::GgufModel::open(&path).unwrap();
-        let spec = crate::model::arch_by_name("qwen3moe").unwrap();
-        let hp = crate::model::Hparams::from_meta("qwen3moe", spec.required_keys, &file).unwrap();
+        let hp =
+            crate::model::Hparams::from_meta(&crate::arch::qwen3moe::QWEN3MOE.spec, &file).unwrap();
         let backend = std::rc::Rc::new(Backend::cpu(1).unwrap());
         let opts = OffloadOptions {
             policy: Default::default(),

@@ -1,7 +1,7 @@
 //! The routed-expert matrices: their GGUF names and the enum that indexes per-matrix arrays.
 
 /// The routed-expert matrices, in the order the graph uses them: `blk.N.<mat>.weight` are the
-/// tensors of role `Role::RoutedExperts`, the non-resident ones (tested in `model::arch::tests`).
+/// tensors of role `Role::RoutedExperts`, the non-resident ones (tested in `arch::tests`).
 pub const MATS: [&str; 3] = ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"];
 
 /// One of the routed-expert matrices: what indexes [`MATS`] and every per-matrix array.

@@ -1,10 +1,9 @@
 //! Graph building: [`GraphBuilder`] holds one step's ggml context, the weights, the KV cache and
-//! the batch inputs; blocks (`blocks/`) are its methods; each architecture (`arch/`) is one file
-//! that only strings blocks together (docs/design.md §3.1).
+//! the batch inputs; blocks (`blocks/`) are its methods; each architecture's builder (in its file
+//! of [`crate::arch`]) only strings blocks together (docs/design.md §3.1).
 //!
 //! Tensor names follow llama.cpp's `cb(cur, "name", il)` convention (`attn_norm-3`,
 //! `ffn_moe_out-12`) so a debug dump diffs by name against the reference.
-pub mod arch;
 pub mod blocks;
 pub mod kv;
 pub mod weights;

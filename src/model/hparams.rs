@@ -45,6 +45,8 @@ impl RopeScaling {
     }
 }
 
+use super::arch::{ArchSpec, GatingRule};
+
 /// Read access to model metadata (implemented by the GGUF reader; a map in tests).
 pub trait Meta {
     fn u64(&self, key: &str) -> Option<u64>;
@@ -91,7 +93,8 @@ pub const COMMON_REQUIRED: &[&str] = &[
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Hparams {
-    pub arch: String,
+    /// The architecture: its tables, rules and name (`general.architecture`).
+    pub arch: &'static ArchSpec,
     pub n_vocab: u64,
     pub n_ctx_train: u64,
     pub n_embd: u64,
@@ -182,6 +185,16 @@ pub struct Hparams {
 }
 
 impl Hparams {
+    /// The GGUF key `{arch}.{s}` (errors name keys as the file spells them).
+    pub fn key(&self, s: &str) -> String {
+        format!("{}.{s}", self.arch.name)
+    }
+
+    /// `{arch}.{s} = v`, for errors.
+    pub fn key_is(&self, s: &str, v: u64) -> String {
+        format!("{} = {v}", self.key(s))
+    }
+
     /// Whether block `il` has a routed-expert FFN.
     pub fn is_moe_layer(&self, il: usize) -> bool {
         self.n_expert > 0 && il >= self.n_layer_dense_lead
@@ -209,21 +222,15 @@ impl Hparams {
         format!("blk.{}.nextn.eh_proj.weight", self.n_layer_decode())
     }
 
-    /// deepseek4: llama.cpp counts trailing MTP blocks only when the file holds
+    /// Where the architecture's rules say so ([`Rules::mtp_needs_probe`](super::arch::Rules),
+    /// deepseek4), llama.cpp counts trailing MTP blocks only when the file holds
     /// [`mtp_probe_name`](Self::mtp_probe_name); otherwise it drops `nextn_predict_layers` and runs
     /// those blocks as ordinary ones. The model loader calls this with whether the probe exists
     /// (from_meta cannot see tensors). Other architectures keep the count.
     pub fn apply_mtp_probe(&mut self, has_probe: bool) {
-        if self.arch == "deepseek4" && !has_probe {
+        if self.arch.rules.mtp_needs_probe && !has_probe {
             self.n_layer_nextn = 0;
         }
-    }
-
-    /// deepseek2 "lite" variants (DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B: 26 or 27
-    /// blocks, or 48 with a 128256-token vocabulary; llama.cpp's rule) have no q compression.
-    pub fn is_deepseek2_lite(&self) -> bool {
-        let n = self.n_layer_decode();
-        self.arch == "deepseek2" && (n == 27 || n == 26 || (n == 48 && self.n_vocab == 128256))
     }
 
     /// Whether block `il` is a trailing MTP ("nextn") block.
@@ -284,11 +291,11 @@ impl Hparams {
         self.mla_head_dim_k().saturating_sub(self.n_rot)
     }
 
-    /// Reads the hyper-parameters of architecture `arch` from `meta`. Missing required keys are
-    /// errors naming the key; optional ones take llama.cpp's defaults.
-    pub fn from_meta(arch: &str, required: &[&str], meta: &dyn Meta) -> Result<Self, String> {
+    /// Reads the hyper-parameters of architecture `arch` from `meta`, applying its rules. Missing
+    /// required keys are errors naming the key; optional ones take llama.cpp's defaults.
+    pub fn from_meta(arch: &'static ArchSpec, meta: &dyn Meta) -> Result<Self, String> {
         let k = |s: &str| format!("{arch}.{s}");
-        for key in COMMON_REQUIRED.iter().chain(required) {
+        for key in COMMON_REQUIRED.iter().chain(arch.required_keys) {
             if !meta.has(&k(key)) {
                 return Err(format!("missing required metadata key {}", k(key)));
             }
@@ -375,7 +382,7 @@ impl Hparams {
             }
         };
         let mut hp = Hparams {
-            arch: arch.to_string(),
+            arch,
             n_vocab,
             n_ctx_train: u("context_length").unwrap_or(0),
             n_embd,
@@ -441,108 +448,33 @@ impl Hparams {
         Ok(hp)
     }
 
-    /// What each architecture's `load_arch_hparams` (and graph) in llama.cpp derives or fixes
-    /// beyond reading keys: gating and weight normalisation hard-coded by the graph, defaults for
-    /// an absent `expert_gating_func`, the derived expert width, deepseek2's "lite" rule,
-    /// sliding-window patterns and deepseek4's per-block arrays.
+    /// What the architecture's `load_arch_hparams` (and graph) in llama.cpp derives or fixes
+    /// beyond reading keys ([`Rules`](super::arch::Rules)): gating and weight normalisation
+    /// hard-coded by the graph, the default of an absent `expert_gating_func`, the derived expert
+    /// width, then the architecture's own derivations (deepseek2's "lite" rule, sliding-window
+    /// patterns, deepseek4's per-block arrays).
     fn apply_arch_rules(&mut self, meta: &dyn Meta, gating_given: bool) -> Result<(), String> {
-        let a = self.arch.clone();
-        let k = |s: &str| format!("{a}.{s}");
-        match a.as_str() {
-            // Graphs that pass a fixed gating function and weight normalisation to build_moe_ffn.
-            "qwen3moe" | "llama" => {
-                (self.gating, self.expert_weights_norm) = (Gating::Softmax, true)
-            }
-            "qwen2moe" | "olmoe" => {
-                (self.gating, self.expert_weights_norm) = (Gating::Softmax, false)
-            }
-            "gpt-oss" => (self.gating, self.expert_weights_norm) = (Gating::SoftmaxWeight, false),
-            "minimax-m2" => {
-                // llama.cpp leaves NONE (and aborts in the graph); MiniMax-M2 scores with sigmoid.
-                if !gating_given {
-                    self.gating = Gating::Sigmoid;
-                }
-                self.expert_weights_norm = true;
-            }
-            "glm4moe" if !gating_given => self.gating = Gating::Sigmoid,
-            "deepseek2" if !gating_given => {
-                // V2/V2.5 files have no key (softmax); GLM-4.7 Lite (47/48 blocks, vocab 154880) is sigmoid.
-                let n = self.n_layer_decode();
-                let glm47_lite = (n == 47 || n == 48) && self.n_vocab == 154880;
-                self.gating = if glm47_lite {
-                    Gating::Sigmoid
-                } else {
-                    Gating::Softmax
-                };
-            }
+        let rules = self.arch.rules;
+        match rules.gating {
+            GatingRule::Fixed(g) => self.gating = g,
+            GatingRule::Default(g) if !gating_given => self.gating = g,
+            GatingRule::DefaultBy(f) if !gating_given => self.gating = f(self),
             _ => {}
+        }
+        if let Some(norm) = rules.weights_norm {
+            self.expert_weights_norm = norm;
         }
         // Expert width defaults to n_ff / n_expert_used where llama.cpp derives it.
-        if matches!(a.as_str(), "qwen2moe" | "qwen3moe" | "glm4moe")
-            && self.n_ff_exp == 0
-            && self.n_expert_used > 0
-        {
+        if rules.ff_exp_from_ff && self.n_ff_exp == 0 && self.n_expert_used > 0 {
             self.n_ff_exp = self.n_ff / self.n_expert_used;
         }
-        match a.as_str() {
-            "deepseek2" => {
-                // "Lite" variants have no q compression: q_lora_rank is not read; every other
-                // file must give it.
-                if self.is_deepseek2_lite() {
-                    self.q_lora_rank = 0;
-                } else if meta.u64(&k("attention.q_lora_rank")).is_none() {
-                    return Err(format!(
-                        "missing required metadata key {}",
-                        k("attention.q_lora_rank")
-                    ));
-                }
-            }
-            "gpt-oss" => {
-                // load_swa_pattern(ml, 2): a per-block array, else a period (default 2) where the
-                // last block of each period is full attention; MTP blocks never windowed.
-                let key = k("attention.sliding_window_pattern");
-                self.swa_layers = match meta.u64_array(&key) {
-                    Some(v) => (0..self.n_layer)
-                        .map(|il| v.get(il).is_some_and(|&x| x != 0))
-                        .collect(),
-                    None => {
-                        let p = meta.u64(&key).unwrap_or(2) as usize;
-                        (0..self.n_layer)
-                            .map(|il| il < self.n_layer_decode() && (p == 0 || il % p < p - 1))
-                            .collect()
-                    }
-                };
-            }
-            "deepseek4" => {
-                if self.gating != Gating::SqrtSoftplus {
-                    return Err(format!(
-                        "{}: DeepSeek-V4 expects sqrtsoftplus scoring (4)",
-                        k("expert_gating_func")
-                    ));
-                }
-                self.swa_layers = vec![true; self.n_layer];
-                let key = k("attention.compress_ratios");
-                let ratios = meta
-                    .u64_array(&key)
-                    .ok_or_else(|| format!("{key}: array values are not available"))?;
-                if ratios.len() < self.n_layer {
-                    return Err(format!(
-                        "{key} has {} entries, shorter than block_count {}",
-                        ratios.len(),
-                        self.n_layer
-                    ));
-                }
-                self.compress_ratios = ratios;
-            }
-            _ => {}
-        }
-        Ok(())
+        (rules.derive)(self, meta)
     }
 
     /// `block_count` and `nextn_predict_layers` in range: checked before anything is sized per
     /// block (`apply_arch_rules`), and again by [`validate`](Self::validate).
     fn check_block_count(&self) -> Result<(), String> {
-        let a = &self.arch;
+        let a = self.arch;
         let n = self.n_layer as u64;
         if !(1..=MAX_LAYERS).contains(&n) {
             return Err(format!(
@@ -563,7 +495,7 @@ impl Hparams {
     /// key (`{arch}.*`, as the file spells it), its value and what is allowed.
     pub fn validate(&self) -> Result<(), String> {
         self.check_block_count()?;
-        let a = &self.arch;
+        let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
         let is = |s: &str, v: u64| format!("{} = {v}", key(s));
         range(&key("embedding_length"), self.n_embd, 1, MAX_DIM, "")?;
@@ -606,14 +538,14 @@ impl Hparams {
             "",
         )?;
         // Head sizes the graphs rely on (llama.cpp asserts the same when it builds them).
-        if is_arch(a, ONE_HEAD_SIZE) && self.head_dim_v != self.head_dim_k {
+        if a.rules.one_head_size && self.head_dim_v != self.head_dim_k {
             return Err(format!(
                 "{}: must equal {} (keys and values share one head size in {a})",
                 is("attention.value_length", self.head_dim_v),
                 is("attention.key_length", self.head_dim_k)
             ));
         }
-        if is_arch(a, &["qwen2moe", "olmoe"]) && self.n_head * self.head_dim_k != self.n_embd {
+        if a.rules.square_q && self.n_head * self.head_dim_k != self.n_embd {
             return Err(format!(
                 "{}: times {} must make {} (the query projection is square in {a})",
                 is("attention.key_length", self.head_dim_k),
@@ -664,7 +596,7 @@ impl Hparams {
 
     /// Rotary dimensions, RoPE bases and scaling.
     fn check_rope(&self) -> Result<(), String> {
-        let a = &self.arch;
+        let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
         // Rotated in pairs, within the key head (the decompressed one in MLA files).
         let (head_key, head) = if self.head_dim_k_mla > self.head_dim_k {
@@ -678,7 +610,7 @@ impl Hparams {
             &key(head_key),
             head,
         )?;
-        if is_arch(a, WHOLE_HEAD_ROPE) && self.n_rot != self.head_dim_k {
+        if a.rules.whole_head_rope && self.n_rot != self.head_dim_k {
             return Err(format!(
                 "{} = {}: must equal {} = {} ({a} rotates whole heads)",
                 key("rope.dimension_count"),
@@ -737,7 +669,7 @@ impl Hparams {
 
     /// Expert counts, routing groups and dense blocks.
     fn check_experts(&self) -> Result<(), String> {
-        let a = &self.arch;
+        let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
         let is = |s: &str, v: u64| format!("{} = {v}", key(s));
         if self.n_expert == 0 {
@@ -823,7 +755,7 @@ impl Hparams {
     /// Sliding-window attention: the window, and the head sizes / rotary dims / RoPE base of
     /// windowed blocks (each 0 = the full-attention value).
     fn check_sliding_window(&self) -> Result<(), String> {
-        let a = &self.arch;
+        let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
         for (s, v) in [
             ("attention.key_length_swa", self.head_dim_k_swa),
@@ -854,44 +786,14 @@ impl Hparams {
                 head,
             )?;
         }
-        if a == "gpt-oss" {
-            // The tables size q/k/v by the rotary dims and the graph splits heads by the head
-            // sizes, one size for every block: they must agree.
-            let n_rot = self.n_rot;
-            for (s, v) in [
-                ("attention.key_length", self.head_dim_k),
-                ("attention.value_length", self.head_dim_v),
-                ("attention.key_length_swa", self.head_dim_k_swa),
-                ("attention.value_length_swa", self.head_dim_v_swa),
-                ("rope.dimension_count_swa", self.n_rot_swa),
-            ] {
-                if v != 0 && v != n_rot {
-                    return Err(format!(
-                        "{} = {v}: must equal {} = {n_rot} (gpt-oss heads are rotated whole, \
-                         one head size for every block)",
-                        key(s),
-                        key("rope.dimension_count")
-                    ));
-                }
-            }
-            let (b, b_swa) = (self.rope_freq_base, self.rope_freq_base_swa);
-            if b_swa != 0.0 && b_swa != b {
-                return Err(format!(
-                    "{} = {b_swa}: differs from {} = {b}; a separate RoPE base for \
-                     sliding-window blocks is not built",
-                    key("rope.freq_base_swa"),
-                    key("rope.freq_base")
-                ));
-            }
-        }
         Ok(())
     }
 
-    /// Range checks of the architecture-specific fields (MLA, DeepSeek-V4) that shapes use.
+    /// Range checks of the architecture-specific fields (MLA, DeepSeek-V4) that shapes use, then
+    /// the architecture's own checks ([`Rules::check`](super::arch::Rules)).
     fn validate_arch_fields(&self) -> Result<(), String> {
-        let a = &self.arch;
+        let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
-        let is = |s: &str, v: u64| format!("{} = {v}", key(s));
         for (s, v) in [
             ("attention.q_lora_rank", self.q_lora_rank),
             ("attention.kv_lora_rank", self.kv_lora_rank),
@@ -919,126 +821,8 @@ impl Hparams {
             1024,
             "",
         )?;
-        match a.as_str() {
-            "deepseek2" => {
-                if self.kv_lora_rank == 0 {
-                    return Err(format!(
-                        "{}: must be positive (the compressed KV width of MLA)",
-                        is("attention.kv_lora_rank", 0)
-                    ));
-                }
-                if (self.head_dim_k_mla == 0) != (self.head_dim_v_mla == 0) {
-                    return Err(format!(
-                        "{} and {}: MLA files give both (split attn_k_b/attn_v_b), legacy files \
-                         neither (fused attn_kv_b)",
-                        is("attention.key_length_mla", self.head_dim_k_mla),
-                        is("attention.value_length_mla", self.head_dim_v_mla)
-                    ));
-                }
-                if self.is_mla() {
-                    // The cache holds one latent row per position: kv_lora_rank + the rotary key.
-                    let (k, v) = (self.kv_lora_rank + self.n_rot, self.kv_lora_rank);
-                    if self.head_dim_k != k || self.head_dim_v != v {
-                        return Err(format!(
-                            "{} and {}: an MLA file's latent key and value heads must be {} + {} \
-                             = {k} and {v}",
-                            is("attention.key_length", self.head_dim_k),
-                            is("attention.value_length", self.head_dim_v),
-                            is("attention.kv_lora_rank", self.kv_lora_rank),
-                            is("rope.dimension_count", self.n_rot)
-                        ));
-                    }
-                }
-                if self.mla_head_dim_k() <= self.n_rot {
-                    let s = if self.is_mla() {
-                        "attention.key_length_mla"
-                    } else {
-                        "attention.key_length"
-                    };
-                    return Err(format!(
-                        "{}: must exceed {} (an MLA key head has a non-rotary part)",
-                        is(s, self.mla_head_dim_k()),
-                        is("rope.dimension_count", self.n_rot)
-                    ));
-                }
-                if self.n_expert_shared == 0 {
-                    return Err(format!(
-                        "{}: must be positive (DeepSeek blocks always hold a shared expert)",
-                        is("expert_shared_count", 0)
-                    ));
-                }
-            }
-            "deepseek4" => {
-                for (s, v) in [
-                    ("attention.q_lora_rank", self.q_lora_rank),
-                    ("attention.output_group_count", self.o_group_count),
-                    ("attention.output_lora_rank", self.o_lora_rank),
-                    ("hyper_connection.count", self.hc_mult),
-                    ("expert_shared_count", self.n_expert_shared),
-                    ("expert_feed_forward_length", self.n_ff_exp),
-                ] {
-                    if v == 0 {
-                        return Err(format!("{}: must be positive", is(s, 0)));
-                    }
-                }
-                if (self.n_head * self.head_dim_k_at(0)) % self.o_group_count != 0 {
-                    return Err(format!(
-                        "{}: does not divide n_head * head size = {}",
-                        is("attention.output_group_count", self.o_group_count),
-                        self.n_head * self.head_dim_k_at(0)
-                    ));
-                }
-                if self.compress_ratios.len() < self.n_layer {
-                    return Err(format!(
-                        "{a}.attention.compress_ratios has {} entries, shorter than block_count {}",
-                        self.compress_ratios.len(),
-                        self.n_layer
-                    ));
-                }
-                if let Some(r) = self
-                    .compress_ratios
-                    .iter()
-                    .find(|r| ![0, 4, 128].contains(*r))
-                {
-                    return Err(format!(
-                        "{a}.attention.compress_ratios holds {r}; only 0, 4 and 128 are supported"
-                    ));
-                }
-                if self.compress_ratios.contains(&4)
-                    && (self.indexer_n_head == 0 || self.indexer_head_dim == 0)
-                {
-                    return Err(format!("{a}: compression ratio 4 needs {a}.attention.indexer.head_count and {a}.attention.indexer.key_length"));
-                }
-                if self.hash_layer_count > self.n_layer {
-                    return Err(format!(
-                        "{}: must be at most {}",
-                        is("hash_layer_count", self.hash_layer_count as u64),
-                        is("block_count", self.n_layer as u64)
-                    ));
-                }
-            }
-            _ => {}
-        }
-        Ok(())
+        (a.rules.check)(self)
     }
-}
-
-/// Architectures whose keys and values have one head size (llama.cpp's graphs assert it).
-const ONE_HEAD_SIZE: &[&str] = &[
-    "qwen3moe",
-    "qwen2moe",
-    "olmoe",
-    "llama",
-    "minimax-m2",
-    "glm4moe",
-    "gpt-oss",
-];
-
-/// Architectures that rotate whole heads (`rope.dimension_count == attention.key_length`).
-const WHOLE_HEAD_ROPE: &[&str] = &["qwen3moe", "qwen2moe", "olmoe", "llama", "gpt-oss"];
-
-fn is_arch(arch: &str, list: &[&str]) -> bool {
-    list.contains(&arch)
 }
 
 /// `key = v` must lie in `lo..=hi`; `why` says where a bound comes from.

@@ -1,25 +1,21 @@
-//! Model description: the architecture registry (one data table per architecture, modelled on
-//! llama.cpp's `src/llama-arch.cpp` and each `src/models/<arch>.cpp`'s `load_arch_hparams` /
-//! `load_arch_tensors`), hyper-parameters read from GGUF metadata, and validation of a file
-//! against its architecture's table.
+//! Model description: the schema of an architecture's model facts ([`ArchSpec`]: its tensor
+//! table, modelled on llama.cpp's `src/llama-arch.cpp` and each `src/models/<arch>.cpp`'s
+//! `load_arch_tensors`, and its `load_arch_hparams` rules; the values live in
+//! [`crate::arch`]), hyper-parameters read from GGUF metadata, and validation of a file against
+//! its architecture's table.
 //!
 //! Invariant: every tensor a GGUF holds is classified by exactly one [`Role`]; what stays on the
 //! GPU and what is offloaded is decided by role ([`Role::is_resident`]), in the placement
 //! planner and in the engine, never by name. The offload host store holds exactly the
-//! non-resident tensors (the routed experts' matrices; a test in `arch::tests` checks every
+//! non-resident tensors (the routed experts' matrices; a test in `crate::arch`'s tests checks every
 //! table against it).
 pub mod arch;
 pub mod hparams;
 pub mod placement;
 pub mod validate;
 
-pub use arch::{ArchSpec, Layers, Role, TensorSpec, ARCHS};
+pub use arch::{ArchSpec, Layers, Role, TensorSpec};
 pub use hparams::Hparams;
-
-/// Looks an architecture up by its GGUF name (`general.architecture`).
-pub fn arch_by_name(name: &str) -> Option<&'static ArchSpec> {
-    ARCHS.iter().copied().find(|a| a.name == name)
-}
 
 impl hparams::Meta for crate::gguf::GgufModel {
     fn u64(&self, key: &str) -> Option<u64> {

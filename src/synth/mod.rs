@@ -1,7 +1,7 @@
 //! `pocketmoe synth`: random-weight GGUF models of real shapes that stock llama.cpp loads and
 //! runs, for every registered architecture.
 //!
-//! Shapes come from the architecture table (`model::arch`) and a preset's hyper-parameters; types
+//! Shapes come from the architecture table (`crate::arch`) and a preset's hyper-parameters; types
 //! from a quantisation mix; values are random with variance-preserving scales (so activations
 //! neither vanish nor explode and output logits are peaked), quantised by ggml's own quantisers.
 //! Router rows carry the routing skew, and Qwen3-style models a context channel that gives decode
@@ -17,7 +17,6 @@ pub mod vocab;
 use crate::ggml::{quant, GgmlType};
 use crate::gguf::{GgufArray, GgufValue, GgufWriter};
 use crate::model::{
-    arch_by_name,
     hparams::{Hparams, RopeScaling},
     Role, TensorSpec,
 };
@@ -111,8 +110,7 @@ fn init_stats(spec: &TensorSpec, name: &str, shape: &[u64], n_layer: usize) -> (
 }
 
 fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>, SynthError> {
-    let arch = arch_by_name(&h.arch)
-        .ok_or_else(|| SynthError::Options(format!("unknown architecture {:?}", h.arch)))?;
+    let arch = h.arch;
     let mut out = Vec::new();
     let mut router_rng = Rng::new(seed ^ 0x005E_ED0F_5CE3);
     let emb_std = (2.0 * h.n_layer as f32).sqrt().max(1.0);
@@ -151,13 +149,9 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
 /// Whether the real models a preset mirrors carry this optional tensor (synth writes only those:
 /// an optional tensor with random values, like `rope_freqs`, would change what llama.cpp computes).
 fn real_models_have(h: &Hparams, name: &str, block: Option<usize>) -> bool {
-    let arch = h.arch.as_str();
-    let qkv_bias = name.ends_with("attn_q.bias")
-        || name.ends_with("attn_k.bias")
-        || name.ends_with("attn_v.bias");
+    let carried = crate::arch::of(h.arch).synth.optional_tensors;
     name == "output.weight"
-        || (qkv_bias && matches!(arch, "qwen2moe" | "glm4moe"))
-        || (arch == "llama" && name.ends_with("ffn_gate_exps.weight"))
+        || carried.iter().any(|t| name.ends_with(t))
         || (name.ends_with("exp_probs_b.bias")
             && h.gating == crate::model::hparams::Gating::Sigmoid)
         // Real GLM-4.5 / DeepSeek-V3 files carry their MTP blocks whole.
@@ -272,10 +266,10 @@ pub fn metadata(
     skew: f32,
     seed: u64,
 ) -> Result<Vec<(String, GgufValue)>, SynthError> {
-    let a = &h.arch;
+    let a = h.arch;
     let mut kv: Vec<(String, GgufValue)> = Vec::new();
     let mut put = |k: String, v: GgufValue| kv.push((k, v));
-    put("general.architecture".into(), GgufValue::Str(a.clone()));
+    put("general.architecture".into(), GgufValue::Str(a.name.into()));
     put(
         "general.name".into(),
         GgufValue::Str(format!(
@@ -294,7 +288,8 @@ pub fn metadata(
     for (key, v) in hparams_kv(h) {
         put(format!("{a}.{key}"), v);
     }
-    let vocab = vocab::build(a, h.n_vocab as usize).map_err(SynthError::Options)?;
+    let pre = crate::arch::of(a).synth.pre_tokenizer;
+    let vocab = vocab::build(pre, h.n_vocab as usize).map_err(SynthError::Options)?;
     put("tokenizer.ggml.model".into(), GgufValue::Str("gpt2".into()));
     put(
         "tokenizer.ggml.pre".into(),

@@ -1,10 +1,12 @@
 //! Synth presets: the hyper-parameters of real MoE models (from their published configs), plus
-//! a `tiny` preset per architecture (a few MB) for tests. Real vocabulary sizes throughout: the
+//! the `tiny` preset of each architecture (a few MB, `crate::arch`) for tests. Real vocabulary sizes throughout: the
 //! output projection is a large part of decode cost.
-use crate::model::hparams::{Gating, Hparams, RopeScaling};
+use crate::arch::{
+    deepseek2, glm4moe, gpt_oss, llama, minimax_m2, olmoe, qwen2moe, qwen3moe, with_heads,
+};
+use crate::model::hparams::{Gating, Hparams};
 
-/// Vocabulary size of the tiny presets.
-pub const TINY_VOCAB: u64 = 1024;
+pub use crate::arch::TINY_VOCAB;
 
 /// A named model shape.
 #[derive(Debug, Clone)]
@@ -13,89 +15,6 @@ pub struct Preset {
     /// The real model it mirrors ("" for tiny).
     pub model: &'static str,
     pub hparams: Hparams,
-}
-
-/// Defaults shared by every preset; each preset overrides what its model changes.
-fn moe(arch: &str) -> Hparams {
-    Hparams {
-        arch: arch.into(),
-        n_ctx_train: 32768,
-        rope_freq_base: 1e6,
-        rms_eps: 1e-6,
-        gating: Gating::Softmax,
-        expert_weights_norm: true,
-        ..Default::default()
-    }
-}
-
-/// GQA attention sizes: heads, kv heads, head dim (rotary over the whole head).
-fn attn(h: Hparams, n_head: u64, n_head_kv: u64, head_dim: u64) -> Hparams {
-    Hparams {
-        n_head,
-        n_head_kv,
-        head_dim_k: head_dim,
-        head_dim_v: head_dim,
-        n_rot: head_dim,
-        ..h
-    }
-}
-
-fn qwen3moe() -> Hparams {
-    Hparams {
-        n_vocab: 151936,
-        n_ctx_train: 40960,
-        n_expert: 128,
-        n_expert_used: 8,
-        ..moe("qwen3moe")
-    }
-}
-
-fn qwen2moe() -> Hparams {
-    Hparams {
-        n_vocab: 151936,
-        expert_weights_norm: false,
-        ..moe("qwen2moe")
-    }
-}
-
-fn gpt_oss() -> Hparams {
-    let h = Hparams {
-        n_vocab: 201088,
-        n_embd: 2880,
-        n_ff: 2880,
-        n_ff_exp: 2880,
-        n_expert_used: 4,
-        n_ctx_train: 131072,
-        sliding_window: 128,
-        rope_freq_base: 150000.0,
-        rms_eps: 1e-5,
-        gating: Gating::SoftmaxWeight,
-        ..moe("gpt-oss")
-    };
-    attn(h, 64, 8, 64)
-}
-
-/// DeepSeek-V2/V3 with MLA as llama.cpp's converter writes it: key/value_length describe the
-/// absorbed (latent) heads (kv_lora + rope, kv_lora), key/value_length_mla the decompressed ones
-/// (192 = 128 nope + 64 rope, 128). YaRN as in their configs: factor 40 over 4096 original
-/// positions, `yarn_log_multiplier` = 0.1 * mscale_all_dim (1.0 in V3; V2-Lite overrides).
-fn deepseek2(kv_lora: u64) -> Hparams {
-    Hparams {
-        rope_scaling: RopeScaling::Yarn,
-        rope_scaling_factor: 40.0,
-        n_ctx_orig_yarn: 4096,
-        rope_yarn_log_mul: 0.1,
-        n_head_kv: 1,
-        head_dim_k: kv_lora + 64,
-        head_dim_v: kv_lora,
-        head_dim_k_mla: 192,
-        head_dim_v_mla: 128,
-        n_rot: 64,
-        kv_lora_rank: kv_lora,
-        rope_freq_base: 10000.0,
-        n_ctx_train: 163840,
-        ..moe("deepseek2")
-    }
 }
 
 /// V3-style routing: sigmoid gating, group-limited top-k, scaled weights.
@@ -109,68 +28,6 @@ fn sigmoid_groups(h: Hparams, groups: u64, used: u64) -> Hparams {
     }
 }
 
-fn mixtral() -> Hparams {
-    let h = Hparams {
-        n_vocab: 32000,
-        n_expert: 8,
-        n_expert_used: 2,
-        rms_eps: 1e-5,
-        ..moe("llama")
-    };
-    attn(h, 32, 8, 128)
-}
-
-fn glm4moe() -> Hparams {
-    let h = Hparams {
-        n_vocab: 151552,
-        n_expert_used: 8,
-        n_expert_shared: 1,
-        n_layer_dense_lead: 1,
-        n_layer_nextn: 1,
-        gating: Gating::Sigmoid,
-        expert_weights_scale: 1.0,
-        n_ctx_train: 131072,
-        rms_eps: 1e-5,
-        ..moe("glm4moe")
-    };
-    Hparams {
-        n_rot: 64,
-        ..attn(h, 96, 8, 128)
-    }
-}
-
-fn minimax_m2() -> Hparams {
-    let h = Hparams {
-        n_vocab: 200064,
-        n_embd: 3072,
-        n_expert: 256,
-        n_expert_used: 8,
-        n_ff: 1536,
-        n_ff_exp: 1536,
-        gating: Gating::Sigmoid,
-        n_ctx_train: 196608,
-        rope_freq_base: 5e6,
-        ..moe("minimax-m2")
-    };
-    Hparams {
-        n_rot: 64,
-        ..attn(h, 48, 8, 128)
-    }
-}
-
-fn olmoe() -> Hparams {
-    let h = Hparams {
-        n_vocab: 50304,
-        n_expert_used: 8,
-        n_ctx_train: 4096,
-        rope_freq_base: 10000.0,
-        rms_eps: 1e-5,
-        expert_weights_norm: false,
-        ..moe("olmoe")
-    };
-    attn(h, 16, 16, 128)
-}
-
 /// Every preset, real shapes first (from the models' published configs).
 pub fn all() -> Vec<Preset> {
     let p = |name, model, hparams| Preset {
@@ -179,7 +36,7 @@ pub fn all() -> Vec<Preset> {
         hparams,
     };
     let v = TINY_VOCAB;
-    vec![
+    let mut all = vec![
         p(
             "qwen3-30b-a3b",
             "Qwen3-30B-A3B",
@@ -187,7 +44,7 @@ pub fn all() -> Vec<Preset> {
                 n_embd: 2048,
                 n_layer: 48,
                 n_ff_exp: 768,
-                ..attn(qwen3moe(), 32, 4, 128)
+                ..with_heads(qwen3moe::family(), 32, 4, 128)
             },
         ),
         p(
@@ -197,7 +54,7 @@ pub fn all() -> Vec<Preset> {
                 n_embd: 4096,
                 n_layer: 94,
                 n_ff_exp: 1536,
-                ..attn(qwen3moe(), 64, 4, 128)
+                ..with_heads(qwen3moe::family(), 64, 4, 128)
             },
         ),
         p(
@@ -211,7 +68,7 @@ pub fn all() -> Vec<Preset> {
                 n_ff_exp: 1408,
                 n_ff: 5632,
                 n_ff_shexp: 5632,
-                ..attn(qwen2moe(), 16, 16, 128)
+                ..with_heads(qwen2moe::family(), 16, 16, 128)
             },
         ),
         p(
@@ -220,7 +77,7 @@ pub fn all() -> Vec<Preset> {
             Hparams {
                 n_layer: 24,
                 n_expert: 32,
-                ..gpt_oss()
+                ..gpt_oss::family()
             },
         ),
         p(
@@ -229,7 +86,7 @@ pub fn all() -> Vec<Preset> {
             Hparams {
                 n_layer: 36,
                 n_expert: 128,
-                ..gpt_oss()
+                ..gpt_oss::family()
             },
         ),
         p(
@@ -249,7 +106,7 @@ pub fn all() -> Vec<Preset> {
                 expert_weights_norm: false,
                 expert_weights_scale: 1.0,
                 rope_yarn_log_mul: 0.0707,
-                ..deepseek2(512)
+                ..deepseek2::family(512)
             },
         ),
         p(
@@ -267,7 +124,7 @@ pub fn all() -> Vec<Preset> {
                 n_ff_exp: 2048,
                 n_ff: 18432,
                 n_layer_dense_lead: 3,
-                ..sigmoid_groups(deepseek2(512), 8, 4)
+                ..sigmoid_groups(deepseek2::family(512), 8, 4)
             },
         ),
         p(
@@ -277,7 +134,7 @@ pub fn all() -> Vec<Preset> {
                 n_embd: 4096,
                 n_layer: 32,
                 n_ff: 14336,
-                ..mixtral()
+                ..llama::family()
             },
         ),
         p(
@@ -289,7 +146,7 @@ pub fn all() -> Vec<Preset> {
                 n_expert: 128,
                 n_ff_exp: 1408,
                 n_ff: 10944,
-                ..glm4moe()
+                ..glm4moe::family()
             },
         ),
         p(
@@ -297,7 +154,7 @@ pub fn all() -> Vec<Preset> {
             "MiniMax-M2",
             Hparams {
                 n_layer: 62,
-                ..minimax_m2()
+                ..minimax_m2::family()
             },
         ),
         p(
@@ -309,7 +166,7 @@ pub fn all() -> Vec<Preset> {
                 n_expert: 64,
                 n_ff: 1024,
                 n_ff_exp: 1024,
-                ..olmoe()
+                ..olmoe::family()
             },
         ),
         // Deep but narrow (~20 MB): 24 blocks, for tests of what depth does to routing.
@@ -323,7 +180,7 @@ pub fn all() -> Vec<Preset> {
                 n_expert: 32,
                 n_expert_used: 4,
                 n_ff_exp: 128,
-                ..attn(qwen3moe(), 4, 2, 64)
+                ..with_heads(qwen3moe::family(), 4, 2, 64)
             },
         ),
         // Qwen3-30B-A3B's routing shape (128 experts, top-8, head dim 128, RoPE base 1e6) at
@@ -336,69 +193,7 @@ pub fn all() -> Vec<Preset> {
                 n_embd: 256,
                 n_layer: 8,
                 n_ff_exp: 64,
-                ..attn(qwen3moe(), 4, 1, 128)
-            },
-        ),
-        // Tiny: same structure, a few MB; 256-multiple widths so every quant type applies.
-        p(
-            "tiny",
-            "qwen3moe",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 2,
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff_exp: 256,
-                ..attn(qwen3moe(), 4, 2, 128)
-            },
-        ),
-        p(
-            "tiny",
-            "qwen2moe",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 2,
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff_exp: 256,
-                n_ff: 512,
-                n_ff_shexp: 512,
-                ..attn(qwen2moe(), 4, 4, 64)
-            },
-        ),
-        p(
-            "tiny",
-            "gpt-oss",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_ff: 256,
-                n_ff_exp: 256,
-                n_layer: 2,
-                n_expert: 8,
-                n_ctx_train: 4096,
-                sliding_window: 16,
-                ..attn(gpt_oss(), 4, 2, 64)
-            },
-        ),
-        p(
-            "tiny",
-            "deepseek2",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 3,
-                n_head: 4,
-                q_lora_rank: 256,
-                n_expert: 16,
-                n_expert_used: 4,
-                n_expert_shared: 1,
-                n_ff_exp: 256,
-                n_ff: 512,
-                n_layer_dense_lead: 1,
-                ..sigmoid_groups(deepseek2(512), 4, 2)
+                ..with_heads(qwen3moe::family(), 4, 1, 128)
             },
         ),
         p(
@@ -426,77 +221,29 @@ pub fn all() -> Vec<Preset> {
                 expert_weights_norm: false,
                 expert_weights_scale: 1.0,
                 rope_yarn_log_mul: 0.0707,
-                ..deepseek2(512)
+                ..deepseek2::family(512)
             },
         ),
-        p(
-            "tiny",
-            "llama",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 2,
-                n_ff: 512,
-                ..attn(mixtral(), 4, 2, 64)
-            },
-        ),
-        p(
-            "tiny",
-            "glm4moe",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 3,
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff_exp: 256,
-                n_ff: 512,
-                n_rot: 64,
-                ..attn(glm4moe(), 4, 2, 128)
-            },
-        ),
-        p(
-            "tiny",
-            "minimax-m2",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 2,
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff: 256,
-                n_ff_exp: 256,
-                n_rot: 64,
-                ..attn(minimax_m2(), 4, 2, 128)
-            },
-        ),
-        p(
-            "tiny",
-            "olmoe",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 2,
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff: 256,
-                n_ff_exp: 256,
-                ..attn(olmoe(), 2, 2, 128)
-            },
-        ),
-    ]
+    ];
+    // Tiny: same structure as each architecture's real models, a few MB (`Synth::tiny`).
+    for arch in crate::arch::built() {
+        if let Some(tiny) = arch.synth.tiny {
+            all.push(p("tiny", arch.spec.name, tiny()));
+        }
+    }
+    all
 }
 
 /// Finds a preset by name; `tiny` needs the architecture.
 pub fn find(arch: &str, name: &str) -> Result<Preset, String> {
     let all = all();
     let hit = all.iter().find(|p| {
-        p.name == name && (p.name != "tiny" || p.model == arch) && p.hparams.arch == arch
+        p.name == name && (p.name != "tiny" || p.model == arch) && p.hparams.arch.name == arch
     });
     hit.cloned().ok_or_else(|| {
         let names: Vec<String> = all
             .iter()
-            .filter(|p| p.hparams.arch == arch)
+            .filter(|p| p.hparams.arch.name == arch)
             .map(|p| p.name.to_string())
             .collect();
         if names.is_empty() {
@@ -513,45 +260,25 @@ pub fn find(arch: &str, name: &str) -> Result<Preset, String> {
 pub fn archs() -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for p in all() {
-        if !out.contains(&p.hparams.arch) {
-            out.push(p.hparams.arch.clone());
+        let name = p.hparams.arch.name;
+        if !out.iter().any(|a| a == name) {
+            out.push(name.to_string());
         }
     }
     out
 }
-
-/// GGUF architecture names of models often called otherwise (Hugging Face `model_type`s and
-/// family names): Mixtral is `llama` in GGUF.
-const ARCH_HINTS: &[(&str, &str)] = &[
-    ("mixtral", "llama"),
-    ("qwen3_moe", "qwen3moe"),
-    ("qwen3-moe", "qwen3moe"),
-    ("qwen2_moe", "qwen2moe"),
-    ("qwen2-moe", "qwen2moe"),
-    ("gpt_oss", "gpt-oss"),
-    ("gptoss", "gpt-oss"),
-    ("deepseek_v2", "deepseek2"),
-    ("deepseek-v2", "deepseek2"),
-    ("deepseek_v3", "deepseek2"),
-    ("deepseek-v3", "deepseek2"),
-    ("deepseek3", "deepseek2"),
-    ("kimi_k2", "deepseek2"),
-    ("kimi-k2", "deepseek2"),
-    ("glm4_moe", "glm4moe"),
-    ("glm4-moe", "glm4moe"),
-    ("minimax", "minimax-m2"),
-    ("minimax_m2", "minimax-m2"),
-];
 
 /// The error for an architecture without presets: the supported list, and the GGUF name when
 /// `arch` is another name of one.
 fn unknown_arch(arch: &str) -> String {
     let supported = archs();
     let lower = arch.to_ascii_lowercase();
-    let hint = ARCH_HINTS
+    // GGUF names of models often called otherwise (Hugging Face `model_type`s and family
+    // names, `Synth::aliases`): Mixtral is `llama` in GGUF.
+    let hint = crate::arch::ARCHS
         .iter()
-        .find(|(alias, _)| *alias == lower)
-        .map(|&(_, gguf)| gguf.to_string())
+        .find(|a| a.synth.aliases.contains(&lower.as_str()))
+        .map(|a| a.spec.name.to_string())
         .or_else(|| supported.iter().find(|a| **a == lower).cloned());
     let mut msg = format!(
         "unknown architecture {arch:?}: supported (GGUF names) are {}",

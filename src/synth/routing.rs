@@ -116,7 +116,7 @@ impl ContextChannel {
     /// `emb_std`, at routing skew `skew`; `None` where the architecture has none (only Qwen3's
     /// per-head q/k norms with NEOX RoPE are handled) or `skew` is 0 (the hard case).
     pub fn new(h: &crate::model::hparams::Hparams, skew: f32, emb_std: f32) -> Option<Self> {
-        if skew <= 0.0 || h.arch != "qwen3moe" {
+        if skew <= 0.0 || !crate::arch::of(h.arch).synth.context_channel {
             return None;
         }
         let d = h.head_dim_k as usize;

@@ -19,7 +19,7 @@ use crate::engine::{Device, Engine, EngineOptions};
 use crate::gguf::GgufModel;
 use crate::model::placement::Bandwidths;
 use crate::model::validate::validate;
-use crate::model::{arch_by_name, Hparams};
+use crate::model::Hparams;
 use anyhow::{bail, Context as _, Result};
 use measure::{matrix, n_ctx_for, run_tests, Test, VramPeak};
 use report::{ModelFacts, Report, Setting, Status};
@@ -142,14 +142,15 @@ pub fn model_facts(path: &std::path::Path) -> Result<ModelFacts> {
         .get_str("general.architecture")
         .unwrap_or("")
         .to_string();
-    let spec = arch_by_name(&arch_name).with_context(|| {
+    let arch = crate::arch::by_name(&arch_name).with_context(|| {
         format!(
             "{}: architecture {arch_name:?} not supported",
             path.display()
         )
     })?;
-    let hp = Hparams::from_meta(&arch_name, spec.required_keys, &file)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let spec = &arch.spec;
+    let hp =
+        Hparams::from_meta(spec, &file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let tensors: Vec<_> = file.tensors().cloned().collect();
     let roles = validate(spec, &hp, &tensors).roles;
     Ok(ModelFacts {

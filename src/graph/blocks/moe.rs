@@ -10,6 +10,7 @@
 use crate::ggml::Tensor;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
+use crate::model::Hparams;
 
 /// The experts' activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +30,19 @@ pub struct MoeOpts {
     pub norm_w: bool,
     /// Multiply the weights by this (0 or 1 = no scaling).
     pub scale: f32,
+}
+
+impl MoeOpts {
+    /// Routing as the architecture's rules settled it in `hp` (gating, top-k weight
+    /// normalisation: `model::arch::Rules`), with activation `act` and weight scale `scale`.
+    pub fn new(hp: &Hparams, act: ExpertAct, scale: f32) -> Self {
+        Self {
+            act,
+            gating: hp.gating,
+            norm_w: hp.expert_weights_norm,
+            scale,
+        }
+    }
 }
 
 /// The router's decision for a micro-batch.
@@ -95,7 +109,7 @@ impl<'a> GraphBuilder<'a> {
             Gating::Softmax => ctx.soft_max(logits),
             Gating::Sigmoid => ctx.sigmoid(logits),
             Gating::SoftmaxWeight => logits,
-            // Refused at load (`graph::arch::unsupported`), and by `graph::arch::build`.
+            // Refused at load (`arch::unsupported`), and by `arch::build`.
             Gating::SqrtSoftplus => {
                 unreachable!("sqrt-softplus gating is refused before any graph")
             }

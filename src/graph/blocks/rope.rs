@@ -26,12 +26,14 @@ fn yarn_mscale(scale: f32, mscale: f32) -> f32 {
 }
 
 impl<'a> GraphBuilder<'a> {
-    /// `rope_yarn_log_mul` as llama.cpp's hparams hold it: deepseek2's loader cancels the
-    /// converter's factor 0.1 (`[TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]`), so it is `mscale_all_dim`.
+    /// `rope_yarn_log_mul` as llama.cpp's hparams hold it: where the architecture's rules say so
+    /// (`Rules::yarn_mscale_all_dim`, deepseek2) the loader cancels the converter's factor 0.1
+    /// (`[TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]`), so it is `mscale_all_dim`.
     pub fn rope_yarn_log_mul(&self) -> f32 {
-        match self.hp.arch.as_str() {
-            "deepseek2" => self.hp.rope_yarn_log_mul / 0.1,
-            _ => self.hp.rope_yarn_log_mul,
+        if self.hp.arch.rules.yarn_mscale_all_dim {
+            self.hp.rope_yarn_log_mul / 0.1
+        } else {
+            self.hp.rope_yarn_log_mul
         }
     }
 
@@ -51,7 +53,7 @@ impl<'a> GraphBuilder<'a> {
             let log_mul = self.rope_yarn_log_mul();
             attn_factor = if log_mul != 0.0 {
                 // llama.cpp assumes mscale = 1, except DeepSeek-V2 where mscale = mscale_all_dim.
-                let mscale = if hp.arch == "deepseek2" && log_mul != 1.0 {
+                let mscale = if hp.arch.rules.yarn_mscale_all_dim && log_mul != 1.0 {
                     log_mul
                 } else {
                     1.0

@@ -1,24 +1,10 @@
-//! The registry schema and the table of supported architectures.
-//!
-//! An architecture is data: GGUF name, the tensors each layer (or the model) holds, their shapes
-//! as functions of [`Hparams`], which layers they occur in, their [`Role`] and whether llama.cpp
-//! requires them.
-//!
-//! Adding an architecture touches several places today (issue 15 item 2 is to make it one file
-//! plus one list entry; until then, this is the recipe):
-//! 1. here: a file with one `ArchSpec` constant (tensor table, required keys), its `mod` line
-//!    and its entry in [`ARCHS`] — enough for `inspect` and validation;
-//! 2. `model/hparams.rs`: what llama.cpp's `load_arch_hparams` derives or fixes for it
-//!    (`apply_arch_rules`: gating, weight normalisation, expert width, sliding windows) and the
-//!    `ONE_HEAD_SIZE` / `WHOLE_HEAD_ROPE` lists where they apply;
-//! 3. `graph/arch/`: a file with its `build`, its `mod` line, its name in `BUILT`, its arm in
-//!    `build`'s match, and an arm in `unsupported` for variants the graph refuses;
-//!    `graph/blocks/rope.rs` where its RoPE differs (e.g. deepseek2's YaRN factor);
-//! 4. `synth/presets.rs` (a `tiny` preset, name aliases) and `synth/vocab.rs` (its
-//!    tokenizer's pre-tokenizer), so tests can make a model; `tokenizer/pretok.rs` if the
-//!    pre-tokenizer is new;
-//! 5. the test lists naming every built architecture (`tests/parity.rs`, `offload.rs`,
-//!    `hparams_fuzz.rs`, `graph_order.rs`, `synth_llama.rs`, `weights.rs`, ...).
+//! The schema of an architecture's model facts: [`ArchSpec`] (GGUF name, the tensors each
+//! layer or the model holds, their shapes as functions of [`Hparams`], which layers they occur
+//! in, their [`Role`], whether llama.cpp requires them; the required metadata keys; the rules by
+//! which llama.cpp's `load_arch_hparams` derives and checks hyper-parameters; the variants no
+//! graph is built for; RoPE specifics). Each architecture's value lives in its own file of the
+//! top-level [`crate::arch`] module, with its graph builder and synth facts (`model` sits below
+//! `graph`, so it holds the schema, not the list).
 //!
 //! Conventions shared by the tables: llama.cpp's `create_tensor_qkv` first tries a fused
 //! `attn_qkv` and falls back to separate `attn_q`/`attn_k`/`attn_v` (each with an optional bias);
@@ -28,19 +14,8 @@
 //! listed. Optional tensors (`required: false`) are ones llama.cpp uses when present; a writer of
 //! synthetic files should emit them only where the model it mimics has them. Not listed: the
 //! generic optional NVFP4 `.scale`/`.input_scale` companions llama.cpp probes for every arch.
+use super::hparams::{Gating, Meta};
 use super::Hparams;
-
-mod deepseek2;
-mod deepseek4;
-mod glm4moe;
-mod gpt_oss;
-mod llama;
-mod minimax_m2;
-mod olmoe;
-mod qwen2moe;
-mod qwen3moe;
-#[cfg(test)]
-mod tests;
 
 /// What a tensor is for; decides placement (resident vs routed-expert store) and reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -137,8 +112,8 @@ impl TensorSpec {
     }
 }
 
-/// An architecture: its GGUF name and tensor table.
-#[derive(Debug)]
+/// An architecture's model facts. One `&'static` value per architecture (in `crate::arch`);
+/// [`Hparams::arch`] points to it, so code asks the spec instead of comparing names.
 pub struct ArchSpec {
     /// `general.architecture` value, as llama.cpp spells it (`qwen3moe`, `gpt-oss`, ...).
     pub name: &'static str,
@@ -147,21 +122,102 @@ pub struct ArchSpec {
     /// Metadata keys (without the `{arch}.` prefix) llama.cpp requires for this architecture, on
     /// top of the common ones [`hparams::COMMON_REQUIRED`](super::hparams::COMMON_REQUIRED).
     pub required_keys: &'static [&'static str],
-    pub tensors: &'static [TensorSpec],
+    /// The tensor table, in llama.cpp's `load_arch_tensors` order, as groups of rows (shared
+    /// groups such as [`OUTPUT_HEAD`] are reused by several tables).
+    pub tensors: &'static [&'static [TensorSpec]],
     /// llama.cpp accepts a file whose trailing MTP ("nextn") blocks are missing altogether: it
     /// probes `blk.{n_layer_decode}.nextn.eh_proj.weight` and, without it, loads every tensor of
     /// those blocks as not required (glm4moe, deepseek2). False where those blocks are loaded like
     /// any other (deepseek4) or the arch has none.
     pub nextn_blocks_optional: bool,
+    /// What llama.cpp's `load_arch_hparams` (and graph) derives, fixes and asserts.
+    pub rules: Rules,
+    /// Why a file of this architecture still cannot run (a variant its graph does not build),
+    /// checked at load before anything is allocated; `None`: it runs.
+    pub unsupported: fn(&Hparams) -> Option<String>,
+}
+
+/// How the gating function (`expert_gating_func`) is decided.
+#[derive(Debug, Clone, Copy)]
+pub enum GatingRule {
+    /// The graph hard-codes it (llama.cpp passes a constant to `build_moe_ffn`); the key is
+    /// ignored.
+    Fixed(Gating),
+    /// The key when given (not 0), else this.
+    Default(Gating),
+    /// The key when given, else this function of the other hyper-parameters.
+    DefaultBy(fn(&Hparams) -> Gating),
+}
+
+/// The per-architecture hyper-parameter rules (llama.cpp `load_arch_hparams` and the asserts of
+/// its graph), applied by [`Hparams::from_meta`] and [`Hparams::validate`].
+#[derive(Clone, Copy)]
+pub struct Rules {
+    pub gating: GatingRule,
+    /// Top-k weight normalisation fixed by the graph (`Some`), else `expert_weights_norm`.
+    pub weights_norm: Option<bool>,
+    /// `expert_feed_forward_length` defaults to `feed_forward_length / expert_used_count`.
+    pub ff_exp_from_ff: bool,
+    /// Keys and values share one head size (llama.cpp's graph asserts it).
+    pub one_head_size: bool,
+    /// RoPE rotates whole heads (`rope.dimension_count == attention.key_length`).
+    pub whole_head_rope: bool,
+    /// The query projection is square: `head_count * key_length == embedding_length`.
+    pub square_q: bool,
+    /// llama.cpp drops `nextn_predict_layers` when the file lacks the MTP probe tensor, running
+    /// those blocks as ordinary ones ([`Hparams::apply_mtp_probe`]).
+    pub mtp_needs_probe: bool,
+    /// deepseek2's YaRN: the file stores `0.1 * mscale_all_dim` as `yarn_log_multiplier`, which
+    /// llama.cpp's loader scales back, and `mscale = mscale_all_dim`
+    /// (`[TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]`, `graph::blocks::rope`).
+    pub yarn_mscale_all_dim: bool,
+    /// Further derivations from the metadata after the ones above (sliding-window patterns,
+    /// per-block arrays, keys required only in some variants).
+    pub derive: fn(&mut Hparams, &dyn Meta) -> Result<(), String>,
+    /// Further checks at the end of [`Hparams::validate`], each naming the key.
+    pub check: fn(&Hparams) -> Result<(), String>,
+}
+
+impl Rules {
+    /// No architecture-specific rule: the file's gating (softmax when absent) and weight
+    /// normalisation, nothing derived or asserted. Specs spell out what differs.
+    pub const NONE: Rules = Rules {
+        gating: GatingRule::Default(Gating::Softmax),
+        weights_norm: None,
+        ff_exp_from_ff: false,
+        one_head_size: false,
+        whole_head_rope: false,
+        square_q: false,
+        mtp_needs_probe: false,
+        yarn_mscale_all_dim: false,
+        derive: |_, _| Ok(()),
+        check: |_| Ok(()),
+    };
 }
 
 impl ArchSpec {
+    /// A spec without tables or rules: the placeholder of a default [`Hparams`].
+    pub const NONE: ArchSpec = ArchSpec {
+        name: "",
+        description: "",
+        required_keys: &[],
+        tensors: &[],
+        nextn_blocks_optional: false,
+        rules: Rules::NONE,
+        unsupported: |_| None,
+    };
+
+    /// Every row of the tensor table, in order.
+    pub fn tensor_specs(&self) -> impl Iterator<Item = &'static TensorSpec> {
+        self.tensors.iter().flat_map(|g| g.iter())
+    }
+
     /// Every concrete tensor this architecture expects for `hp`: (name, spec, block or None).
     pub fn expected_tensors<'a>(
         &'a self,
         hp: &'a Hparams,
-    ) -> impl Iterator<Item = (String, &'a TensorSpec, Option<usize>)> + 'a {
-        self.tensors.iter().flat_map(move |t| {
+    ) -> impl Iterator<Item = (String, &'static TensorSpec, Option<usize>)> + 'a {
+        self.tensor_specs().flat_map(move |t| {
             let blocks: Vec<Option<usize>> = match t.layers {
                 Layers::Global => vec![None],
                 _ => (0..hp.n_layer)
@@ -183,15 +239,29 @@ impl ArchSpec {
     }
 }
 
-/// Every supported architecture.
-pub static ARCHS: &[&ArchSpec] = &[
-    &qwen3moe::QWEN3MOE,
-    &qwen2moe::QWEN2MOE,
-    &gpt_oss::GPT_OSS,
-    &deepseek2::DEEPSEEK2,
-    &deepseek4::DEEPSEEK4,
-    &llama::LLAMA,
-    &glm4moe::GLM4MOE,
-    &minimax_m2::MINIMAX_M2,
-    &olmoe::OLMOE,
-];
+/// Specs are equal when they name the same architecture.
+impl PartialEq for ArchSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// The GGUF name (a spec's tables and functions say nothing readable).
+impl std::fmt::Debug for ArchSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ArchSpec({:?})", self.name)
+    }
+}
+
+/// The GGUF name, as metadata keys are prefixed with it (`{arch}.block_count`).
+impl std::fmt::Display for ArchSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name)
+    }
+}
+
+impl Default for &'static ArchSpec {
+    fn default() -> Self {
+        &ArchSpec::NONE
+    }
+}

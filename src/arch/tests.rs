@@ -4,9 +4,9 @@
 //! arch-specific rules in `Hparams::from_meta`.
 use std::collections::{HashMap, HashSet};
 
-use super::{ArchSpec, Layers, Role, ARCHS};
-use crate::model::arch_by_name;
+use super::ARCHS;
 use crate::model::hparams::{Gating, Hparams, Meta};
+use crate::model::{ArchSpec, Layers, Role};
 
 /// Global tensor stems (llama.cpp `LLM_TENSOR_NAMES` entries without a block index).
 #[rustfmt::skip]
@@ -27,7 +27,7 @@ const BLOCK_STEMS: &[&str] = &[
 
 fn base(arch: &str) -> Hparams {
     Hparams {
-        arch: arch.into(),
+        arch: spec(arch),
         n_vocab: 1000,
         n_ctx_train: 4096,
         n_embd: 256,
@@ -180,7 +180,9 @@ fn cases() -> Vec<Hparams> {
 }
 
 fn spec(name: &str) -> &'static ArchSpec {
-    arch_by_name(name).unwrap_or_else(|| panic!("{name} is not registered"))
+    super::by_name(name)
+        .map(|a| &a.spec)
+        .unwrap_or_else(|| panic!("{name} is not registered"))
 }
 
 /// Tensors of block `il` (None = global): name -> (role, shape, required).
@@ -209,7 +211,7 @@ fn shape(m: &HashMap<String, (Role, Vec<u64>, bool)>, name: &str) -> Vec<u64> {
 
 #[test]
 fn registry_has_every_arch_once() {
-    let names: Vec<&str> = ARCHS.iter().map(|a| a.name).collect();
+    let names: Vec<&str> = ARCHS.iter().map(|a| a.spec.name).collect();
     let unique: HashSet<&str> = names.iter().copied().collect();
     assert_eq!(unique.len(), names.len(), "duplicate arch names: {names:?}");
     for n in [
@@ -225,7 +227,7 @@ fn registry_has_every_arch_once() {
     ] {
         assert_eq!(spec(n).name, n);
     }
-    let tested: HashSet<String> = cases().into_iter().map(|h| h.arch).collect();
+    let tested: HashSet<&str> = cases().into_iter().map(|h| h.arch.name).collect();
     for n in names {
         assert!(tested.contains(n), "{n} has no test case");
     }
@@ -240,9 +242,9 @@ fn cases_validate() {
 
 #[test]
 fn names_use_llama_cpp_forms() {
-    for a in ARCHS {
+    for a in ARCHS.iter().map(|a| &a.spec) {
         let mut seen = HashSet::new();
-        for t in a.tensors {
+        for t in a.tensor_specs() {
             assert!(seen.insert(t.name), "{}: {} listed twice", a.name, t.name);
             let (stem, suffix) = t
                 .name
@@ -295,22 +297,19 @@ fn names_use_llama_cpp_forms() {
             );
         }
         assert!(
-            a.tensors
-                .iter()
+            a.tensor_specs()
                 .any(|t| t.name == "token_embd.weight" && t.role == Role::Embedding && t.required),
             "{}",
             a.name
         );
         assert!(
-            a.tensors
-                .iter()
+            a.tensor_specs()
                 .any(|t| t.name == "output_norm.weight" && t.role == Role::Norm && t.required),
             "{}",
             a.name
         );
         assert!(
-            a.tensors
-                .iter()
+            a.tensor_specs()
                 .any(|t| t.name == "output.weight" && t.role == Role::Output),
             "{}",
             a.name
@@ -321,7 +320,7 @@ fn names_use_llama_cpp_forms() {
 #[test]
 fn blocks_are_well_formed() {
     for h in cases() {
-        let a = spec(&h.arch);
+        let a = h.arch;
         for (name, (_, s, _)) in block(a, &h, None) {
             assert!(
                 !s.is_empty() && !s.contains(&0),
@@ -413,7 +412,7 @@ fn blocks_are_well_formed() {
 #[test]
 fn dense_lead_blocks_and_shared_experts() {
     for h in [hp_deepseek2(), hp_glm4moe()] {
-        let a = spec(&h.arch);
+        let a = h.arch;
         let b0 = block(a, &h, Some(0));
         assert_eq!(shape(&b0, "blk.0.ffn_gate.weight"), vec![h.n_embd, h.n_ff]);
         assert_eq!(shape(&b0, "blk.0.ffn_down.weight"), vec![h.n_ff, h.n_embd]);
@@ -457,7 +456,7 @@ fn dense_lead_blocks_and_shared_experts() {
 #[test]
 fn deepseek_v3_real_shapes() {
     let h = Hparams {
-        arch: "deepseek2".into(),
+        arch: spec("deepseek2"),
         n_vocab: 129280,
         n_embd: 7168,
         n_layer: 62,
@@ -785,7 +784,7 @@ impl Meta for MapMeta {
 }
 
 fn load(arch: &str, meta: &MapMeta) -> Result<Hparams, String> {
-    Hparams::from_meta(arch, spec(arch).required_keys, meta)
+    Hparams::from_meta(spec(arch), meta)
 }
 
 fn deepseek2_meta(layers: u64, vocab: u64, q_lora: Option<u64>) -> MapMeta {
@@ -1190,8 +1189,8 @@ fn validate_refuses_inconsistent_groups_and_windows() {
 #[test]
 fn non_resident_roles_are_exactly_the_offload_stores_matrices() {
     use crate::experts::offload::MATS;
-    for a in ARCHS {
-        for t in a.tensors {
+    for a in ARCHS.iter().map(|a| &a.spec) {
+        for t in a.tensor_specs() {
             let stored = MATS
                 .iter()
                 .any(|m| t.name == format!("blk.{{}}.{m}.weight"));

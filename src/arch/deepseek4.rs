@@ -1,0 +1,200 @@
+//! deepseek4 — DeepSeek-V4. Hyper-connections: `hyper_connection.count` residual streams, mixed
+//! before attention and before the FFN by Sinkhorn-normalised matrices (`hc_{attn,ffn}_{fn,base,
+//! scale}`) and collapsed at the output (`output_hc_*`). Attention: low-rank q (`attn_q_a` →
+//! `attn_q_a_norm` → `attn_q_b`), one shared latent KV head of the full head size (`attn_kv` +
+//! `attn_kv_a_norm`), per-head sinks, NORM RoPE, a sliding window in every block plus per-block
+//! KV compression (`attention.compress_ratios`: 0 none, 4 compressed KV with a sparse top-k
+//! indexer `indexer.*`/`indexer_compressor_*`, 128 compressed KV; `attn_compressor_*`), and a
+//! grouped low-rank output projection (`attn_output_a` per group, then `attn_output_b`).
+//! Every block MoE: sqrt-softplus gating, weights normalised/scaled; the first
+//! `hash_layer_count` blocks pick experts by token id (`ffn_gate_tid2eid`), the rest by router
+//! top-k with the `exp_probs_b` bias (`exp_probs_b_vl` optional, vision inputs); shared experts
+//! of width `n_ff_exp * n_expert_shared`; SwiGLU clamps. No dense blocks, no tied output.
+//! MTP: trailing `nextn_predict_layers` blocks are full blocks plus `nextn.*`; llama.cpp drops the
+//! count when `blk.{n}.nextn.eh_proj.weight` is absent (those blocks then load as ordinary ones),
+//! so their block tensors stay required. Head size is llama.cpp's `n_embd_head_k()` of block 0,
+//! a sliding-window block (`attention.key_length_swa`, default `attention.key_length`).
+//! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
+use super::{Arch, Synth};
+use crate::model::arch::Rules;
+use crate::model::hparams::{Gating, Meta};
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+/// Head size (llama.cpp `n_embd_head_k()`, block 0).
+fn hd(h: &Hparams) -> u64 {
+    h.head_dim_k_at(0)
+}
+
+/// KV compression ratio of block `il` (0 = none).
+fn ratio(h: &Hparams, il: usize) -> u64 {
+    h.compress_ratios.get(il).copied().unwrap_or(0)
+}
+
+/// Compressor width multiplier: ratio-4 blocks compress two overlapping windows.
+fn coff(h: &Hparams, il: usize) -> u64 {
+    if ratio(h, il) == 4 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Hyper-connection mixing width: `(2 + hc_mult) * hc_mult`.
+fn hc_mix(h: &Hparams) -> u64 {
+    (2 + h.hc_mult) * h.hc_mult
+}
+
+#[rustfmt::skip]
+pub static DEEPSEEK4: Arch = Arch {
+    spec: ArchSpec {
+        name: "deepseek4",
+        description: "DeepSeek-V4",
+        required_keys: &[
+            "attention.layer_norm_rms_epsilon", "attention.q_lora_rank", "attention.sliding_window", "expert_feed_forward_length",
+            "expert_shared_count", "expert_weights_scale", "expert_weights_norm", "swiglu_clamp_exp", "attention.indexer.head_count",
+            "attention.indexer.key_length", "attention.indexer.top_k", "attention.output_group_count", "attention.output_lora_rank",
+            "attention.compress_rope_freq_base", "hyper_connection.count", "hyper_connection.sinkhorn_iterations",
+            "hyper_connection.epsilon", "hash_layer_count", "attention.compress_ratios", "expert_gating_func", "expert_count", "expert_used_count",
+        ],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_hc_fn.weight", role: Other, layers: Global, shape: |h, _| vec![h.hc_mult * h.n_embd, h.hc_mult], required: true },
+            TensorSpec { name: "output_hc_base.weight", role: Other, layers: Global, shape: |h, _| vec![h.hc_mult], required: true },
+            TensorSpec { name: "output_hc_scale.weight", role: Other, layers: Global, shape: |_, _| vec![1], required: true },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_sinks.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head], required: true },
+            TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_lora_rank], required: true },
+            TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.q_lora_rank], required: true },
+            TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_lora_rank, h.n_head * hd(h)], required: true },
+            TensorSpec { name: "blk.{}.attn_kv.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, hd(h)], required: true },
+            TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![hd(h)], required: true },
+            // The file's 2-D shape; llama.cpp views it as [.., o_lora_rank, o_groups] (TENSOR_ALLOW_RESHAPE).
+            TensorSpec { name: "blk.{}.attn_output_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h) / h.o_group_count, h.o_lora_rank * h.o_group_count], required: true },
+            TensorSpec { name: "blk.{}.attn_output_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.o_group_count * h.o_lora_rank, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.hc_attn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.hc_mult * h.n_embd, hc_mix(h)], required: true },
+            TensorSpec { name: "blk.{}.hc_attn_base.weight", role: Other, layers: All, shape: |h, _| vec![hc_mix(h)], required: true },
+            TensorSpec { name: "blk.{}.hc_attn_scale.weight", role: Other, layers: All, shape: |_, _| vec![3], required: true },
+            TensorSpec { name: "blk.{}.hc_ffn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.hc_mult * h.n_embd, hc_mix(h)], required: true },
+            TensorSpec { name: "blk.{}.hc_ffn_base.weight", role: Other, layers: All, shape: |h, _| vec![hc_mix(h)], required: true },
+            TensorSpec { name: "blk.{}.hc_ffn_scale.weight", role: Other, layers: All, shape: |_, _| vec![3], required: true },
+            TensorSpec { name: "blk.{}.attn_compressor_kv.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![h.n_embd, coff(h, il) * hd(h)], required: true },
+            TensorSpec { name: "blk.{}.attn_compressor_gate.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![h.n_embd, coff(h, il) * hd(h)], required: true },
+            TensorSpec { name: "blk.{}.attn_compressor_ape.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![coff(h, il) * hd(h), ratio(h, il)], required: true },
+            TensorSpec { name: "blk.{}.attn_compressor_norm.weight", role: Norm, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, _| vec![hd(h)], required: true },
+            TensorSpec { name: "blk.{}.indexer.proj.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, h.indexer_n_head], required: true },
+            TensorSpec { name: "blk.{}.indexer.attn_q_b.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.q_lora_rank, h.indexer_n_head * h.indexer_head_dim], required: true },
+            TensorSpec { name: "blk.{}.indexer_compressor_kv.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer_head_dim], required: true },
+            TensorSpec { name: "blk.{}.indexer_compressor_gate.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer_head_dim], required: true },
+            TensorSpec { name: "blk.{}.indexer_compressor_ape.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, il| vec![2 * h.indexer_head_dim, ratio(h, il)], required: true },
+            TensorSpec { name: "blk.{}.indexer_compressor_norm.weight", role: Norm, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.indexer_head_dim], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_tid2eid.weight", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il < h.hash_layer_count), shape: |h, _| vec![h.n_expert_used, h.n_vocab], required: true },
+            TensorSpec { name: "blk.{}.exp_probs_b.bias", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il >= h.hash_layer_count), shape: |h, _| vec![h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.exp_probs_b_vl.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: false },
+            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp * h.n_expert_shared, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
+            // MTP ("nextn") blocks: the block above plus these.
+            TensorSpec { name: "blk.{}.nextn.eh_proj.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![2 * h.n_embd, h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.enorm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.hnorm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.embed_tokens.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.nextn.shared_head_head.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.nextn.shared_head_norm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+        ]],
+        nextn_blocks_optional: false,
+        rules: Rules {
+            mtp_needs_probe: true,
+            derive,
+            check,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: None,
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "deepseek-v3",
+        aliases: &[],
+        optional_tensors: &[],
+        context_channel: false,
+        tiny: None,
+    },
+};
+
+/// Sqrt-softplus scoring, a sliding window in every block, the per-block compression ratios.
+fn derive(h: &mut Hparams, meta: &dyn Meta) -> Result<(), String> {
+    if h.gating != Gating::SqrtSoftplus {
+        return Err(format!(
+            "{}: DeepSeek-V4 expects sqrtsoftplus scoring (4)",
+            h.key("expert_gating_func")
+        ));
+    }
+    h.swa_layers = vec![true; h.n_layer];
+    let key = h.key("attention.compress_ratios");
+    let ratios = meta
+        .u64_array(&key)
+        .ok_or_else(|| format!("{key}: array values are not available"))?;
+    if ratios.len() < h.n_layer {
+        return Err(format!(
+            "{key} has {} entries, shorter than block_count {}",
+            ratios.len(),
+            h.n_layer
+        ));
+    }
+    h.compress_ratios = ratios;
+    Ok(())
+}
+
+/// The sizes the attention, hyper-connections and hash routing are built from.
+fn check(h: &Hparams) -> Result<(), String> {
+    let a = h.arch;
+    for (s, v) in [
+        ("attention.q_lora_rank", h.q_lora_rank),
+        ("attention.output_group_count", h.o_group_count),
+        ("attention.output_lora_rank", h.o_lora_rank),
+        ("hyper_connection.count", h.hc_mult),
+        ("expert_shared_count", h.n_expert_shared),
+        ("expert_feed_forward_length", h.n_ff_exp),
+    ] {
+        if v == 0 {
+            return Err(format!("{}: must be positive", h.key_is(s, 0)));
+        }
+    }
+    if (h.n_head * h.head_dim_k_at(0)) % h.o_group_count != 0 {
+        return Err(format!(
+            "{}: does not divide n_head * head size = {}",
+            h.key_is("attention.output_group_count", h.o_group_count),
+            h.n_head * h.head_dim_k_at(0)
+        ));
+    }
+    if h.compress_ratios.len() < h.n_layer {
+        return Err(format!(
+            "{a}.attention.compress_ratios has {} entries, shorter than block_count {}",
+            h.compress_ratios.len(),
+            h.n_layer
+        ));
+    }
+    if let Some(r) = h.compress_ratios.iter().find(|r| ![0, 4, 128].contains(*r)) {
+        return Err(format!(
+            "{a}.attention.compress_ratios holds {r}; only 0, 4 and 128 are supported"
+        ));
+    }
+    if h.compress_ratios.contains(&4) && (h.indexer_n_head == 0 || h.indexer_head_dim == 0) {
+        return Err(format!("{a}: compression ratio 4 needs {a}.attention.indexer.head_count and {a}.attention.indexer.key_length"));
+    }
+    if h.hash_layer_count > h.n_layer {
+        return Err(format!(
+            "{}: must be at most {}",
+            h.key_is("hash_layer_count", h.hash_layer_count as u64),
+            h.key_is("block_count", h.n_layer as u64)
+        ));
+    }
+    Ok(())
+}

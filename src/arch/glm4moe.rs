@@ -1,0 +1,133 @@
+//! glm4moe — GLM-4.5 / GLM-4.5-Air / GLM-4.6 / GLM-4.7, Solar Open: GQA with q/k/v biases
+//! (optional in llama.cpp, present in the real files) and optional per-head q/k RMSNorm (the
+//! 355B models), partial NeoX RoPE (`rope.dimension_count` of the head), pre-FFN norm named
+//! `post_attention_norm` (no `ffn_norm`). The first `leading_dense_block_count` blocks are dense
+//! (`ffn_{gate,up,down}`, `n_ff`); the rest MoE with sigmoid gating (the default when
+//! `expert_gating_func` is absent), a required `exp_probs_b` selection bias, top-k weights
+//! normalised / scaled per `expert_weights_norm`/`expert_weights_scale`, and `expert_shared_count`
+//! shared experts of width `n_ff_exp * n_expert_shared` (ungated). Output projection may be tied.
+//! MTP: the last `nextn_predict_layers` block(s) are full blocks (MoE tensors included) plus the
+//! `nextn.*` tensors; decode never runs them and llama.cpp accepts files without them.
+//! Source: llama.cpp `src/models/glm4-moe.cpp` (`load_arch_hparams`, `load_arch_tensors`).
+use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::arch::{GatingRule, Rules};
+use crate::model::hparams::Gating;
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+#[rustfmt::skip]
+pub static GLM4MOE: Arch = Arch {
+    spec: ArchSpec {
+        name: "glm4moe",
+        description: "GLM-4.5/4.6/4.7 MoE",
+        required_keys: &["expert_feed_forward_length", "attention.layer_norm_rms_epsilon", "expert_shared_count", "expert_count", "expert_used_count"],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.k_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.q_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.k_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_dim(), h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.head_dim_k], required: false },
+            TensorSpec { name: "blk.{}.attn_k_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.head_dim_k], required: false },
+            TensorSpec { name: "blk.{}.post_attention_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.exp_probs_b.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_shexp.weight", role: SharedExperts, layers: Where(|h, il| h.is_moe_layer(il) && h.n_expert_shared > 0), shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_shexp.weight", role: SharedExperts, layers: Where(|h, il| h.is_moe_layer(il) && h.n_expert_shared > 0), shape: |h, _| vec![h.n_ff_exp * h.n_expert_shared, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_shexp.weight", role: SharedExperts, layers: Where(|h, il| h.is_moe_layer(il) && h.n_expert_shared > 0), shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
+            TensorSpec { name: "blk.{}.ffn_down.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_up.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
+            // MTP ("nextn") blocks: the block above plus these.
+            TensorSpec { name: "blk.{}.nextn.eh_proj.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![2 * h.n_embd, h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.enorm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.hnorm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.nextn.embed_tokens.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.nextn.shared_head_head.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.nextn.shared_head_norm.weight", role: Other, layers: Where(|h, il| h.is_nextn_layer(il)), shape: |h, _| vec![h.n_embd], required: false },
+        ]],
+        nextn_blocks_optional: true,
+        rules: Rules {
+            gating: GatingRule::Default(Gating::Sigmoid),
+            ff_exp_from_ff: true,
+            one_head_size: true,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: Some(build),
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "glm4",
+        aliases: &["glm4_moe", "glm4-moe"],
+        optional_tensors: &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+        context_channel: false,
+        tiny: Some(tiny),
+    },
+};
+
+/// GQA with q/k/v biases and optional per-head q/k norms, NeoX RoPE over a partial rotary width,
+/// pre-FFN norm `post_attention_norm`; leading dense SwiGLU blocks, then routed experts (sigmoid
+/// gating, `exp_probs_b` bias, renormalised and scaled weights) plus an ungated shared expert.
+/// Trailing MTP (nextn) blocks are not run. Mirrors llama.cpp `src/models/glm4-moe.cpp`.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::PerHead,
+        rope_mode: ROPE_NEOX,
+    };
+    let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
+    g.pre_norm_decoder(&attn, "post_attention_norm.weight", |g, h, il| {
+        if il < g.hp.n_layer_dense_lead {
+            return g.swiglu_ffn(h, il, "");
+        }
+        let routed = g.moe(h, il, &moe);
+        let shared = g.swiglu_ffn(h, il, "_shexp");
+        g.add(routed, shared, "ffn_out", il as i32)
+    })
+}
+
+/// What GLM-4.5 models share (the synth presets start from it).
+pub fn family() -> Hparams {
+    let h = Hparams {
+        n_vocab: 151552,
+        n_expert_used: 8,
+        n_expert_shared: 1,
+        n_layer_dense_lead: 1,
+        n_layer_nextn: 1,
+        gating: Gating::Sigmoid,
+        expert_weights_scale: 1.0,
+        n_ctx_train: 131072,
+        rms_eps: 1e-5,
+        ..preset_base(&GLM4MOE)
+    };
+    Hparams {
+        n_rot: 64,
+        ..with_heads(h, 96, 8, 128)
+    }
+}
+
+fn tiny() -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 3,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_ff: 512,
+        n_rot: 64,
+        ..with_heads(family(), 4, 2, 128)
+    }
+}

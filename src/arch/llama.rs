@@ -1,0 +1,111 @@
+//! llama — the Llama architecture with experts: Mixtral-8x7B / 8x22B and mergekit-style Llama
+//! MoEs (`expert_count` > 0). GQA without q/k/v biases in practice (llama.cpp accepts optional
+//! q/k/v/o biases), NORM-style RoPE (rope.dimension_count must equal the head size) with optional
+//! `rope_freqs` factors (Llama-3-based merges). Every block MoE: softmax gating with the top-k
+//! weights renormalised, experts of width `feed_forward_length` (`n_ff`; Mixtral writes no
+//! `expert_feed_forward_length`), `ffn_gate_exps` optional; no shared expert, no router bias.
+//! Blocks are dense (`ffn_{gate,up,down}` + optional biases) only when `expert_count` is 0 —
+//! plain Llama, which PocketMoE rejects. Output projection may be tied. Not listed: the
+//! `rope_factors_long/short` llama.cpp loads only under LongRoPE scaling (no Llama MoE uses it).
+//! Source: llama.cpp `src/models/llama.cpp` (`load_arch_tensors`).
+use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::arch::{GatingRule, Rules};
+use crate::model::hparams::Gating;
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+#[rustfmt::skip]
+pub static LLAMA: Arch = Arch {
+    spec: ArchSpec {
+        name: "llama",
+        description: "Llama with experts (Mixtral)",
+        required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            // One tensor for every block (llama.cpp loads it per block, TENSOR_DUPLICATED after the first).
+            TensorSpec { name: "rope_freqs.weight", role: Other, layers: Global, shape: |h, _| vec![h.n_rot / 2], required: false },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.k_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.q_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.k_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_dim(), h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_output.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
+            TensorSpec { name: "blk.{}.ffn_down.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_up.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
+            TensorSpec { name: "blk.{}.ffn_down.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.ffn_up.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: false },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
+        ]],
+        nextn_blocks_optional: false,
+        rules: Rules {
+            gating: GatingRule::Fixed(Gating::Softmax),
+            weights_norm: Some(true),
+            one_head_size: true,
+            whole_head_rope: true,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: Some(build),
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "default",
+        aliases: &["mixtral"],
+        optional_tensors: &["ffn_gate_exps.weight"],
+        context_channel: false,
+        tiny: Some(tiny),
+    },
+};
+
+/// GQA, normal (GPT-J) RoPE, every block routed SwiGLU experts (a block without a router would
+/// be a dense SwiGLU FFN). Mirrors llama.cpp `src/models/llama.cpp`.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::None,
+        rope_mode: ROPE_NORMAL,
+    };
+    let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
+        if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
+            g.moe(h, il, &moe)
+        } else {
+            g.swiglu_ffn(h, il, "")
+        }
+    })
+}
+
+/// What Mixtral models share (the synth presets start from it).
+pub fn family() -> Hparams {
+    let h = Hparams {
+        n_vocab: 32000,
+        n_expert: 8,
+        n_expert_used: 2,
+        rms_eps: 1e-5,
+        ..preset_base(&LLAMA)
+    };
+    with_heads(h, 32, 8, 128)
+}
+
+fn tiny() -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_ff: 512,
+        ..with_heads(family(), 4, 2, 64)
+    }
+}

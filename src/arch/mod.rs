@@ -1,0 +1,184 @@
+//! The supported architectures, one file each, and their list [`ARCHS`].
+//!
+//! An architecture is one `&'static` [`Arch`] value: its model facts ([`ArchSpec`]: the tensor
+//! table, required metadata keys, the hyper-parameter rules of llama.cpp's `load_arch_hparams`,
+//! what its graph does not build, RoPE specifics), its graph builder (`None`: registry only, as
+//! deepseek4 today) and what the synthesiser needs to make a tiny model of it. Code asks the
+//! spec (`hp.arch`, [`of`]) instead of comparing names.
+//!
+//! This module sits above `model` and `graph` (it names both; neither names it): `model` holds
+//! the schema ([`ArchSpec`], [`TensorSpec`](crate::model::TensorSpec)) and `graph` the blocks an
+//! architecture's builder strings together.
+//!
+//! Adding an architecture:
+//! 1. a file here, `<name>.rs`, with one `pub static <NAME>: Arch` (its table, rules, refusals,
+//!    graph builder, tiny preset and synth facts) — deepseek2.rs is the fullest example;
+//! 2. its `pub mod <name>;` line and its entry in [`ARCHS`] below.
+//!
+//! The tests that cover every architecture (`tests/parity.rs`, `offload.rs`, `graph_order.rs`,
+//! `hparams_fuzz.rs`, `synth_llama.rs`, `weights.rs`, `batch.rs`) iterate over [`built`]; a new
+//! pre-tokenizer (`tokenizer/pretok.rs`) or graph block (`graph/blocks/`) is code of its own.
+use crate::ggml::Tensor;
+use crate::graph::GraphBuilder;
+use crate::model::hparams::{Gating, Meta};
+use crate::model::{ArchSpec, Hparams};
+
+pub mod deepseek2;
+pub mod deepseek4;
+pub mod glm4moe;
+pub mod gpt_oss;
+pub mod llama;
+pub mod minimax_m2;
+pub mod olmoe;
+pub mod qwen2moe;
+pub mod qwen3moe;
+#[cfg(test)]
+mod tests;
+
+/// Every supported architecture.
+pub static ARCHS: &[&Arch] = &[
+    &qwen3moe::QWEN3MOE,
+    &qwen2moe::QWEN2MOE,
+    &gpt_oss::GPT_OSS,
+    &deepseek2::DEEPSEEK2,
+    &deepseek4::DEEPSEEK4,
+    &llama::LLAMA,
+    &glm4moe::GLM4MOE,
+    &minimax_m2::MINIMAX_M2,
+    &olmoe::OLMOE,
+];
+
+/// Vocabulary size of the tiny presets.
+pub const TINY_VOCAB: u64 = 1024;
+
+/// A graph builder: the forward graph of one step, returning the logits [n_vocab, n_tokens].
+pub type GraphFn = for<'a> fn(&GraphBuilder<'a>) -> Tensor<'a>;
+
+/// One architecture: everything the crate knows of it.
+pub struct Arch {
+    /// Model facts: name, tensor table, required keys, hyper-parameter rules, refusals.
+    pub spec: ArchSpec,
+    /// Its forward graph; `None` for an architecture only the registry knows (inspect,
+    /// validation), whose files the engine refuses.
+    pub graph: Option<GraphFn>,
+    /// Whether its graph runs over a quantised KV cache (`--kv-type`); deepseek2's MLA does not
+    /// yet.
+    pub quantized_kv: bool,
+    /// What the synthesiser needs for it.
+    pub synth: Synth,
+}
+
+/// Synthesiser facts of an architecture (`crate::synth`).
+pub struct Synth {
+    /// `tokenizer.ggml.pre` of its real models' tokenizer.
+    pub pre_tokenizer: &'static str,
+    /// Other names of it (Hugging Face `model_type`s, family names), for `synth --arch` hints.
+    pub aliases: &'static [&'static str],
+    /// Optional tensors (name endings) its real files carry, which synthetic files then carry too.
+    pub optional_tensors: &'static [&'static str],
+    /// Whether the synthetic routing's context channel (`synth::routing`, calibrated on
+    /// Qwen3-30B-A3B: per-head q/k norms with NeoX RoPE) applies.
+    pub context_channel: bool,
+    /// The `tiny` preset (a few MB, widths multiples of 256 so every quant type applies), which
+    /// the tests build their models from; `None` for an architecture without a graph.
+    pub tiny: Option<fn() -> Hparams>,
+}
+
+/// Defaults every synth preset starts from; each architecture's `family()` overrides what its
+/// models change.
+pub fn preset_base(arch: &'static Arch) -> Hparams {
+    Hparams {
+        arch: &arch.spec,
+        n_ctx_train: 32768,
+        rope_freq_base: 1e6,
+        rms_eps: 1e-6,
+        gating: Gating::Softmax,
+        expert_weights_norm: true,
+        ..Default::default()
+    }
+}
+
+/// GQA attention sizes: heads, KV heads, head size (rotary over the whole head).
+pub fn with_heads(h: Hparams, n_head: u64, n_head_kv: u64, head_dim: u64) -> Hparams {
+    Hparams {
+        n_head,
+        n_head_kv,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
+        n_rot: head_dim,
+        ..h
+    }
+}
+
+/// Looks an architecture up by its GGUF name (`general.architecture`).
+pub fn by_name(name: &str) -> Option<&'static Arch> {
+    ARCHS.iter().copied().find(|a| a.spec.name == name)
+}
+
+/// The architecture a file's `general.architecture` names, and the hyper-parameters its rules
+/// read from `meta` (errors name the key; the caller names the file).
+pub fn hparams(meta: &dyn Meta) -> Result<(&'static Arch, Hparams), String> {
+    let name = meta
+        .str("general.architecture")
+        .ok_or("no general.architecture")?;
+    let arch = by_name(&name).ok_or_else(|| format!("architecture {name:?} is not supported"))?;
+    Ok((arch, Hparams::from_meta(&arch.spec, meta)?))
+}
+
+/// The architecture whose model facts `spec` are (`hp.arch`).
+pub fn of(spec: &ArchSpec) -> &'static Arch {
+    ARCHS
+        .iter()
+        .copied()
+        .find(|a| a.spec == *spec)
+        .unwrap_or_else(|| panic!("architecture {:?} is not in ARCHS", spec.name))
+}
+
+/// The architectures with a graph, in [`ARCHS`] order.
+pub fn built() -> impl Iterator<Item = &'static Arch> {
+    ARCHS.iter().copied().filter(|a| a.graph.is_some())
+}
+
+/// Whether the engine can run files of `name`.
+pub fn is_built(name: &str) -> bool {
+    by_name(name).is_some_and(|a| a.graph.is_some())
+}
+
+/// Names of the built architectures, comma-separated (for errors).
+pub fn built_names() -> String {
+    built().map(|a| a.spec.name).collect::<Vec<_>>().join(", ")
+}
+
+/// Why a file of a built architecture still cannot run (a variant whose graph is not built),
+/// checked at load time so the error names the file before anything is allocated: the
+/// architecture's own refusals, then what no graph builds (sqrt-softplus gating).
+pub fn unsupported(hp: &Hparams) -> Option<String> {
+    if let Some(msg) = (hp.arch.unsupported)(hp) {
+        return Some(msg);
+    }
+    // libllama computes sqrt(softplus(logits)) for it; our router has no such gating yet.
+    (hp.gating == Gating::SqrtSoftplus).then(|| {
+        format!(
+            "{}.expert_gating_func = {} (sqrt-softplus gating) is not built for {} (built: 1 \
+             softmax, 2 sigmoid, 3 softmax over the selected experts)",
+            hp.arch,
+            Gating::SqrtSoftplus as u32,
+            hp.arch
+        )
+    })
+}
+
+/// Builds the forward graph for `g.hp.arch`; returns the logits [n_vocab, n_tokens].
+pub fn build<'a>(g: &GraphBuilder<'a>) -> Result<Tensor<'a>, String> {
+    if let Some(msg) = unsupported(g.hp) {
+        return Err(msg);
+    }
+    match of(g.hp.arch).graph {
+        Some(build) => Ok(build(g)),
+        None => Err(format!(
+            "no graph for architecture {:?} yet (built: {})",
+            g.hp.arch.name,
+            built_names()
+        )),
+    }
+}

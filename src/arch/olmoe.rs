@@ -1,0 +1,101 @@
+//! olmoe — OLMoE-1B-7B (AllenAI): MHA without biases in practice (llama.cpp accepts optional
+//! q/k/v biases), RMSNorm over the whole q and k projections (`attn_q_norm`/`attn_k_norm` are
+//! `n_embd` wide), NeoX RoPE. Every block MoE: softmax gating, top-k weights not renormalised;
+//! experts sized by `feed_forward_length` (`n_ff`); no shared expert, no dense blocks, no router
+//! bias. Output projection not tied.
+//! Source: llama.cpp `src/models/olmoe.cpp` (`load_arch_tensors`).
+use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::arch::{GatingRule, Rules};
+use crate::model::hparams::Gating;
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+#[rustfmt::skip]
+pub static OLMOE: Arch = Arch {
+    spec: ArchSpec {
+        name: "olmoe",
+        description: "OLMoE",
+        required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            // q is n_embd wide; k and v are n_embd_gqa = n_embd_v_gqa wide (llama.cpp).
+            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_k_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
+        ]],
+        nextn_blocks_optional: false,
+        rules: Rules {
+            gating: GatingRule::Fixed(Gating::Softmax),
+            weights_norm: Some(false),
+            one_head_size: true,
+            whole_head_rope: true,
+            square_q: true,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: Some(build),
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "olmo",
+        aliases: &[],
+        optional_tensors: &[],
+        context_channel: false,
+        tiny: Some(tiny),
+    },
+};
+
+/// MHA with q/k RMSNorm over the whole projection, NeoX RoPE; every block routed SwiGLU
+/// experts (softmax gating, no renormalisation). Mirrors llama.cpp `src/models/olmoe.cpp`.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::Full,
+        rope_mode: ROPE_NEOX,
+    };
+    let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
+}
+
+/// What OLMoE models share (the synth presets start from it).
+pub fn family() -> Hparams {
+    let h = Hparams {
+        n_vocab: 50304,
+        n_expert_used: 8,
+        n_ctx_train: 4096,
+        rope_freq_base: 10000.0,
+        rms_eps: 1e-5,
+        expert_weights_norm: false,
+        ..preset_base(&OLMOE)
+    };
+    with_heads(h, 16, 16, 128)
+}
+
+fn tiny() -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff: 256,
+        n_ff_exp: 256,
+        ..with_heads(family(), 2, 2, 128)
+    }
+}

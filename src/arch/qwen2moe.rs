@@ -1,0 +1,113 @@
+//! qwen2moe — Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B: GQA with q/k/v biases (optional in llama.cpp,
+//! present in the real files), NeoX RoPE, every block MoE with softmax gating (top-k weights not
+//! renormalised), plus one always-on shared expert scaled by `sigmoid(ffn_gate_inp_shexp · x)`.
+//! Expert width `n_ff_exp` falls back to `n_ff / n_expert_used`; shared width `n_ff_shexp`
+//! (`expert_shared_feed_forward_length`) falls back to `n_ff`. Output projection not tied.
+//! Source: llama.cpp `src/models/qwen2moe.cpp` (`load_arch_tensors`).
+use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::arch::{GatingRule, Rules};
+use crate::model::hparams::Gating;
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+/// Shared-expert width: `expert_shared_feed_forward_length`, else `feed_forward_length`.
+fn n_ff_shexp(h: &Hparams) -> u64 {
+    if h.n_ff_shexp > 0 {
+        h.n_ff_shexp
+    } else {
+        h.n_ff
+    }
+}
+
+#[rustfmt::skip]
+pub static QWEN2MOE: Arch = Arch {
+    spec: ArchSpec {
+        name: "qwen2moe",
+        description: "Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B)",
+        required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            // q is n_embd wide; k and v are n_embd_gqa = n_embd_v_gqa wide (llama.cpp).
+            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: false },
+            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, n_ff_shexp(h)], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![n_ff_shexp(h), h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, n_ff_shexp(h)], required: true },
+        ]],
+        nextn_blocks_optional: false,
+        rules: Rules {
+            gating: GatingRule::Fixed(Gating::Softmax),
+            weights_norm: Some(false),
+            ff_exp_from_ff: true,
+            one_head_size: true,
+            whole_head_rope: true,
+            square_q: true,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: Some(build),
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "qwen2",
+        aliases: &["qwen2_moe", "qwen2-moe"],
+        optional_tensors: &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+        context_channel: false,
+        tiny: Some(tiny),
+    },
+};
+
+/// MHA/GQA with q/k/v biases, NeoX RoPE; every block routed SwiGLU experts plus a shared expert
+/// gated per token by a sigmoid. Mirrors llama.cpp `src/models/qwen2moe.cpp`.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::None,
+        rope_mode: ROPE_NEOX,
+    };
+    let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
+        let routed = g.moe(h, il, &moe);
+        let shared = g.shared_expert_sigmoid_gated(h, il);
+        g.add(routed, shared, "ffn_out", il as i32)
+    })
+}
+
+/// What Qwen2-MoE models share (the synth presets start from it).
+pub fn family() -> Hparams {
+    Hparams {
+        n_vocab: 151936,
+        expert_weights_norm: false,
+        ..preset_base(&QWEN2MOE)
+    }
+}
+
+fn tiny() -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        n_ff: 512,
+        n_ff_shexp: 512,
+        ..with_heads(family(), 4, 4, 64)
+    }
+}

@@ -1,0 +1,96 @@
+//! qwen3moe — Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): GQA with per-head q/k RMSNorm, NeoX
+//! RoPE, every block MoE with softmax gating renormalised over the top-k, no shared expert.
+//! `n_ff_exp` falls back to `n_ff / n_expert_used`. Optional q/k/v biases (create_tensor_qkv) are
+//! absent from real Qwen3 files.
+//! Source: llama.cpp `src/models/qwen3moe.cpp` (`load_arch_tensors`).
+use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use crate::ggml::Tensor;
+use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
+use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
+use crate::graph::GraphBuilder;
+use crate::model::arch::{GatingRule, Rules};
+use crate::model::hparams::Gating;
+use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
+
+#[rustfmt::skip]
+pub static QWEN3MOE: Arch = Arch {
+    spec: ArchSpec {
+        name: "qwen3moe",
+        description: "Qwen3-MoE",
+        required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
+        tensors: &[&[
+            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
+            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
+            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_dim()], required: true },
+            // llama.cpp sizes k and v both as n_embd_gqa = n_embd_v_gqa (equal to k_dim for Qwen3).
+            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
+            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.q_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
+            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_dim(), h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.attn_q_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.head_dim_k], required: true },
+            TensorSpec { name: "blk.{}.attn_k_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.head_dim_k], required: true },
+            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
+            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
+        ]],
+        nextn_blocks_optional: false,
+        rules: Rules {
+            gating: GatingRule::Fixed(Gating::Softmax),
+            weights_norm: Some(true),
+            ff_exp_from_ff: true,
+            one_head_size: true,
+            whole_head_rope: true,
+            ..Rules::NONE
+        },
+        unsupported: |_| None,
+    },
+    graph: Some(build),
+    quantized_kv: true,
+    synth: Synth {
+        pre_tokenizer: "qwen2",
+        aliases: &["qwen3_moe", "qwen3-moe"],
+        optional_tensors: &[],
+        context_channel: true,
+        tiny: Some(tiny),
+    },
+};
+
+/// GQA with per-head q/k RMSNorm and NeoX RoPE; every block routed SwiGLU experts. Mirrors
+/// llama.cpp `src/models/qwen3moe.cpp`.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let attn = AttnOpts {
+        qk_norm: QkNorm::PerHead,
+        rope_mode: ROPE_NEOX,
+    };
+    let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
+    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
+}
+
+/// What Qwen3-MoE models share (the synth presets start from it).
+pub fn family() -> Hparams {
+    Hparams {
+        n_vocab: 151936,
+        n_ctx_train: 40960,
+        n_expert: 128,
+        n_expert_used: 8,
+        ..preset_base(&QWEN3MOE)
+    }
+}
+
+fn tiny() -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 256,
+        ..with_heads(family(), 4, 2, 128)
+    }
+}
