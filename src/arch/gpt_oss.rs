@@ -8,6 +8,7 @@
 //! activation; no shared expert, no dense blocks. MXFP4 experts in the released files.
 //! Head size in the shapes is llama.cpp's `n_rot` of block 0 (= head_dim 64 in the real files).
 //! Source: llama.cpp `src/models/openai-moe.cpp` (`load_arch_tensors`).
+use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, ROUTER};
 use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
@@ -28,30 +29,30 @@ pub static GPT_OSS: Arch = Arch {
         name: "gpt-oss",
         description: "OpenAI gpt-oss",
         required_keys: &["attention.layer_norm_rms_epsilon", "expert_feed_forward_length", "attention.sliding_window", "expert_count", "expert_used_count"],
-        tensors: &[&[
-            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
-            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
-            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.post_attention_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head * hd(h)], required: true },
-            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head_kv * hd(h)], required: true },
-            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head_kv * hd(h)], required: true },
-            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h)], required: false },
-            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head_kv * hd(h)], required: false },
-            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head_kv * hd(h)], required: false },
-            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h), h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.attn_output.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.attn_sinks.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate_inp.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_embd, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_down_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_up_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
-        ]],
+        tensors: &[
+            EMBED_OUTPUT,
+            &[
+                ATTN_NORM,
+                TensorSpec { name: "blk.{}.post_attention_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+                TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head * hd(h)], required: true },
+                TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head_kv * hd(h)], required: true },
+                TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.n_head_kv * hd(h)], required: true },
+                TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h)], required: false },
+                TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head_kv * hd(h)], required: false },
+                TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_head_kv * hd(h)], required: false },
+                TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h), h.n_embd], required: true },
+                TensorSpec { name: "blk.{}.attn_output.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: true },
+                TensorSpec { name: "blk.{}.attn_sinks.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head], required: true },
+                ROUTER,
+                TensorSpec { name: "blk.{}.ffn_gate_inp.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: true },
+            ],
+            EXPERTS,
+            &[
+                TensorSpec { name: "blk.{}.ffn_gate_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
+                TensorSpec { name: "blk.{}.ffn_down_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
+                TensorSpec { name: "blk.{}.ffn_up_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
+            ],
+        ],
         nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::SoftmaxWeight),

@@ -8,6 +8,7 @@
 //! plain Llama, which PocketMoE rejects. Output projection may be tied. Not listed: the
 //! `rope_factors_long/short` llama.cpp loads only under LongRoPE scaling (no Llama MoE uses it).
 //! Source: llama.cpp `src/models/llama.cpp` (`load_arch_tensors`).
+use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, QKV_O, ROUTER};
 use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
@@ -23,33 +24,29 @@ pub static LLAMA: Arch = Arch {
         name: "llama",
         description: "Llama with experts (Mixtral)",
         required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
-        tensors: &[&[
-            TensorSpec { name: "token_embd.weight", role: Embedding, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: true },
-            TensorSpec { name: "output_norm.weight", role: Norm, layers: Global, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "output.weight", role: Output, layers: Global, shape: |h, _| vec![h.n_embd, h.n_vocab], required: false },
-            // One tensor for every block (llama.cpp loads it per block, TENSOR_DUPLICATED after the first).
-            TensorSpec { name: "rope_freqs.weight", role: Other, layers: Global, shape: |h, _| vec![h.n_rot / 2], required: false },
-            TensorSpec { name: "blk.{}.attn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_dim()], required: true },
-            TensorSpec { name: "blk.{}.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.k_dim()], required: true },
-            TensorSpec { name: "blk.{}.attn_v.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.v_dim()], required: true },
-            TensorSpec { name: "blk.{}.attn_q.bias", role: Attention, layers: All, shape: |h, _| vec![h.q_dim()], required: false },
-            TensorSpec { name: "blk.{}.attn_k.bias", role: Attention, layers: All, shape: |h, _| vec![h.k_dim()], required: false },
-            TensorSpec { name: "blk.{}.attn_v.bias", role: Attention, layers: All, shape: |h, _| vec![h.v_dim()], required: false },
-            TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_dim(), h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.attn_output.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: false },
-            TensorSpec { name: "blk.{}.ffn_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
-            TensorSpec { name: "blk.{}.ffn_down.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff, h.n_embd], required: true },
-            TensorSpec { name: "blk.{}.ffn_up.weight", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd, h.n_ff], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
-            TensorSpec { name: "blk.{}.ffn_down.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd], required: false },
-            TensorSpec { name: "blk.{}.ffn_up.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
-            TensorSpec { name: "blk.{}.ffn_gate_inp.weight", role: Router, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: false },
-            TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff, h.n_embd, h.n_expert], required: true },
-            TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
-        ]],
+        tensors: &[
+            EMBED_OUTPUT_TIED,
+            &[
+                // One tensor for every block (llama.cpp loads it per block, TENSOR_DUPLICATED after the first).
+                TensorSpec { name: "rope_freqs.weight", role: Other, layers: Global, shape: |h, _| vec![h.n_rot / 2], required: false },
+                ATTN_NORM,
+            ],
+            QKV_O,
+            &[
+                TensorSpec { name: "blk.{}.attn_output.bias", role: Attention, layers: All, shape: |h, _| vec![h.n_embd], required: false },
+                FFN_NORM,
+            ],
+            DENSE_FFN,
+            &[
+                TensorSpec { name: "blk.{}.ffn_gate.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
+                TensorSpec { name: "blk.{}.ffn_down.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_embd], required: false },
+                TensorSpec { name: "blk.{}.ffn_up.bias", role: DenseFfn, layers: Dense, shape: |h, _| vec![h.n_ff], required: false },
+                ROUTER,
+                TensorSpec { name: "blk.{}.ffn_gate_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: false },
+                TensorSpec { name: "blk.{}.ffn_down_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_ff, h.n_embd, h.n_expert], required: true },
+                TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
+            ],
+        ],
         nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::Softmax),

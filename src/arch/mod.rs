@@ -11,7 +11,8 @@
 //! architecture's builder strings together.
 //!
 //! Adding an architecture:
-//! 1. a file here, `<name>.rs`, with one `pub static <NAME>: Arch` (its table, rules, refusals,
+//! 1. a file here, `<name>.rs`, with one `pub static <NAME>: Arch` (its table, built from the
+//!    shared row groups of [`rows`] where llama.cpp's rows are the same, its rules, refusals,
 //!    graph builder, tiny preset and synth facts) — deepseek2.rs is the fullest example;
 //! 2. its `pub mod <name>;` line and its entry in [`ARCHS`] below.
 //!
@@ -32,6 +33,7 @@ pub mod minimax_m2;
 pub mod olmoe;
 pub mod qwen2moe;
 pub mod qwen3moe;
+pub mod rows;
 #[cfg(test)]
 mod tests;
 

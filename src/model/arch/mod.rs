@@ -123,7 +123,7 @@ pub struct ArchSpec {
     /// top of the common ones [`hparams::COMMON_REQUIRED`](super::hparams::COMMON_REQUIRED).
     pub required_keys: &'static [&'static str],
     /// The tensor table, in llama.cpp's `load_arch_tensors` order, as groups of rows (shared
-    /// groups such as [`OUTPUT_HEAD`] are reused by several tables).
+    /// groups, `crate::arch::rows`, are reused by several tables).
     pub tensors: &'static [&'static [TensorSpec]],
     /// llama.cpp accepts a file whose trailing MTP ("nextn") blocks are missing altogether: it
     /// probes `blk.{n_layer_decode}.nextn.eh_proj.weight` and, without it, loads every tensor of
