@@ -14,8 +14,6 @@ use std::path::Path;
 
 use ggml_sys as sys;
 
-use crate::gguf::GgufValueType;
-
 /// What ggml's parser saw in a file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgmlGguf {
@@ -216,12 +214,13 @@ fn kv(c: *const sys::gguf_context, id: i64) -> GgmlKv {
         strings: Vec::new(),
         int: None,
     };
-    match GgufValueType::from_u32(ty) {
-        Some(GgufValueType::Array) => {
+    // ggml's own type ids (`enum gguf_type`), so this reference does not lean on our reader.
+    match ty {
+        sys::GGUF_TYPE_ARRAY => {
             // SAFETY: live context, valid id, and the pair is an array.
             let (et, n) = unsafe { (sys::gguf_get_arr_type(c, id), sys::gguf_get_arr_n(c, id)) };
             kv.array = Some((et, n));
-            if et == GgufValueType::Str as u32 {
+            if et == sys::GGUF_TYPE_STRING {
                 // SAFETY: an array of strings with n elements; i < n.
                 kv.strings = (0..n)
                     .map(|i| text(unsafe { sys::gguf_get_arr_str(c, id, i) }))
@@ -229,24 +228,17 @@ fn kv(c: *const sys::gguf_context, id: i64) -> GgmlKv {
             }
         }
         // SAFETY: live context, valid id, and the pair is a string scalar.
-        Some(GgufValueType::Str) => {
-            kv.strings = vec![text(unsafe { sys::gguf_get_val_str(c, id) })]
-        }
+        sys::GGUF_TYPE_STRING => kv.strings = vec![text(unsafe { sys::gguf_get_val_str(c, id) })],
         // SAFETY (each arm): live context, valid id, and the getter matches the pair's type.
-        Some(t) => {
-            kv.int = match t {
-                GgufValueType::U8 => Some(unsafe { sys::gguf_get_val_u8(c, id) }.into()),
-                GgufValueType::I8 => Some(unsafe { sys::gguf_get_val_i8(c, id) }.into()),
-                GgufValueType::U16 => Some(unsafe { sys::gguf_get_val_u16(c, id) }.into()),
-                GgufValueType::I16 => Some(unsafe { sys::gguf_get_val_i16(c, id) }.into()),
-                GgufValueType::U32 => Some(unsafe { sys::gguf_get_val_u32(c, id) }.into()),
-                GgufValueType::I32 => Some(unsafe { sys::gguf_get_val_i32(c, id) }.into()),
-                GgufValueType::U64 => Some(unsafe { sys::gguf_get_val_u64(c, id) }.into()),
-                GgufValueType::I64 => Some(unsafe { sys::gguf_get_val_i64(c, id) }.into()),
-                _ => None,
-            }
-        }
-        None => {}
+        sys::GGUF_TYPE_UINT8 => kv.int = Some(unsafe { sys::gguf_get_val_u8(c, id) }.into()),
+        sys::GGUF_TYPE_INT8 => kv.int = Some(unsafe { sys::gguf_get_val_i8(c, id) }.into()),
+        sys::GGUF_TYPE_UINT16 => kv.int = Some(unsafe { sys::gguf_get_val_u16(c, id) }.into()),
+        sys::GGUF_TYPE_INT16 => kv.int = Some(unsafe { sys::gguf_get_val_i16(c, id) }.into()),
+        sys::GGUF_TYPE_UINT32 => kv.int = Some(unsafe { sys::gguf_get_val_u32(c, id) }.into()),
+        sys::GGUF_TYPE_INT32 => kv.int = Some(unsafe { sys::gguf_get_val_i32(c, id) }.into()),
+        sys::GGUF_TYPE_UINT64 => kv.int = Some(unsafe { sys::gguf_get_val_u64(c, id) }.into()),
+        sys::GGUF_TYPE_INT64 => kv.int = Some(unsafe { sys::gguf_get_val_i64(c, id) }.into()),
+        _ => {}
     }
     kv
 }
