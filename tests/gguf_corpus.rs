@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use pocketmoe::ggml::GgmlType;
-use pocketmoe::gguf::{GgufArray, GgufHeader, GgufModel, GgufValue, GgufWriter};
+use pocketmoe::gguf::{GgufArray, GgufHeader, GgufModel, GgufValue, GgufWriter, Metadata};
 
 const T0: &str = "blk.0.a.weight";
 const T1: &str = "blk.0.b.weight";

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use pocketmoe::ggml::GgmlType;
 use pocketmoe::gguf::{
-    split_path, FormatError, GgufArray, GgufError, GgufModel, GgufValue, GgufWriter,
+    split_path, FormatError, GgufArray, GgufError, GgufModel, GgufValue, GgufWriter, Metadata,
 };
 use pocketmoe::util::Rng;
 

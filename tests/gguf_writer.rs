@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use pocketmoe::ggml::GgmlType;
-use pocketmoe::gguf::{GgufArray, GgufError, GgufModel, GgufValue, GgufWriter};
+use pocketmoe::gguf::{GgufArray, GgufError, GgufModel, GgufValue, GgufWriter, Metadata};
 
 fn test_dir(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -4,7 +4,7 @@
 use pocketmoe::cli::inspect::{parse_bytes, report, InspectArgs};
 use pocketmoe::ggml::gguf_ref;
 use pocketmoe::ggml::llama::LlamaModel;
-use pocketmoe::gguf::GgufModel;
+use pocketmoe::gguf::{GgufModel, Metadata};
 use pocketmoe::model::placement::kv_bytes;
 use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@
 //!   one line per token.
 mod common;
 
-use pocketmoe::gguf::GgufModel;
+use pocketmoe::gguf::{GgufModel, Metadata};
 use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@
 //! Every pre-tokenizer family is also run by both on one vocabulary with `tokenizer.ggml.pre`
 //! swapped, and broken metadata must produce errors naming the file and the key.
 use pocketmoe::ggml::llama::LlamaModel;
-use pocketmoe::gguf::{GgufModel, GgufValue, GgufWriter};
+use pocketmoe::gguf::{GgufModel, GgufValue, GgufWriter, Metadata};
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use pocketmoe::tokenizer::{Tokenizer, TokenizerError};
 use std::path::{Path, PathBuf};

@@ -16,12 +16,13 @@
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, NEXTN, ROUTER};
 use super::{preset_base, Arch, Synth, TINY_VOCAB};
 use crate::ggml::Tensor;
+use crate::gguf::Metadata;
 use crate::graph::blocks::attention::ROPE_NORMAL;
 use crate::graph::blocks::mla::MlaOpts;
 use crate::graph::blocks::{ExpertAct, MoeOpts};
 use crate::graph::GraphBuilder;
 use crate::model::arch::{GatingRule, Rules};
-use crate::model::hparams::{Gating, Meta, RopeScaling};
+use crate::model::hparams::{Gating, RopeScaling};
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 
 #[rustfmt::skip]
@@ -96,11 +97,11 @@ fn default_gating(h: &Hparams) -> Gating {
 /// The "lite" variants (DeepSeek-V2-Lite, GigaChat3-10B-A1.8B, Kanana-2-30B-A3B: 26 or 27 blocks,
 /// or 48 with a 128256-token vocabulary; llama.cpp's rule) have no q compression:
 /// `q_lora_rank` is not read; every other file must give it.
-fn derive(h: &mut Hparams, meta: &dyn Meta) -> Result<(), String> {
+fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
     let n = h.n_layer_decode();
     if n == 27 || n == 26 || (n == 48 && h.n_vocab == 128256) {
         h.q_lora_rank = 0;
-    } else if meta.u64(&h.key("attention.q_lora_rank")).is_none() {
+    } else if meta.get_u64(&h.key("attention.q_lora_rank")).is_none() {
         return Err(format!(
             "missing required metadata key {}",
             h.key("attention.q_lora_rank")

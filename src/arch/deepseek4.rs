@@ -17,8 +17,9 @@
 //! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, NEXTN, ROUTER};
 use super::{Arch, Synth};
+use crate::gguf::Metadata;
 use crate::model::arch::Rules;
-use crate::model::hparams::{Gating, Meta};
+use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 
 /// Head size (llama.cpp `n_embd_head_k()`, block 0).
@@ -125,7 +126,7 @@ pub static DEEPSEEK4: Arch = Arch {
 };
 
 /// Sqrt-softplus scoring, a sliding window in every block, the per-block compression ratios.
-fn derive(h: &mut Hparams, meta: &dyn Meta) -> Result<(), String> {
+fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
     if h.gating != Gating::SqrtSoftplus {
         return Err(format!(
             "{}: DeepSeek-V4 expects sqrtsoftplus scoring (4)",
@@ -135,7 +136,7 @@ fn derive(h: &mut Hparams, meta: &dyn Meta) -> Result<(), String> {
     h.swa_layers = vec![true; h.n_layer];
     let key = h.key("attention.compress_ratios");
     let ratios = meta
-        .u64_array(&key)
+        .get_u64_array(&key)
         .ok_or_else(|| format!("{key}: array values are not available"))?;
     if ratios.len() < h.n_layer {
         return Err(format!(

@@ -11,11 +11,12 @@
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, ROUTER};
 use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
 use crate::ggml::Tensor;
+use crate::gguf::Metadata;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
 use crate::graph::GraphBuilder;
 use crate::model::arch::{GatingRule, Rules};
-use crate::model::hparams::{Gating, Meta};
+use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 
 /// Per-head q/k/v width: llama.cpp's `LLAMA_LOAD_LOCALS` `n_rot` (block 0's rotary dims).
@@ -78,14 +79,14 @@ pub static GPT_OSS: Arch = Arch {
 
 /// llama.cpp's `load_swa_pattern(ml, 2)`: a per-block array, else a period (default 2) where
 /// the last block of each period is full attention; MTP blocks never windowed.
-fn derive(h: &mut Hparams, meta: &dyn Meta) -> Result<(), String> {
+fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
     let key = h.key("attention.sliding_window_pattern");
-    h.swa_layers = match meta.u64_array(&key) {
+    h.swa_layers = match meta.get_u64_array(&key) {
         Some(v) => (0..h.n_layer)
             .map(|il| v.get(il).is_some_and(|&x| x != 0))
             .collect(),
         None => {
-            let p = meta.u64(&key).unwrap_or(2) as usize;
+            let p = meta.get_u64(&key).unwrap_or(2) as usize;
             (0..h.n_layer)
                 .map(|il| il < h.n_layer_decode() && (p == 0 || il % p < p - 1))
                 .collect()

@@ -20,8 +20,9 @@
 //! `hparams_fuzz.rs`, `synth_llama.rs`, `weights.rs`, `batch.rs`) iterate over [`built`]; a new
 //! pre-tokenizer (`tokenizer/pretok.rs`) or graph block (`graph/blocks/`) is code of its own.
 use crate::ggml::Tensor;
+use crate::gguf::Metadata;
 use crate::graph::GraphBuilder;
-use crate::model::hparams::{Gating, Meta};
+use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams};
 
 pub mod deepseek2;
@@ -119,11 +120,11 @@ pub fn by_name(name: &str) -> Option<&'static Arch> {
 
 /// The architecture a file's `general.architecture` names, and the hyper-parameters its rules
 /// read from `meta` (errors name the key; the caller names the file).
-pub fn hparams(meta: &dyn Meta) -> Result<(&'static Arch, Hparams), String> {
+pub fn hparams(meta: &dyn Metadata) -> Result<(&'static Arch, Hparams), String> {
     let name = meta
-        .str("general.architecture")
+        .get_str("general.architecture")
         .ok_or("no general.architecture")?;
-    let arch = by_name(&name).ok_or_else(|| format!("architecture {name:?} is not supported"))?;
+    let arch = by_name(name).ok_or_else(|| format!("architecture {name:?} is not supported"))?;
     Ok((arch, Hparams::from_meta(&arch.spec, meta)?))
 }
 

@@ -5,7 +5,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::ARCHS;
-use crate::model::hparams::{Gating, Hparams, Meta};
+use crate::gguf::{GgufArray, GgufValue, Metadata};
+use crate::model::hparams::{Gating, Hparams};
 use crate::model::{ArchSpec, Layers, Role};
 
 /// Global tensor stems (llama.cpp `LLM_TENSOR_NAMES` entries without a block index).
@@ -710,7 +711,7 @@ fn optional_tensors_match_llama_cpp() {
 
 /// Metadata in a map, for `Hparams::from_meta`.
 #[derive(Default)]
-struct MapMeta(HashMap<String, V>);
+struct MapMeta(HashMap<String, GgufValue>);
 
 #[derive(Clone)]
 enum V {
@@ -736,9 +737,19 @@ impl MapMeta {
             ("feed_forward_length", V::U(512)),
         ];
         for (k, v) in common.iter().chain(kv) {
-            m.0.insert(format!("{arch}.{k}"), v.clone());
+            m.set(format!("{arch}.{k}"), v.clone());
         }
         m
+    }
+
+    fn set(&mut self, key: impl Into<String>, v: V) {
+        let v = match v {
+            V::U(x) => GgufValue::U64(x),
+            V::F(x) => GgufValue::F32(x),
+            V::B(x) => GgufValue::Bool(x),
+            V::A(x) => GgufValue::Array(GgufArray::U64(x)),
+        };
+        self.0.insert(key.into(), v);
     }
 
     fn without(mut self, key: &str) -> Self {
@@ -747,39 +758,12 @@ impl MapMeta {
     }
 }
 
-impl Meta for MapMeta {
-    fn u64(&self, key: &str) -> Option<u64> {
-        match self.0.get(key) {
-            Some(V::U(v)) => Some(*v),
-            _ => None,
-        }
+impl Metadata for MapMeta {
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.0.get(key)
     }
-    fn f32(&self, key: &str) -> Option<f32> {
-        match self.0.get(key) {
-            Some(V::F(v)) => Some(*v),
-            _ => None,
-        }
-    }
-    fn bool(&self, key: &str) -> Option<bool> {
-        match self.0.get(key) {
-            Some(V::B(v)) => Some(*v),
-            _ => None,
-        }
-    }
-    fn str(&self, _key: &str) -> Option<String> {
-        None
-    }
-    fn array_len(&self, key: &str) -> Option<u64> {
-        match self.0.get(key) {
-            Some(V::A(v)) => Some(v.len() as u64),
-            _ => None,
-        }
-    }
-    fn u64_array(&self, key: &str) -> Option<Vec<u64>> {
-        match self.0.get(key) {
-            Some(V::A(v)) => Some(v.clone()),
-            _ => None,
-        }
+    fn origin(&self, _key: &str) -> (&std::path::Path, Option<u64>) {
+        (std::path::Path::new("<map>"), None)
     }
 }
 
@@ -829,7 +813,7 @@ fn from_meta_deepseek2_rules() {
         Gating::Sigmoid
     );
     let mut m = deepseek2_meta(47, 154880, Some(96));
-    m.0.insert("deepseek2.expert_gating_func".into(), V::U(1));
+    m.set("deepseek2.expert_gating_func", V::U(1));
     assert_eq!(load("deepseek2", &m).unwrap().gating, Gating::Softmax);
     // Missing arch-specific required key.
     let e = load(
@@ -961,21 +945,18 @@ fn from_meta_deepseek4() {
         assert!(!s.contains(&0), "{name} {s:?}");
     }
     let mut bad = MapMeta::new("deepseek4", &kv);
-    bad.0.insert("deepseek4.expert_gating_func".into(), V::U(2));
+    bad.set("deepseek4.expert_gating_func", V::U(2));
     assert!(load("deepseek4", &bad)
         .unwrap_err()
         .contains("sqrtsoftplus"));
     let mut short = MapMeta::new("deepseek4", &kv);
-    short.0.insert(
-        "deepseek4.attention.compress_ratios".into(),
-        V::A(vec![0, 4]),
-    );
+    short.set("deepseek4.attention.compress_ratios", V::A(vec![0, 4]));
     assert!(load("deepseek4", &short)
         .unwrap_err()
         .contains("compress_ratios"));
     let mut odd = MapMeta::new("deepseek4", &kv);
-    odd.0.insert(
-        "deepseek4.attention.compress_ratios".into(),
+    odd.set(
+        "deepseek4.attention.compress_ratios",
         V::A(vec![0, 8, 0, 0, 0]),
     );
     assert!(load("deepseek4", &odd).is_err());

@@ -2,7 +2,7 @@
 //! by type, validation against the architecture table, kernel capabilities of the types present,
 //! and the placement report for a VRAM budget (human-readable, or `--json`).
 use crate::ggml::{GgmlType, Kernels};
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Metadata};
 use crate::model::placement::{self, Bandwidths, Placement};
 use crate::model::validate::{validate, Finding};
 use crate::model::{Hparams, Role};

@@ -22,7 +22,7 @@ use indexmap::IndexMap;
 
 use super::error::{FormatError, GgufError};
 use super::value::{GgufArray, GgufValue, GgufValueType, MAX_ARRAY_DEPTH};
-use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT, MAX_TENSOR_NAME};
+use super::{Metadata, DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT, MAX_TENSOR_NAME};
 use crate::ggml::GgmlType;
 
 /// ggml's `GGUF_MAX_STRING_LENGTH` and `GGUF_MAX_ARRAY_ELEMENTS`.
@@ -426,14 +426,15 @@ impl GgufHeader {
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
-
-    fn meta_header(&self) -> &GgufHeader {
-        self
-    }
 }
 
-impl GgufHeader {
-    metadata_getters!();
+impl Metadata for GgufHeader {
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+    fn origin(&self, key: &str) -> (&Path, Option<u64>) {
+        (self.path(), self.kv_offset(key))
+    }
 }
 
 /// Reads tensor info `i`; returns it (offset still relative) and the position of its offset field.

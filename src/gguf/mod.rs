@@ -14,107 +14,150 @@
 //! [`GgufError`] names the file, and format errors the byte offset and the field. What the
 //! writer produces, ggml's reader accepts (checked by the tests against `gguf_init_from_file`).
 
-/// Typed accessors over a file's (or a bundle's first shard's) metadata. Expanded inside the
-/// `impl` of every type that has a `fn meta_header(&self) -> &GgufHeader`.
-macro_rules! metadata_getters {
-    () => {
-        /// The value of `key`.
-        pub fn get(&self, key: &str) -> Option<&$crate::gguf::GgufValue> {
-            self.meta_header().metadata().get(key)
+/// Typed read access to GGUF metadata: a file's ([`GgufHeader`], [`GgufFile`]), a split
+/// bundle's (its first shard's, [`GgufModel`]) or a map in tests. An implementation gives
+/// [`get`](Self::get) and [`origin`](Self::origin); the typed getters, the `require_*` checks
+/// (errors naming the file, the key and its byte offset) and the integer-array view the
+/// hyper-parameters read are written once, here.
+pub trait Metadata {
+    /// The value of `key`.
+    fn get(&self, key: &str) -> Option<&GgufValue>;
+    /// The file the metadata was read from and the byte offset of `key`'s pair in it (`None`:
+    /// the key is missing, or the metadata is not from a file), for errors.
+    fn origin(&self, key: &str) -> (&Path, Option<u64>);
+
+    /// Whether `key` is present with any value.
+    fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+    /// Any integer type whose value fits in u32.
+    fn get_u32(&self, key: &str) -> Option<u32> {
+        self.get(key)?.as_u32()
+    }
+    /// Any integer type whose value fits in u64.
+    fn get_u64(&self, key: &str) -> Option<u64> {
+        self.get(key)?.as_u64()
+    }
+    /// Any integer type whose value fits in i32.
+    fn get_i32(&self, key: &str) -> Option<i32> {
+        self.get(key)?.as_i32()
+    }
+    /// Any integer type whose value fits in i64.
+    fn get_i64(&self, key: &str) -> Option<i64> {
+        self.get(key)?.as_i64()
+    }
+    /// F32, F64 (rounded) or an integer of magnitude <= 2^24.
+    fn get_f32(&self, key: &str) -> Option<f32> {
+        self.get(key)?.as_f32()
+    }
+    /// F32, F64 or an integer of magnitude <= 2^53.
+    fn get_f64(&self, key: &str) -> Option<f64> {
+        self.get(key)?.as_f64()
+    }
+    fn get_bool(&self, key: &str) -> Option<bool> {
+        self.get(key)?.as_bool()
+    }
+    fn get_str(&self, key: &str) -> Option<&str> {
+        self.get(key)?.as_str()
+    }
+    fn get_array(&self, key: &str) -> Option<&GgufArray> {
+        self.get(key)?.as_array()
+    }
+    fn get_str_array(&self, key: &str) -> Option<&[String]> {
+        self.get_array(key)?.as_strs()
+    }
+    fn get_i32_array(&self, key: &str) -> Option<&[i32]> {
+        self.get_array(key)?.as_i32s()
+    }
+    fn get_u32_array(&self, key: &str) -> Option<&[u32]> {
+        self.get_array(key)?.as_u32s()
+    }
+    fn get_f32_array(&self, key: &str) -> Option<&[f32]> {
+        self.get_array(key)?.as_f32s()
+    }
+    /// Length of an array value (e.g. `tokenizer.ggml.tokens`).
+    fn get_array_len(&self, key: &str) -> Option<u64> {
+        self.get_array(key).map(|a| a.len() as u64)
+    }
+    /// Elements of a non-negative integer or bool array (bools as 0/1), e.g. deepseek4's
+    /// `attention.compress_ratios` or a per-layer `attention.sliding_window_pattern`; `None`
+    /// when the key is absent or not such an array.
+    fn get_u64_array(&self, key: &str) -> Option<Vec<u64>> {
+        let a = self.get_array(key)?;
+        if let Some(b) = a.as_bools() {
+            return Some(b.iter().map(|&x| u64::from(x)).collect());
         }
-        /// Any integer type whose value fits in u32.
-        pub fn get_u32(&self, key: &str) -> Option<u32> {
-            self.get(key)?.as_u32()
-        }
-        /// Any integer type whose value fits in u64.
-        pub fn get_u64(&self, key: &str) -> Option<u64> {
-            self.get(key)?.as_u64()
-        }
-        /// Any integer type whose value fits in i32.
-        pub fn get_i32(&self, key: &str) -> Option<i32> {
-            self.get(key)?.as_i32()
-        }
-        /// Any integer type whose value fits in i64.
-        pub fn get_i64(&self, key: &str) -> Option<i64> {
-            self.get(key)?.as_i64()
-        }
-        /// F32, F64 (rounded) or an integer of magnitude <= 2^24.
-        pub fn get_f32(&self, key: &str) -> Option<f32> {
-            self.get(key)?.as_f32()
-        }
-        /// F32, F64 or an integer of magnitude <= 2^53.
-        pub fn get_f64(&self, key: &str) -> Option<f64> {
-            self.get(key)?.as_f64()
-        }
-        pub fn get_bool(&self, key: &str) -> Option<bool> {
-            self.get(key)?.as_bool()
-        }
-        pub fn get_str(&self, key: &str) -> Option<&str> {
-            self.get(key)?.as_str()
-        }
-        pub fn get_array(&self, key: &str) -> Option<&$crate::gguf::GgufArray> {
-            self.get(key)?.as_array()
-        }
-        pub fn get_str_array(&self, key: &str) -> Option<&[String]> {
-            self.get_array(key)?.as_strs()
-        }
-        pub fn get_i32_array(&self, key: &str) -> Option<&[i32]> {
-            self.get_array(key)?.as_i32s()
-        }
-        pub fn get_u32_array(&self, key: &str) -> Option<&[u32]> {
-            self.get_array(key)?.as_u32s()
-        }
-        pub fn get_f32_array(&self, key: &str) -> Option<&[f32]> {
-            self.get_array(key)?.as_f32s()
-        }
-        /// `conv` applied to the value of `key`; a [`GgufError::Key`] naming the file, the key,
-        /// its byte offset and `expected` if the key is missing or `conv` returns `None`.
-        pub fn require<'s, T>(
-            &'s self,
-            key: &str,
-            expected: &str,
-            conv: impl FnOnce(&'s $crate::gguf::GgufValue) -> Option<T>,
-        ) -> Result<T, $crate::gguf::GgufError> {
-            let h = self.meta_header();
-            let err = |offset, msg| $crate::gguf::GgufError::Key {
-                path: h.path().to_path_buf(),
-                offset,
-                key: key.to_string(),
-                msg,
-            };
-            let Some(v) = h.metadata().get(key) else {
-                return Err(err(None, format!("missing (expected {expected})")));
-            };
-            let shown = match v {
-                $crate::gguf::GgufValue::Str(_) | $crate::gguf::GgufValue::Array(_) => {
-                    String::new()
-                }
-                v => format!(" {v}"),
-            };
-            conv(v).ok_or_else(|| {
-                let msg = format!("is {}{shown}, expected {expected}", v.type_name());
-                err(h.kv_offset(key), msg)
-            })
-        }
-        pub fn require_u32(&self, key: &str) -> Result<u32, $crate::gguf::GgufError> {
-            self.require(key, "an integer in u32 range", |v| v.as_u32())
-        }
-        pub fn require_u64(&self, key: &str) -> Result<u64, $crate::gguf::GgufError> {
-            self.require(key, "an integer in u64 range", |v| v.as_u64())
-        }
-        pub fn require_f32(&self, key: &str) -> Result<f32, $crate::gguf::GgufError> {
-            self.require(key, "a number", |v| v.as_f32())
-        }
-        pub fn require_bool(&self, key: &str) -> Result<bool, $crate::gguf::GgufError> {
-            self.require(key, "a bool", |v| v.as_bool())
-        }
-        pub fn require_str(&self, key: &str) -> Result<&str, $crate::gguf::GgufError> {
-            self.require(key, "a string", |v| v.as_str())
-        }
-        pub fn require_str_array(&self, key: &str) -> Result<&[String], $crate::gguf::GgufError> {
-            self.require(key, "an array of strings", |v| v.as_array()?.as_strs())
-        }
-    };
+        a.to_i64_vec()?
+            .into_iter()
+            .map(|v| u64::try_from(v).ok())
+            .collect()
+    }
+    /// `conv` applied to the value of `key`; a [`GgufError::Key`] naming the file, the key,
+    /// its byte offset and `expected` if the key is missing or `conv` returns `None`.
+    fn require<'s, T>(
+        &'s self,
+        key: &str,
+        expected: &str,
+        conv: impl FnOnce(&'s GgufValue) -> Option<T>,
+    ) -> Result<T, GgufError>
+    where
+        Self: Sized,
+    {
+        let (path, offset) = self.origin(key);
+        let err = |offset, msg| GgufError::Key {
+            path: path.to_path_buf(),
+            offset,
+            key: key.to_string(),
+            msg,
+        };
+        let Some(v) = self.get(key) else {
+            return Err(err(None, format!("missing (expected {expected})")));
+        };
+        let shown = match v {
+            GgufValue::Str(_) | GgufValue::Array(_) => String::new(),
+            v => format!(" {v}"),
+        };
+        conv(v).ok_or_else(|| {
+            let msg = format!("is {}{shown}, expected {expected}", v.type_name());
+            err(offset, msg)
+        })
+    }
+    fn require_u32(&self, key: &str) -> Result<u32, GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "an integer in u32 range", |v| v.as_u32())
+    }
+    fn require_u64(&self, key: &str) -> Result<u64, GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "an integer in u64 range", |v| v.as_u64())
+    }
+    fn require_f32(&self, key: &str) -> Result<f32, GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "a number", |v| v.as_f32())
+    }
+    fn require_bool(&self, key: &str) -> Result<bool, GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "a bool", |v| v.as_bool())
+    }
+    fn require_str(&self, key: &str) -> Result<&str, GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "a string", |v| v.as_str())
+    }
+    fn require_str_array(&self, key: &str) -> Result<&[String], GgufError>
+    where
+        Self: Sized,
+    {
+        self.require(key, "an array of strings", |v| v.as_array()?.as_strs())
+    }
 }
 
 mod error;
@@ -128,6 +171,8 @@ pub use error::{FormatError, GgufError};
 pub use header::{GgufHeader, TensorInfo};
 pub use reader::{parse_split_path, split_path, GgufFile, GgufModel};
 pub use value::{GgufArray, GgufValue, GgufValueType, MAX_ARRAY_DEPTH};
+
+use std::path::Path;
 pub use writer::GgufWriter;
 
 /// The first four bytes of every GGUF file.

@@ -21,7 +21,7 @@ use memmap2::Mmap;
 use super::error::{FormatError, GgufError};
 use super::header::{GgufHeader, TensorInfo};
 use super::value::GgufValue;
-use super::{KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT};
+use super::{Metadata, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS_COUNT};
 
 /// One memory-mapped GGUF file with its validated header.
 pub struct GgufFile {
@@ -121,12 +121,16 @@ impl GgufFile {
                 .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len)
         };
     }
+}
 
-    fn meta_header(&self) -> &GgufHeader {
-        &self.header
+/// The file's metadata.
+impl Metadata for GgufFile {
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.header.get(key)
     }
-
-    metadata_getters!();
+    fn origin(&self, key: &str) -> (&Path, Option<u64>) {
+        self.header.origin(key)
+    }
 }
 
 /// `<prefix>-<index+1:05>-of-<count:05>.gguf`, llama.cpp's name for shard `index` (0-based).
@@ -299,12 +303,16 @@ impl GgufModel {
     pub fn tensor_bytes(&self, name: &str) -> Option<&[u8]> {
         self.tensor(name).map(|t| self.tensor_data(t))
     }
+}
 
-    fn meta_header(&self) -> &GgufHeader {
-        self.shards[0].header()
+/// A bundle's metadata is its first shard's.
+impl Metadata for GgufModel {
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.shards[0].header().get(key)
     }
-
-    metadata_getters!();
+    fn origin(&self, key: &str) -> (&Path, Option<u64>) {
+        self.shards[0].header().origin(key)
+    }
 }
 
 /// A split-bundle error about `key` of `file`, at the key's byte offset (0 if it is missing).

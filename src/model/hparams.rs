@@ -46,32 +46,7 @@ impl RopeScaling {
 }
 
 use super::arch::{ArchSpec, GatingRule};
-
-/// Read access to model metadata (implemented by the GGUF reader; a map in tests).
-pub trait Meta {
-    fn u64(&self, key: &str) -> Option<u64>;
-    fn f32(&self, key: &str) -> Option<f32>;
-    fn bool(&self, key: &str) -> Option<bool>;
-    fn str(&self, key: &str) -> Option<String>;
-    /// Length of an array value (e.g. `tokenizer.ggml.tokens`).
-    fn array_len(&self, key: &str) -> Option<u64>;
-    /// Elements of an integer or bool array (bools as 0/1), e.g. deepseek4's
-    /// `attention.compress_ratios` or a per-layer `attention.sliding_window_pattern`. `None` when
-    /// the key is absent, not such an array, or the reader does not provide array values.
-    fn u64_array(&self, key: &str) -> Option<Vec<u64>> {
-        let _ = key;
-        None
-    }
-    /// Whether `key` is present with any value (also one the typed accessors cannot read, e.g.
-    /// a negative integer where a size is expected).
-    fn has(&self, key: &str) -> bool {
-        self.u64(key).is_some()
-            || self.f32(key).is_some()
-            || self.bool(key).is_some()
-            || self.array_len(key).is_some()
-            || self.str(key).is_some()
-    }
-}
+use crate::gguf::Metadata;
 
 /// Largest size of one dimension (embedding width, heads, head size, FFN width, experts,
 /// vocabulary): no real model comes near 16M; larger is corrupt metadata.
@@ -293,7 +268,7 @@ impl Hparams {
 
     /// Reads the hyper-parameters of architecture `arch` from `meta`, applying its rules. Missing
     /// required keys are errors naming the key; optional ones take llama.cpp's defaults.
-    pub fn from_meta(arch: &'static ArchSpec, meta: &dyn Meta) -> Result<Self, String> {
+    pub fn from_meta(arch: &'static ArchSpec, meta: &dyn Metadata) -> Result<Self, String> {
         let k = |s: &str| format!("{arch}.{s}");
         for key in COMMON_REQUIRED.iter().chain(arch.required_keys) {
             if !meta.has(&k(key)) {
@@ -304,28 +279,28 @@ impl Hparams {
         // string RoPE base, ...) is an error, not an absent key that takes the default.
         let unreadable = std::cell::RefCell::new(None::<String>);
         let wrong_type = |key: String, what: &str| {
-            let msg = match meta.f32(&key) {
+            let msg = match meta.get_f32(&key) {
                 Some(v) => format!("{key} = {v}: must be {what}"),
                 None => format!("{key} holds a value of another type: must be {what}"),
             };
             unreadable.borrow_mut().get_or_insert(msg);
         };
         let u = |s: &str| {
-            let v = meta.u64(&k(s));
+            let v = meta.get_u64(&k(s));
             if v.is_none() && meta.has(&k(s)) {
                 wrong_type(k(s), "a non-negative integer");
             }
             v
         };
         let f = |s: &str| {
-            let v = meta.f32(&k(s));
+            let v = meta.get_f32(&k(s));
             if v.is_none() && meta.has(&k(s)) {
                 wrong_type(k(s), "a number");
             }
             v
         };
         let b = |s: &str| {
-            let v = meta.bool(&k(s));
+            let v = meta.get_bool(&k(s));
             if v.is_none() && meta.has(&k(s)) {
                 wrong_type(k(s), "true or false");
             }
@@ -338,7 +313,7 @@ impl Hparams {
         let head_dim_v = u("attention.value_length").unwrap_or(head_default);
         let n_rot = u("rope.dimension_count").unwrap_or(head_dim_k);
         let rope_freq_base = f("rope.freq_base").unwrap_or(10000.0);
-        let n_tokens = meta.array_len("tokenizer.ggml.tokens");
+        let n_tokens = meta.get_array_len("tokenizer.ggml.tokens");
         let n_vocab = u("vocab_size").or(n_tokens).ok_or_else(|| {
             format!(
                 "neither {} nor tokenizer.ggml.tokens gives the vocabulary size",
@@ -369,7 +344,7 @@ impl Hparams {
             }
         };
         let swiglu_clamp_exp = f("swiglu_clamp_exp").unwrap_or(0.0);
-        let rope_scaling = match meta.str(&k("rope.scaling.type")).as_deref() {
+        let rope_scaling = match meta.get_str(&k("rope.scaling.type")) {
             None | Some("linear") => RopeScaling::Linear,
             Some("none") => RopeScaling::None,
             Some("yarn") => RopeScaling::Yarn,
@@ -453,7 +428,7 @@ impl Hparams {
     /// hard-coded by the graph, the default of an absent `expert_gating_func`, the derived expert
     /// width, then the architecture's own derivations (deepseek2's "lite" rule, sliding-window
     /// patterns, deepseek4's per-block arrays).
-    fn apply_arch_rules(&mut self, meta: &dyn Meta, gating_given: bool) -> Result<(), String> {
+    fn apply_arch_rules(&mut self, meta: &dyn Metadata, gating_given: bool) -> Result<(), String> {
         let rules = self.arch.rules;
         match rules.gating {
             GatingRule::Fixed(g) => self.gating = g,

@@ -16,34 +16,3 @@ pub mod validate;
 
 pub use arch::{ArchSpec, Layers, Role, TensorSpec};
 pub use hparams::Hparams;
-
-impl hparams::Meta for crate::gguf::GgufModel {
-    fn u64(&self, key: &str) -> Option<u64> {
-        self.get_u64(key)
-    }
-    fn f32(&self, key: &str) -> Option<f32> {
-        self.get_f32(key)
-    }
-    fn bool(&self, key: &str) -> Option<bool> {
-        self.get_bool(key)
-    }
-    fn str(&self, key: &str) -> Option<String> {
-        self.get_str(key).map(str::to_string)
-    }
-    fn array_len(&self, key: &str) -> Option<u64> {
-        self.get_array(key).map(|a| a.len() as u64)
-    }
-    fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-    fn u64_array(&self, key: &str) -> Option<Vec<u64>> {
-        let a = self.get_array(key)?;
-        if let Some(b) = a.as_bools() {
-            return Some(b.iter().map(|&x| u64::from(x)).collect());
-        }
-        a.to_i64_vec()?
-            .into_iter()
-            .map(|v| u64::try_from(v).ok())
-            .collect()
-    }
-}

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::parse::prompt_opens_reasoning;
 use super::worker::{self, Config, Job, Msg, Shared};
 use crate::engine::{Engine as Model, EngineOptions};
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Metadata};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use anyhow::Context as _;
 use std::path::PathBuf;

@@ -17,7 +17,7 @@
 use super::pretok::PreTokenizer;
 use super::vocab::Vocab;
 use super::TokenizerError;
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Metadata};
 use std::borrow::Cow;
 use std::collections::HashSet;
 use tokenizers::models::bpe::{Vocab as BpeVocab, BPE};

@@ -18,7 +18,7 @@
 use super::jinja;
 use super::vocab;
 use super::TokenizerError;
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Metadata};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 

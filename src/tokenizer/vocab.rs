@@ -13,7 +13,7 @@
 //! (duplicate texts are an error, llama.cpp asserts on them); errors name the file and the key.
 use super::pretok::{self, PreSpec};
 use super::TokenizerError;
-use crate::gguf::{GgufArray, GgufModel, GgufValue};
+use crate::gguf::{GgufArray, GgufModel, GgufValue, Metadata};
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 

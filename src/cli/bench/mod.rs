@@ -16,7 +16,7 @@ pub mod stock;
 
 use crate::cli::inspect::parse_bytes;
 use crate::engine::{Device, Engine, EngineOptions};
-use crate::gguf::GgufModel;
+use crate::gguf::{GgufModel, Metadata};
 use crate::model::placement::Bandwidths;
 use crate::model::validate::validate;
 use crate::model::Hparams;

@@ -14,8 +14,9 @@
 //! listed. Optional tensors (`required: false`) are ones llama.cpp uses when present; a writer of
 //! synthetic files should emit them only where the model it mimics has them. Not listed: the
 //! generic optional NVFP4 `.scale`/`.input_scale` companions llama.cpp probes for every arch.
-use super::hparams::{Gating, Meta};
+use super::hparams::Gating;
 use super::Hparams;
+use crate::gguf::Metadata;
 
 /// What a tensor is for; decides placement (resident vs routed-expert store) and reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -173,7 +174,7 @@ pub struct Rules {
     pub yarn_mscale_all_dim: bool,
     /// Further derivations from the metadata after the ones above (sliding-window patterns,
     /// per-block arrays, keys required only in some variants).
-    pub derive: fn(&mut Hparams, &dyn Meta) -> Result<(), String>,
+    pub derive: fn(&mut Hparams, &dyn Metadata) -> Result<(), String>,
     /// Further checks at the end of [`Hparams::validate`], each naming the key.
     pub check: fn(&Hparams) -> Result<(), String>,
 }
