@@ -14,7 +14,7 @@
 //! plus the `nextn.*` tensors; decode never runs them and llama.cpp accepts files without them.
 //! Source: llama.cpp `src/models/deepseek2.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, NEXTN, ROUTER};
-use super::{preset_base, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::blocks::attention::ROPE_NORMAL;
@@ -77,9 +77,8 @@ pub static DEEPSEEK2: Arch = Arch {
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
         aliases: &["deepseek_v2", "deepseek-v2", "deepseek_v3", "deepseek-v3", "deepseek3", "kimi_k2", "kimi-k2"],
-        optional_tensors: &[],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
@@ -230,8 +229,6 @@ pub fn family(kv_lora: u64) -> Hparams {
 /// V3-style routing: sigmoid gating, group-limited top-k, scaled weights.
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
         n_layer: 3,
         n_head: 4,
         q_lora_rank: 256,
@@ -245,6 +242,6 @@ fn tiny() -> Hparams {
         n_expert_groups: 4,
         n_group_used: 2,
         expert_weights_scale: 2.5,
-        ..family(512)
+        ..tiny_of(family(512))
     }
 }

@@ -105,23 +105,19 @@ pub static DEEPSEEK4: Arch = Arch {
             ],
             NEXTN,
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             mtp_needs_probe: true,
             derive,
             check,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: None,
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
-        aliases: &[],
-        optional_tensors: &[],
-        context_channel: false,
-        tiny: None,
+        ..Synth::NONE
     },
 };
 

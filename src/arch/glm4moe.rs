@@ -10,7 +10,7 @@
 //! `nextn.*` tensors; decode never runs them and llama.cpp accepts files without them.
 //! Source: llama.cpp `src/models/glm4-moe.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, EXPERTS, NEXTN, QKV_O, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -55,7 +55,7 @@ pub static GLM4MOE: Arch = Arch {
             one_head_size: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
@@ -63,8 +63,8 @@ pub static GLM4MOE: Arch = Arch {
         pre_tokenizer: "glm4",
         aliases: &["glm4_moe", "glm4-moe"],
         optional_tensors: &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
@@ -73,10 +73,7 @@ pub static GLM4MOE: Arch = Arch {
 /// gating, `exp_probs_b` bias, renormalised and scaled weights) plus an ungated shared expert.
 /// Trailing MTP (nextn) blocks are not run. Mirrors llama.cpp `src/models/glm4-moe.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::PerHead,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::PerHead, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
     g.pre_norm_decoder(&attn, "post_attention_norm.weight", |g, h, il| {
         if il < g.hp.n_layer_dense_lead {
@@ -110,14 +107,10 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
         n_layer: 3,
-        n_expert: 8,
-        n_expert_used: 2,
         n_ff_exp: 256,
         n_ff: 512,
         n_rot: 64,
-        ..with_heads(family(), 4, 2, 128)
+        ..tiny_of(with_heads(family(), 4, 2, 128))
     }
 }

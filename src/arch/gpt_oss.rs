@@ -9,7 +9,7 @@
 //! Head size in the shapes is llama.cpp's `n_rot` of block 0 (= head_dim 64 in the real files).
 //! Source: llama.cpp `src/models/openai-moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
@@ -54,7 +54,6 @@ pub static GPT_OSS: Arch = Arch {
                 TensorSpec { name: "blk.{}.ffn_up_exps.bias", role: RoutedExpertBias, layers: Moe, shape: |h, _| vec![h.n_ff_exp, h.n_expert], required: true },
             ],
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::SoftmaxWeight),
             weights_norm: Some(false),
@@ -64,16 +63,15 @@ pub static GPT_OSS: Arch = Arch {
             check,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "gpt-4o",
         aliases: &["gpt_oss", "gptoss"],
-        optional_tensors: &[],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
@@ -136,10 +134,7 @@ fn check(h: &Hparams) -> Result<(), String> {
 /// experts with a biased router, softmax over the selected experts' logits, expert biases and the
 /// clamped SwiGLU (alpha 1.702, limit 7). Mirrors llama.cpp `src/models/openai-moe.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::None,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::None, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::SwigluOai, g.hp.expert_weights_scale);
     g.pre_norm_decoder(&attn, "post_attention_norm.weight", |g, h, il| {
         g.moe(h, il, &moe)
@@ -166,14 +161,11 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
         n_ff: 256,
         n_ff_exp: 256,
-        n_layer: 2,
-        n_expert: 8,
         n_ctx_train: 4096,
         sliding_window: 16,
-        ..with_heads(family(), 4, 2, 64)
+        n_expert_used: 4,
+        ..tiny_of(with_heads(family(), 4, 2, 64))
     }
 }

@@ -9,7 +9,7 @@
 //! `rope_factors_long/short` llama.cpp loads only under LongRoPE scaling (no Llama MoE uses it).
 //! Source: llama.cpp `src/models/llama.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, QKV_O, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -47,7 +47,6 @@ pub static LLAMA: Arch = Arch {
                 TensorSpec { name: "blk.{}.ffn_up_exps.weight", role: RoutedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff, h.n_expert], required: true },
             ],
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::Softmax),
             weights_norm: Some(true),
@@ -55,7 +54,7 @@ pub static LLAMA: Arch = Arch {
             whole_head_rope: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
@@ -63,18 +62,15 @@ pub static LLAMA: Arch = Arch {
         pre_tokenizer: "default",
         aliases: &["mixtral"],
         optional_tensors: &["ffn_gate_exps.weight"],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
 /// GQA, normal (GPT-J) RoPE, every block routed SwiGLU experts (a block without a router would
 /// be a dense SwiGLU FFN). Mirrors llama.cpp `src/models/llama.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::None,
-        rope_mode: ROPE_NORMAL,
-    };
+    let attn = AttnOpts::new(QkNorm::None, ROPE_NORMAL);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
     g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
         if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
@@ -99,10 +95,7 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
-        n_layer: 2,
         n_ff: 512,
-        ..with_heads(family(), 4, 2, 64)
+        ..tiny_of(with_heads(family(), 4, 2, 64))
     }
 }

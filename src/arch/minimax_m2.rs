@@ -7,7 +7,7 @@
 //! `feed_forward_length` (`n_ff`), although `expert_feed_forward_length` is a required key.
 //! Source: llama.cpp `src/models/minimax-m2.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS_FF, FFN_NORM, QKV_O_GQA, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -37,7 +37,6 @@ pub static MINIMAX_M2: Arch = Arch {
                 TensorSpec { name: "blk.{}.exp_probs_b.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: true },
             ],
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             // llama.cpp leaves NONE (and aborts in the graph); MiniMax-M2 scores with sigmoid.
             gating: GatingRule::Default(Gating::Sigmoid),
@@ -45,16 +44,15 @@ pub static MINIMAX_M2: Arch = Arch {
             one_head_size: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "default",
         aliases: &["minimax", "minimax_m2"],
-        optional_tensors: &[],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
@@ -62,10 +60,7 @@ pub static MINIMAX_M2: Arch = Arch {
 /// block routed SwiGLU experts (sigmoid gating, `exp_probs_b` bias, renormalised weights).
 /// Mirrors llama.cpp `src/models/minimax-m2.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::Full,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::Full, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
     g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
 }
@@ -92,14 +87,9 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
-        n_layer: 2,
-        n_expert: 8,
-        n_expert_used: 2,
         n_ff: 256,
         n_ff_exp: 256,
         n_rot: 64,
-        ..with_heads(family(), 4, 2, 128)
+        ..tiny_of(with_heads(family(), 4, 2, 128))
     }
 }

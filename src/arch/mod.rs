@@ -17,8 +17,10 @@
 //! 2. its `pub mod <name>;` line and its entry in [`ARCHS`] below.
 //!
 //! The tests that cover every architecture (`tests/parity.rs`, `offload.rs`, `graph_order.rs`,
-//! `hparams_fuzz.rs`, `synth_llama.rs`, `weights.rs`, `batch.rs`) iterate over [`built`]; a new
-//! pre-tokenizer (`tokenizer/pretok.rs`) or graph block (`graph/blocks/`) is code of its own.
+//! `hparams_fuzz.rs`, `synth_llama.rs`, and the table checks of `arch::tests`, which use each
+//! built architecture's tiny preset) iterate over [`built`] and pick the new one up; an
+//! architecture without a graph needs a hand-written case in `arch::tests`. A new pre-tokenizer
+//! (`tokenizer/pretok.rs`) or graph block (`graph/blocks/`) is code of its own.
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::GraphBuilder;
@@ -87,6 +89,18 @@ pub struct Synth {
     pub tiny: Option<fn() -> Hparams>,
 }
 
+impl Synth {
+    /// No aliases, no optional tensors, no context channel, no tiny preset, the default
+    /// pre-tokenizer: specs spell out what differs.
+    pub const NONE: Synth = Synth {
+        pre_tokenizer: "default",
+        aliases: &[],
+        optional_tensors: &[],
+        context_channel: false,
+        tiny: None,
+    };
+}
+
 /// Defaults every synth preset starts from; each architecture's `family()` overrides what its
 /// models change.
 pub fn preset_base(arch: &'static Arch) -> Hparams {
@@ -98,6 +112,19 @@ pub fn preset_base(arch: &'static Arch) -> Hparams {
         gating: Gating::Softmax,
         expert_weights_norm: true,
         ..Default::default()
+    }
+}
+
+/// The shape every tiny preset starts from, over `h` (its architecture's family): the tiny
+/// vocabulary, 256 wide, 2 blocks, 8 experts of which 2 are used.
+pub fn tiny_of(h: Hparams) -> Hparams {
+    Hparams {
+        n_vocab: TINY_VOCAB,
+        n_embd: 256,
+        n_layer: 2,
+        n_expert: 8,
+        n_expert_used: 2,
+        ..h
     }
 }
 

@@ -5,7 +5,7 @@
 //! bias. Output projection not tied.
 //! Source: llama.cpp `src/models/olmoe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS_FF, FFN_NORM, QKV_O_SQUARE, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -32,7 +32,6 @@ pub static OLMOE: Arch = Arch {
             ],
             EXPERTS_FF,
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::Softmax),
             weights_norm: Some(false),
@@ -41,26 +40,21 @@ pub static OLMOE: Arch = Arch {
             square_q: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "olmo",
-        aliases: &[],
-        optional_tensors: &[],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
 /// MHA with q/k RMSNorm over the whole projection, NeoX RoPE; every block routed SwiGLU
 /// experts (softmax gating, no renormalisation). Mirrors llama.cpp `src/models/olmoe.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::Full,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::Full, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
     g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
 }
@@ -81,13 +75,8 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
-        n_layer: 2,
-        n_expert: 8,
-        n_expert_used: 2,
         n_ff: 256,
         n_ff_exp: 256,
-        ..with_heads(family(), 2, 2, 128)
+        ..tiny_of(with_heads(family(), 2, 2, 128))
     }
 }

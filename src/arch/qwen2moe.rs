@@ -5,7 +5,7 @@
 //! (`expert_shared_feed_forward_length`) falls back to `n_ff`. Output projection not tied.
 //! Source: llama.cpp `src/models/qwen2moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, QKV_O_SQUARE, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -42,7 +42,6 @@ pub static QWEN2MOE: Arch = Arch {
                 TensorSpec { name: "blk.{}.ffn_up_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, n_ff_shexp(h)], required: true },
             ],
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::Softmax),
             weights_norm: Some(false),
@@ -52,7 +51,7 @@ pub static QWEN2MOE: Arch = Arch {
             square_q: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
@@ -60,18 +59,15 @@ pub static QWEN2MOE: Arch = Arch {
         pre_tokenizer: "qwen2",
         aliases: &["qwen2_moe", "qwen2-moe"],
         optional_tensors: &["attn_q.bias", "attn_k.bias", "attn_v.bias"],
-        context_channel: false,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
 /// MHA/GQA with q/k/v biases, NeoX RoPE; every block routed SwiGLU experts plus a shared expert
 /// gated per token by a sigmoid. Mirrors llama.cpp `src/models/qwen2moe.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::None,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::None, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
     g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
         let routed = g.moe(h, il, &moe);
@@ -91,14 +87,9 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
-        n_layer: 2,
-        n_expert: 8,
-        n_expert_used: 2,
         n_ff_exp: 256,
         n_ff: 512,
         n_ff_shexp: 512,
-        ..with_heads(family(), 4, 4, 64)
+        ..tiny_of(with_heads(family(), 4, 4, 64))
     }
 }

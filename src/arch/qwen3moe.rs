@@ -4,7 +4,7 @@
 //! absent from real Qwen3 files.
 //! Source: llama.cpp `src/models/qwen3moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT_TIED, EXPERTS, FFN_NORM, QKV_O_GQA, ROUTER};
-use super::{preset_base, with_heads, Arch, Synth, TINY_VOCAB};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -31,7 +31,6 @@ pub static QWEN3MOE: Arch = Arch {
             ],
             EXPERTS,
         ],
-        nextn_blocks_optional: false,
         rules: Rules {
             gating: GatingRule::Fixed(Gating::Softmax),
             weights_norm: Some(true),
@@ -40,26 +39,23 @@ pub static QWEN3MOE: Arch = Arch {
             whole_head_rope: true,
             ..Rules::NONE
         },
-        unsupported: |_| None,
+        ..ArchSpec::NONE
     },
     graph: Some(build),
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "qwen2",
         aliases: &["qwen3_moe", "qwen3-moe"],
-        optional_tensors: &[],
         context_channel: true,
         tiny: Some(tiny),
+        ..Synth::NONE
     },
 };
 
 /// GQA with per-head q/k RMSNorm and NeoX RoPE; every block routed SwiGLU experts. Mirrors
 /// llama.cpp `src/models/qwen3moe.cpp`.
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
-    let attn = AttnOpts {
-        qk_norm: QkNorm::PerHead,
-        rope_mode: ROPE_NEOX,
-    };
+    let attn = AttnOpts::new(QkNorm::PerHead, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
     g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
 }
@@ -77,12 +73,7 @@ pub fn family() -> Hparams {
 
 fn tiny() -> Hparams {
     Hparams {
-        n_vocab: TINY_VOCAB,
-        n_embd: 256,
-        n_layer: 2,
-        n_expert: 8,
-        n_expert_used: 2,
         n_ff_exp: 256,
-        ..with_heads(family(), 4, 2, 128)
+        ..tiny_of(with_heads(family(), 4, 2, 128))
     }
 }

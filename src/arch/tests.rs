@@ -164,9 +164,11 @@ fn hp_deepseek4() -> Hparams {
     }
 }
 
-/// One small plausible `Hparams` per registered architecture (plus variants).
+/// One small plausible `Hparams` per registered architecture (plus variants), and the tiny
+/// preset of every built one (so a new architecture is covered by its own file).
 fn cases() -> Vec<Hparams> {
-    vec![
+    let tiny = super::built().filter_map(|a| a.synth.tiny.map(|t| t()));
+    let mut cases = vec![
         base("qwen3moe"),
         hp_qwen2moe(),
         hp_gpt_oss(),
@@ -177,7 +179,9 @@ fn cases() -> Vec<Hparams> {
         hp_minimax_m2(),
         hp_olmoe(),
         hp_deepseek4(),
-    ]
+    ];
+    cases.extend(tiny);
+    cases
 }
 
 fn spec(name: &str) -> &'static ArchSpec {

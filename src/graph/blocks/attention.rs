@@ -22,6 +22,12 @@ pub struct AttnOpts {
     pub rope_mode: i32,
 }
 
+impl AttnOpts {
+    pub const fn new(qk_norm: QkNorm, rope_mode: i32) -> Self {
+        Self { qk_norm, rope_mode }
+    }
+}
+
 pub const ROPE_NORMAL: i32 = 0;
 pub const ROPE_NEOX: i32 = 2;
 
