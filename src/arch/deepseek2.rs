@@ -1,7 +1,7 @@
 //! deepseek2 — DeepSeek-V2 / V2-Lite / V2.5 / V3 / V3.1 / R1, Kimi-K2, GLM-4.7-Flash and other
 //! DeepSeek-style files. Multi-head latent attention (MLA): q either low-rank
 //! (`attn_q_a` → `attn_q_a_norm` → `attn_q_b`, q_lora_rank > 0) or plain `attn_q` in the "lite"
-//! variants (q_lora_rank forced to 0, see `Hparams::from_meta`); the kv path compresses to
+//! variants (q_lora_rank forced to 0, see `derive`); the kv path compresses to
 //! `kv_lora_rank` plus a shared rotary key (`attn_kv_a_mqa`, `attn_kv_a_norm`) and decompresses
 //! per head through `attn_k_b`/`attn_v_b` (files with `key_length_mla`/`value_length_mla`) or
 //! the legacy fused `attn_kv_b`. YaRN RoPE on the `n_rot` rotary dims only.
@@ -30,7 +30,7 @@ pub static DEEPSEEK2: Arch = Arch {
     spec: ArchSpec {
         name: "deepseek2",
         description: "DeepSeek-V2/V3 (MLA)",
-        // attention.q_lora_rank is required too, except in "lite" files (checked in from_meta).
+        // attention.q_lora_rank is required too, except in "lite" files (checked in `derive`).
         required_keys: &["attention.layer_norm_rms_epsilon", "attention.kv_lora_rank", "expert_feed_forward_length", "expert_shared_count", "expert_count", "expert_used_count"],
         tensors: &[
             EMBED_OUTPUT_TIED,
@@ -58,8 +58,8 @@ pub static DEEPSEEK2: Arch = Arch {
                 TensorSpec { name: "blk.{}.ffn_gate_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
                 TensorSpec { name: "blk.{}.ffn_down_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_ff_exp * h.n_expert_shared, h.n_embd], required: true },
                 TensorSpec { name: "blk.{}.ffn_up_shexp.weight", role: SharedExperts, layers: Moe, shape: |h, _| vec![h.n_embd, h.n_ff_exp * h.n_expert_shared], required: true },
-                // MTP ("nextn") blocks: the block above plus these.
             ],
+            // MTP ("nextn") blocks: the block above plus these.
             NEXTN,
         ],
         nextn_blocks_optional: true,

@@ -44,8 +44,8 @@ pub static GLM4MOE: Arch = Arch {
             ],
             DENSE_FFN,
             &[
-                // MTP ("nextn") blocks: the block above plus these.
             ],
+            // MTP ("nextn") blocks: the block above plus these.
             NEXTN,
         ],
         nextn_blocks_optional: true,

@@ -169,11 +169,6 @@ pub fn built() -> impl Iterator<Item = &'static Arch> {
     ARCHS.iter().copied().filter(|a| a.graph.is_some())
 }
 
-/// Whether the engine can run files of `name`.
-pub fn is_built(name: &str) -> bool {
-    by_name(name).is_some_and(|a| a.graph.is_some())
-}
-
 /// Names of the built architectures, comma-separated (for errors).
 pub fn built_names() -> String {
     built().map(|a| a.spec.name).collect::<Vec<_>>().join(", ")
