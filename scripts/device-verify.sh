@@ -12,6 +12,7 @@ t() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUTDIR/verify.log"; }
 RUN=scripts/device-run.sh
 M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf
 mkdir -p /tmp/pmoe-models
+$RUN pocketmoe --version > /dev/null || exit 1   # unpacks the build once, before two users race
 (TESTS="${TESTS:-parity offload batch graph_order}" $RUN tests > "$OUTDIR/tests.log" 2>&1; echo "tests rc=$?" >> "$OUTDIR/tests.log") &
 tests=$!
 [ -s "$M" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" > /dev/null 2>&1
@@ -19,7 +20,7 @@ t "model ready"
 wait $tests; t "$(tail -1 "$OUTDIR/tests.log")"
 grep -E "^test |test result|slots:|cosine|FAILED|panicked" "$OUTDIR/tests.log" | tail -80 > "$OUTDIR/tests-summary.log"
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-left=$(( 570 - ($(date +%s) - start) ))
+left=$(( ${LIMIT:-570} - ($(date +%s) - start) ))
 $RUN exec timeout "$left" pocketmoe bench -m "$M" --gpu 0 --gpu-mem resident,8GiB -p 0 -n 128 \
   --reps 3 --no-baseline > "$OUTDIR/bench.md" 2> "$OUTDIR/bench.log"
 t "bench rc=$?"
