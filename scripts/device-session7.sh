@@ -1,41 +1,5 @@
 #!/usr/bin/env bash
-# One device call (session 7), after the restructuring of issue 15 and the batched-offload fix:
-#  1. the CUDA offload and batch tests (direct decode, CPU channel, concurrent decode through the
-#     cache) on the H200;
-#  2. pocketmoe-serve at 8 GiB under 1, 4 and 16 concurrent streams (`pocketmoe serve-bench`, as
-#     in scripts/device-serve-compare.sh), with the expert cache's figures per level;
-#  3. single-stream decode, resident and 8 GiB (`pocketmoe bench -p 0 -n 128 --reps 3`), to set
-#     beside the session 6 figures (no slowdown from the restructuring); SKIP_BENCH=1 skips it.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUTDIR="${1:?}"; mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
-start=$(date +%s)
-t() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUTDIR/session7.log"; }
-RUN=scripts/device-run.sh
-M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf
-mkdir -p /tmp/pmoe-models
-(TESTS="offload batch" $RUN tests > "$OUTDIR/tests.log" 2>&1; echo "tests rc=$?" >> "$OUTDIR/tests.log") &
-tests=$!
-[ -s "$M" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" > /dev/null 2>&1
-t "model ready"
-wait $tests; t "$(tail -1 "$OUTDIR/tests.log")"
-grep -E "^test |test result|slots:|cosine" "$OUTDIR/tests.log" | tail -40 > "$OUTDIR/tests-summary.log"
-PMOE=/tmp/pmoe
-env LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" "$PMOE/bin/pocketmoe-serve" -m "$M" --port 8200 \
-  --parallel 16 --ctx 1024 --gpu-mem 8GiB > "$OUTDIR/ours-8GiB.log" 2>&1 &
-pid=$!
-for _ in $(seq 360); do curl -sf localhost:8200/health > /dev/null && break; sleep 0.5; done
-t "server up"
-env LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" timeout 240 "$PMOE/bin/pocketmoe" serve-bench \
-  --url http://127.0.0.1:8200 --label ours-8GiB --concurrency 1,4,16 --requests 3 --max-tokens 128 \
-  --prompt-words 200 --metrics --json "$OUTDIR/ours-8GiB.json" 2>&1 | tee "$OUTDIR/serve.md"
-echo "VRAM $(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits | sort -n | tail -1) MiB" | tee -a "$OUTDIR/serve.md"
-curl -s localhost:8200/metrics | grep -v '^#' > "$OUTDIR/ours-8GiB.metrics"
-kill -INT $pid; wait $pid 2>/dev/null
-t "serve-bench done"
-[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-left=$(( 560 - ($(date +%s) - start) ))
-$RUN exec timeout "$left" pocketmoe bench -m "$M" --gpu 0 --gpu-mem resident,8GiB -p 0 -n 128 \
-  --reps 3 --no-baseline > "$OUTDIR/bench.md" 2> "$OUTDIR/bench.log"
-t "bench rc=$?"
-cat "$OUTDIR/bench.md"
+# Session 7's device call (kept for the commands docs/bench-h200.md cites): the CUDA offload and
+# batch tests, pocketmoe-serve at 8 GiB under 1/4/16 streams, then single-stream decode resident
+# and at 8 GiB (SKIP_BENCH=1 skips the last). Now scripts/device-verify.sh with SERVE=1.
+TESTS="${TESTS:-offload batch}" SERVE=1 exec "$(dirname "$0")/device-verify.sh" "$@"
