@@ -176,21 +176,9 @@ pub fn built_names() -> String {
 
 /// Why a file of a built architecture still cannot run (a variant whose graph is not built),
 /// checked at load time so the error names the file before anything is allocated: the
-/// architecture's own refusals, then what no graph builds (sqrt-softplus gating).
+/// architecture's own refusals.
 pub fn unsupported(hp: &Hparams) -> Option<String> {
-    if let Some(msg) = (hp.arch.unsupported)(hp) {
-        return Some(msg);
-    }
-    // libllama computes sqrt(softplus(logits)) for it; our router has no such gating yet.
-    (hp.gating == Gating::SqrtSoftplus).then(|| {
-        format!(
-            "{}.expert_gating_func = {} (sqrt-softplus gating) is not built for {} (built: 1 \
-             softmax, 2 sigmoid, 3 softmax over the selected experts)",
-            hp.arch,
-            Gating::SqrtSoftplus as u32,
-            hp.arch
-        )
-    })
+    (hp.arch.unsupported)(hp)
 }
 
 /// Builds the forward graph for `g.hp.arch`; returns the logits [n_vocab, n_tokens].

@@ -257,6 +257,28 @@ impl Context {
         self.wrap(unsafe { sys::ggml_sigmoid(self.raw(), a.raw()) }, "sigmoid")
     }
 
+    /// `ln(1 + e^a)` elementwise.
+    pub fn softplus<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_softplus(self.raw(), a.raw()) },
+            "softplus",
+        )
+    }
+
+    pub fn sqrt<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_sqrt(self.raw(), a.raw()) }, "sqrt")
+    }
+
+    /// Asks for F32 accumulation in `t` (a matmul or attention node), as llama.cpp does where
+    /// half-precision accumulation loses too much; backends that always accumulate in F32 ignore
+    /// it.
+    pub fn prec_f32(&self, t: Tensor<'_>) {
+        // SAFETY: t is a live tensor of this context.
+        unsafe { sys::ggml_prec_set_acc(t.raw(), sys::GGML_PREC_F32) };
+    }
+
     pub fn silu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.
         self.wrap(unsafe { sys::ggml_silu(self.raw(), a.raw()) }, "silu")

@@ -184,3 +184,29 @@ pub fn http_exchange(addr: &str, head: &str, body: &[u8]) -> (u16, String, Strin
     let (h, b) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     (status, h.to_ascii_lowercase(), b.to_string())
 }
+
+/// Writes `base` with `key` set to `value` (everything else copied: metadata order, tensors,
+/// data) to `out`; a key the base lacks is added at the end.
+pub fn write_with_key(
+    base: &pocketmoe::gguf::GgufModel,
+    key: &str,
+    value: &pocketmoe::gguf::GgufValue,
+    out: &Path,
+) {
+    let mut w = pocketmoe::gguf::GgufWriter::new();
+    for (k, v) in base.metadata() {
+        w.add_kv(k, if k == key { value.clone() } else { v.clone() });
+    }
+    if !key.is_empty() && !base.metadata().contains_key(key) {
+        w.add_kv(key, value.clone());
+    }
+    let tensors: Vec<_> = base.tensors().cloned().collect();
+    for t in &tensors {
+        w.add_tensor(&t.name, t.ty, t.shape()).unwrap();
+    }
+    w.write(out, |i, buf| {
+        buf.copy_from_slice(base.tensor_data(&tensors[i]));
+        Ok(())
+    })
+    .unwrap();
+}

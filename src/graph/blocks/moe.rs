@@ -101,6 +101,10 @@ impl<'a> GraphBuilder<'a> {
         let (n_expert, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
 
         let mut logits = ctx.mul_mat(self.wl(il, "ffn_gate_inp.weight"), x); // [n_expert, nt]
+        if opts.gating == Gating::SqrtSoftplus {
+            // As llama.cpp does for this gating: the router's matmul accumulates in F32.
+            ctx.prec_f32(logits);
+        }
         if let Some(b) = self.wl_opt(il, "ffn_gate_inp.bias") {
             logits = ctx.add(logits, b);
         }
@@ -109,10 +113,8 @@ impl<'a> GraphBuilder<'a> {
             Gating::Softmax => ctx.soft_max(logits),
             Gating::Sigmoid => ctx.sigmoid(logits),
             Gating::SoftmaxWeight => logits,
-            // Refused at load (`arch::unsupported`), and by `arch::build`.
-            Gating::SqrtSoftplus => {
-                unreachable!("sqrt-softplus gating is refused before any graph")
-            }
+            // DeepSeek-V4's scoring (llama.cpp `LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS`).
+            Gating::SqrtSoftplus => ctx.sqrt(ctx.softplus(logits)),
         };
         let probs = self.cb(probs, "ffn_moe_probs", ili); // [n_expert, nt]
         let selection = match self.wl_opt(il, "exp_probs_b.bias") {
