@@ -16,10 +16,10 @@
 //! a sliding-window block (`attention.key_length_swa`, default `attention.key_length`).
 //! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, NEXTN, ROUTER};
-use super::{Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, Synth};
 use crate::gguf::Metadata;
 use crate::model::arch::Rules;
-use crate::model::hparams::Gating;
+use crate::model::hparams::{Gating, RopeScaling};
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 
 /// Head size (llama.cpp `n_embd_head_k()`, block 0).
@@ -117,9 +117,68 @@ pub static DEEPSEEK4: Arch = Arch {
     quantized_kv: true,
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
+        tiny: Some(tiny),
         ..Synth::NONE
     },
 };
+
+/// What every DeepSeek-V4 model shares (DeepSeek-V4-Flash's config.json, see
+/// `synth::presets`): one latent KV head, sqrt-softplus routing scaled by 1.5, four Sinkhorn-mixed
+/// residual streams, SwiGLU clamped at 10, YaRN on the compressed blocks' RoPE (base 160000).
+pub fn family() -> Hparams {
+    Hparams {
+        n_head_kv: 1,
+        n_expert_shared: 1,
+        gating: Gating::SqrtSoftplus,
+        expert_weights_norm: true,
+        expert_weights_scale: 1.5,
+        rope_freq_base: 10000.0,
+        compress_rope_freq_base: 160000.0,
+        rope_scaling: RopeScaling::Yarn,
+        rope_scaling_factor: 16.0,
+        hc_mult: 4,
+        hc_sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        swiglu_clamp_exp: 10.0,
+        swiglu_clamp_shexp: 10.0,
+        ..preset_base(&DEEPSEEK4)
+    }
+}
+
+/// `h` with its per-block facts: every block windowed (llama.cpp sets it; `derive` does on load).
+pub fn with_blocks(h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
+    Hparams {
+        swa_layers: vec![true; h.n_layer],
+        compress_ratios,
+        ..h
+    }
+}
+
+/// Five blocks covering every kind the graph builds: ratios 0, 4, 128, 4, 0 (the ratio-4 blocks
+/// with the indexer), the first two hash-routed (one of them compressed), the rest bias-routed.
+/// A 64-token window and an indexer top-k of 8 so that a prompt of a few hundred tokens leaves
+/// the window, fills ratio-128 rows and makes the sparse selection drop compressed rows; YaRN
+/// with an original context of 256. Head 256 wide (64 rotary), indexer heads 128: every matrix
+/// row is a multiple of 256, so each quant type applies.
+fn tiny() -> Hparams {
+    let h = Hparams {
+        n_layer: 5,
+        n_ctx_train: 4096,
+        n_ctx_orig_yarn: 256,
+        n_rot: 64,
+        q_lora_rank: 256,
+        n_ff_exp: 256,
+        sliding_window: 64,
+        indexer_n_head: 4,
+        indexer_head_dim: 128,
+        indexer_top_k: 8,
+        o_group_count: 2,
+        o_lora_rank: 128,
+        hash_layer_count: 2,
+        ..tiny_of(with_heads(family(), 4, 1, 256))
+    };
+    with_blocks(h, vec![0, 4, 128, 4, 0])
+}
 
 /// Sqrt-softplus scoring, a sliding window in every block, the per-block compression ratios.
 fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {

@@ -85,7 +85,8 @@ pub struct Synth {
     /// Qwen3-30B-A3B: per-head q/k norms with NeoX RoPE) applies.
     pub context_channel: bool,
     /// The `tiny` preset (a few MB, widths multiples of 256 so every quant type applies), which
-    /// the tests build their models from; `None` for an architecture without a graph.
+    /// the tests build their models from; an architecture without a graph may have one too
+    /// (deepseek4: libllama loads and runs it, for the graph to be tested on).
     pub tiny: Option<fn() -> Hparams>,
 }
 

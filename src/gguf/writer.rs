@@ -264,6 +264,25 @@ impl GgufWriter {
         Ok(())
     }
 
+    /// Writes the header and tensor infos only, the data section left a hole of the right
+    /// length (a sparse file that reads as zeros): a real-shape model whose weights would not
+    /// fit on the disk, for what reads only the header (`inspect`, validation, placement).
+    /// Returns the (logical) file size.
+    pub fn write_header_only(&self, path: &Path) -> Result<u64, GgufError> {
+        use std::io::Write as _;
+        let layout = self.layout()?;
+        let write = || -> std::io::Result<()> {
+            let mut file = File::create(path)?;
+            file.write_all(&layout.header)?;
+            file.set_len(layout.total)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(path);
+            GgufError::io(path, "write", e)
+        })?;
+        Ok(layout.total)
+    }
+
     /// The whole file in memory, `fill` called in index order on this thread (for tests and
     /// small files). Byte-for-byte what `write` produces.
     pub fn to_bytes<F>(&self, fill: F) -> Result<Vec<u8>, GgufError>

@@ -75,6 +75,9 @@ struct Planned {
     row_scale: Option<Vec<f32>>,
     /// The context channel's edit of this tensor (`routing::ContextChannel`).
     edit: Option<(routing::Edit, Arc<routing::ContextChannel>)>,
+    /// An I32 token-id -> expert-id table (deepseek4's `ffn_gate_tid2eid`): each row (token)
+    /// holds distinct expert ids below this count.
+    expert_ids: Option<u64>,
     seed: u64,
 }
 
@@ -132,6 +135,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
         let edit = channel
             .as_ref()
             .and_then(|c| Some((c.edit(&name, block)?, c.clone())));
+        let expert_ids = (ty == GgmlType::I32).then_some(h.n_expert);
         out.push(Planned {
             name,
             ty,
@@ -140,6 +144,7 @@ fn plan(h: &Hparams, mix: QuantMix, skew: f32, seed: u64) -> Result<Vec<Planned>
             mean,
             row_scale,
             edit,
+            expert_ids,
             seed: seed.wrapping_add(i as u64 * 0x9E37),
         });
     }
@@ -218,6 +223,22 @@ fn build_pool(p: &Planned, seed: u64) -> Result<Vec<u8>, SynthError> {
     Ok(quant::quantize(p.ty, &v, ne0 as usize, None)?)
 }
 
+/// A token-id -> expert-id table into `buf` (I32 rows of `per_row`): every row `per_row` distinct
+/// ids drawn uniformly from `0..n_expert`, as a hash router's table holds.
+fn expert_ids(rng: &mut Rng, per_row: usize, n_expert: u64, buf: &mut [u8]) {
+    let mut row: Vec<i32> = Vec::with_capacity(per_row);
+    for out in buf.chunks_exact_mut(per_row * 4) {
+        row.clear();
+        while row.len() < per_row {
+            let id = (rng.next_u64() % n_expert) as i32;
+            if !row.contains(&id) {
+                row.push(id);
+            }
+        }
+        out.copy_from_slice(bytemuck::cast_slice(&row));
+    }
+}
+
 /// Fills `buf` (the tensor's bytes) for planned tensor `p`.
 fn fill(p: &Planned, pools: &HashMap<PoolKey, Vec<u8>>, buf: &mut [u8]) -> Result<(), SynthError> {
     let ne0 = p.shape[0] as usize;
@@ -226,6 +247,10 @@ fn fill(p: &Planned, pools: &HashMap<PoolKey, Vec<u8>>, buf: &mut [u8]) -> Resul
         p.ty.row_size(ne0 as u64)
             .expect("planned types fit the row") as usize;
     let mut rng = Rng::new(p.seed);
+    if let Some(n_expert) = p.expert_ids {
+        expert_ids(&mut rng, ne0, n_expert, buf);
+        return Ok(());
+    }
     if let Some(pool) = pools.get(&pool_key(p)).filter(|_| pooled(p)) {
         let pool_rows = pool.len() / row_bytes;
         for row in buf.chunks_exact_mut(row_bytes) {
@@ -366,13 +391,46 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
         ("attention.key_length_mla", h.head_dim_k_mla),
         ("attention.value_length_mla", h.head_dim_v_mla),
         ("nextn_predict_layers", h.n_layer_nextn as u64),
+        // DeepSeek-V4.
+        ("attention.indexer.head_count", h.indexer_n_head),
+        ("attention.indexer.key_length", h.indexer_head_dim),
+        ("attention.indexer.top_k", h.indexer_top_k),
+        ("attention.output_group_count", h.o_group_count),
+        ("attention.output_lora_rank", h.o_lora_rank),
+        ("hyper_connection.count", h.hc_mult),
+        ("hyper_connection.sinkhorn_iterations", h.hc_sinkhorn_iters),
+        ("hash_layer_count", h.hash_layer_count as u64),
     ];
+    // A key the architecture requires is written even when 0 (deepseek4's hash_layer_count).
+    let wanted = |k: &str, set: bool| set || h.arch.required_keys.contains(&k);
     kv.extend(
         optional
             .into_iter()
-            .filter(|&(_, v)| v > 0)
+            .filter(|&(k, v)| wanted(k, v > 0))
             .map(|(k, v)| (k, u(v))),
     );
+    let optional_f32 = [
+        ("swiglu_clamp_exp", h.swiglu_clamp_exp),
+        ("swiglu_clamp_shexp", h.swiglu_clamp_shexp),
+        ("hyper_connection.epsilon", h.hc_eps),
+        (
+            "attention.compress_rope_freq_base",
+            h.compress_rope_freq_base,
+        ),
+    ];
+    kv.extend(
+        optional_f32
+            .into_iter()
+            .filter(|&(k, v)| wanted(k, v > 0.0))
+            .map(|(k, v)| (k, GgufValue::F32(v))),
+    );
+    if !h.compress_ratios.is_empty() {
+        let ratios = h.compress_ratios.iter().map(|&r| r as u32).collect();
+        kv.push((
+            "attention.compress_ratios",
+            GgufValue::Array(GgufArray::U32(ratios)),
+        ));
+    }
     if h.rope_scaling != RopeScaling::Linear {
         kv.push((
             "rope.scaling.type",
@@ -400,11 +458,8 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
     kv
 }
 
-/// Writes the model. `progress(done, total)` is called with bytes written.
-pub fn synth(
-    opts: &SynthOptions,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<SynthReport, SynthError> {
+/// The checked preset of `opts`: its planned tensors and the writer holding its header.
+fn prepare(opts: &SynthOptions) -> Result<(Vec<Planned>, GgufWriter), SynthError> {
     if !opts.routing_skew.is_finite() || !(0.0..=20.0).contains(&opts.routing_skew) {
         return Err(SynthError::Options(format!(
             "--routing-skew {} is outside 0..=20",
@@ -423,6 +478,42 @@ pub fn synth(
     for p in &planned {
         w.add_tensor(&p.name, p.ty, &p.shape)?;
     }
+    Ok((planned, w))
+}
+
+/// What was written: the file, its size, and bytes by type (largest first).
+fn report(opts: &SynthOptions, planned: &[Planned], w: &GgufWriter, bytes: u64) -> SynthReport {
+    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
+    for (i, p) in planned.iter().enumerate() {
+        let n = w.tensor_size(i);
+        match by_type.iter_mut().find(|(t, _)| *t == p.ty) {
+            Some((_, b)) => *b += n,
+            None => by_type.push((p.ty, n)),
+        }
+    }
+    by_type.sort_by_key(|&(_, b)| std::cmp::Reverse(b));
+    SynthReport {
+        path: opts.out.clone(),
+        bytes,
+        n_tensors: planned.len(),
+        bytes_by_type: by_type,
+    }
+}
+
+/// Writes the model's header only, its data a hole of the right size
+/// ([`GgufWriter::write_header_only`]): real shapes too large to write here, for `inspect`.
+pub fn synth_header_only(opts: &SynthOptions) -> Result<SynthReport, SynthError> {
+    let (planned, w) = prepare(opts)?;
+    let bytes = w.write_header_only(&opts.out)?;
+    Ok(report(opts, &planned, &w, bytes))
+}
+
+/// Writes the model. `progress(done, total)` is called with bytes written.
+pub fn synth(
+    opts: &SynthOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<SynthReport, SynthError> {
+    let (planned, w) = prepare(opts)?;
     // Pools for the large tensors, built in parallel.
     let mut keys: Vec<(PoolKey, usize)> = Vec::new();
     for (i, p) in planned.iter().enumerate() {
@@ -470,21 +561,7 @@ pub fn synth(
         let _ = std::fs::remove_file(&tmp);
         return Err(crate::gguf::GgufError::io(&opts.out, "rename into place", e).into());
     }
-    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
-    for (i, p) in planned.iter().enumerate() {
-        let n = w.tensor_size(i);
-        match by_type.iter_mut().find(|(t, _)| *t == p.ty) {
-            Some((_, b)) => *b += n,
-            None => by_type.push((p.ty, n)),
-        }
-    }
-    by_type.sort_by_key(|&(_, b)| std::cmp::Reverse(b));
-    Ok(SynthReport {
-        path: opts.out.clone(),
-        bytes,
-        n_tensors: planned.len(),
-        bytes_by_type: by_type,
-    })
+    Ok(report(opts, &planned, &w, bytes))
 }
 
 /// Bytes of tensor data a preset gives under `mix` (without writing anything).

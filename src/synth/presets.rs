@@ -2,7 +2,8 @@
 //! the `tiny` preset of each architecture (a few MB, `crate::arch`) for tests. Real vocabulary sizes throughout: the
 //! output projection is a large part of decode cost.
 use crate::arch::{
-    deepseek2, glm4moe, gpt_oss, llama, minimax_m2, olmoe, qwen2moe, qwen3moe, with_heads,
+    deepseek2, deepseek4, glm4moe, gpt_oss, llama, minimax_m2, olmoe, qwen2moe, qwen3moe,
+    with_heads,
 };
 use crate::model::hparams::{Gating, Hparams};
 
@@ -127,6 +128,53 @@ pub fn all() -> Vec<Preset> {
                 ..sigmoid_groups(deepseek2::family(512), 8, 4)
             },
         ),
+        // DeepSeek-V4-Flash (284B total, 13B active), from its config.json,
+        // https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash/blob/main/config.json (read from
+        // copies of it in public code; the model card's architecture notes agree): hidden_size
+        // 4096, num_hidden_layers 43, num_attention_heads 64, num_key_value_heads 1, head_dim 512,
+        // qk_rope_head_dim 64, q_lora_rank 1024, o_groups 8, o_lora_rank 1024, n_routed_experts
+        // 256, n_shared_experts 1, num_experts_per_tok 6, moe_intermediate_size 2048,
+        // index_n_heads 64, index_head_dim 128, index_topk 512, sliding_window 128,
+        // compress_ratios [0, 0, then 4 and 128 alternating, 4, 0] (44 entries: blocks 0-1 none,
+        // even blocks 2-42 ratio 4, odd blocks 3-41 ratio 128, then the MTP block), num_hash_layers
+        // 3, hc_mult 4, hc_sinkhorn_iters 20, hc_eps 1e-6, scoring_func sqrtsoftplus,
+        // routed_scaling_factor 1.5, norm_topk_prob true, swiglu_limit 10, rms_norm_eps 1e-6,
+        // vocab_size 129280, max_position_embeddings 1048576, rope_theta 10000,
+        // compress_rope_theta 160000, rope_scaling yarn (factor 16, original 65536) (`family`).
+        // Chosen here: the MTP block (num_nextn_predict_layers 1) is left out, as deepseek-v3's
+        // preset leaves its own (decode does not run it; llama.cpp skips it unless asked), so the
+        // file has 43 blocks and the first 43 ratios; no rope.scaling.yarn_log_multiplier (the
+        // config has no mscale, and libllama's deepseek4 graph computes its own YaRN factor).
+        p(
+            "deepseek-v4-flash",
+            "DeepSeek-V4-Flash (284B)",
+            deepseek4::with_blocks(
+                Hparams {
+                    n_vocab: 129280,
+                    n_ctx_train: 1 << 20,
+                    n_ctx_orig_yarn: 65536,
+                    n_embd: 4096,
+                    n_layer: 43,
+                    n_rot: 64,
+                    q_lora_rank: 1024,
+                    n_expert: 256,
+                    n_expert_used: 6,
+                    n_ff_exp: 2048,
+                    sliding_window: 128,
+                    indexer_n_head: 64,
+                    indexer_head_dim: 128,
+                    indexer_top_k: 512,
+                    o_group_count: 8,
+                    o_lora_rank: 1024,
+                    hash_layer_count: 3,
+                    ..with_heads(deepseek4::family(), 64, 1, 512)
+                },
+                [0, 0]
+                    .into_iter()
+                    .chain((2..43).map(|il| if il % 2 == 0 { 4 } else { 128 }))
+                    .collect(),
+            ),
+        ),
         p(
             "mixtral-8x7b",
             "Mixtral-8x7B",
@@ -225,8 +273,9 @@ pub fn all() -> Vec<Preset> {
             },
         ),
     ];
-    // Tiny: same structure as each architecture's real models, a few MB (`Synth::tiny`).
-    for arch in crate::arch::built() {
+    // Tiny: same structure as each architecture's real models, a few MB (`Synth::tiny`); also
+    // of an architecture without a graph yet (deepseek4: libllama runs it, the engine refuses).
+    for arch in crate::arch::ARCHS {
         if let Some(tiny) = arch.synth.tiny {
             all.push(p("tiny", arch.spec.name, tiny()));
         }

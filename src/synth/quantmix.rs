@@ -6,6 +6,9 @@
 //!   layers (first and last eighth, every third in between);
 //! - `q8_0`: Q8_0 everywhere; `iq2_xxs`: IQ2_XXS routed experts, Q4_K elsewhere, Q6_K output;
 //!   `mxfp4`: MXFP4 routed experts (gpt-oss's native format), Q8_0 elsewhere;
+//! - `dsv4-seed`: the mix of the GGUF PocketMoE's first backend ran DeepSeek-V4-Flash from
+//!   (issue 14): routed experts' gate/up IQ2_XXS and down Q2_K, everything else (attention,
+//!   shared experts, embedding, output, hyper-connections) Q8_0;
 //! - a row length that is not a whole number of blocks falls back like llama.cpp does
 //!   (Q4_K -> Q5_0, Q6_K/IQ2_XXS -> Q8_0, then F16).
 use crate::ggml::GgmlType;
@@ -17,15 +20,17 @@ pub enum QuantMix {
     Q8_0,
     IQ2XXS,
     MXFP4,
+    Dsv4Seed,
     F16,
 }
 
 impl QuantMix {
-    pub const ALL: [(&'static str, QuantMix); 5] = [
+    pub const ALL: [(&'static str, QuantMix); 6] = [
         ("q4_k_m", QuantMix::Q4KM),
         ("q8_0", QuantMix::Q8_0),
         ("iq2_xxs", QuantMix::IQ2XXS),
         ("mxfp4", QuantMix::MXFP4),
+        ("dsv4-seed", QuantMix::Dsv4Seed),
         ("f16", QuantMix::F16),
     ];
 
@@ -54,7 +59,8 @@ impl QuantMix {
             QuantMix::F16 => 1,
             QuantMix::Q8_0 => 7,
             QuantMix::Q4KM => 15,
-            QuantMix::IQ2XXS => 19,
+            // Most of the file is IQ2_XXS (gate and up of every expert), as in `iq2_xxs`.
+            QuantMix::IQ2XXS | QuantMix::Dsv4Seed => 19,
             QuantMix::MXFP4 => 38,
         }
     }
@@ -92,6 +98,10 @@ pub fn tensor_type(
     il: Option<usize>,
     n_layer: usize,
 ) -> GgmlType {
+    // DeepSeek-V4's token-id -> expert-id routing table: integers, never quantised.
+    if name.ends_with("ffn_gate_tid2eid.weight") {
+        return GgmlType::I32;
+    }
     let is_matrix = shape.iter().filter(|&&d| d > 1).count() >= 2;
     if !is_matrix || role == Role::Router || role == Role::Norm || name.ends_with(".bias") {
         return GgmlType::F32;
@@ -113,6 +123,11 @@ pub fn tensor_type(
         },
         QuantMix::MXFP4 => match role {
             Role::RoutedExperts => GgmlType::MXFP4,
+            _ => GgmlType::Q8_0,
+        },
+        QuantMix::Dsv4Seed => match role {
+            Role::RoutedExperts if name.contains("ffn_down") => GgmlType::Q2_K,
+            Role::RoutedExperts => GgmlType::IQ2_XXS,
             _ => GgmlType::Q8_0,
         },
     };
@@ -193,5 +208,103 @@ mod tests {
             GgmlType::MXFP4
         );
         assert!(QuantMix::parse("Q4_K_M").is_ok() && QuantMix::parse("q3").is_err());
+    }
+
+    /// The seed's mix on DeepSeek-V4-Flash's shapes: each role its type, integers untouched.
+    #[test]
+    fn dsv4_seed_gives_each_role_its_type() {
+        let t = |name, role, shape: &[u64]| {
+            tensor_type(QuantMix::Dsv4Seed, name, role, shape, Some(5), 43)
+        };
+        let experts = Role::RoutedExperts;
+        for (name, role, shape, want) in [
+            (
+                "blk.5.ffn_gate_exps.weight",
+                experts,
+                &[4096, 2048, 256][..],
+                GgmlType::IQ2_XXS,
+            ),
+            (
+                "blk.5.ffn_up_exps.weight",
+                experts,
+                &[4096, 2048, 256],
+                GgmlType::IQ2_XXS,
+            ),
+            (
+                "blk.5.ffn_down_exps.weight",
+                experts,
+                &[2048, 4096, 256],
+                GgmlType::Q2_K,
+            ),
+            (
+                "blk.5.attn_q_b.weight",
+                Role::Attention,
+                &[1024, 32768],
+                GgmlType::Q8_0,
+            ),
+            (
+                "blk.5.attn_kv.weight",
+                Role::Attention,
+                &[4096, 512],
+                GgmlType::Q8_0,
+            ),
+            (
+                "blk.5.ffn_gate_shexp.weight",
+                Role::SharedExperts,
+                &[4096, 2048],
+                GgmlType::Q8_0,
+            ),
+            (
+                "blk.5.ffn_down_shexp.weight",
+                Role::SharedExperts,
+                &[2048, 4096],
+                GgmlType::Q8_0,
+            ),
+            (
+                "output.weight",
+                Role::Output,
+                &[4096, 129280],
+                GgmlType::Q8_0,
+            ),
+            (
+                "token_embd.weight",
+                Role::Embedding,
+                &[4096, 129280],
+                GgmlType::Q8_0,
+            ),
+            (
+                "blk.5.hc_attn_fn.weight",
+                Role::Other,
+                &[16384, 24],
+                GgmlType::Q8_0,
+            ),
+            (
+                "blk.5.ffn_gate_inp.weight",
+                Role::Router,
+                &[4096, 256],
+                GgmlType::F32,
+            ),
+            (
+                "blk.5.attn_sinks.weight",
+                Role::Attention,
+                &[64],
+                GgmlType::F32,
+            ),
+            (
+                "blk.5.exp_probs_b.bias",
+                Role::Router,
+                &[256],
+                GgmlType::F32,
+            ),
+            (
+                "blk.0.ffn_gate_tid2eid.weight",
+                Role::Router,
+                &[6, 129280],
+                GgmlType::I32,
+            ),
+        ] {
+            assert_eq!(t(name, role, shape), want, "{name}");
+        }
+        assert_eq!(QuantMix::parse("dsv4-seed"), Ok(QuantMix::Dsv4Seed));
     }
 }
