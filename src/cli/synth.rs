@@ -7,13 +7,14 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
     /// Architecture (GGUF name): qwen3moe, qwen2moe, gpt-oss, deepseek2, llama (Mixtral), glm4moe,
-    /// minimax-m2, olmoe.
+    /// minimax-m2, olmoe, deepseek4 (no graph yet: libllama runs it, `inspect` plans it).
     #[arg(long, required_unless_present = "list")]
     pub arch: Option<String>,
     /// Preset: `tiny` (every arch, a few MB) or a real model's shape (see --list).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
-    /// Quantisation mix: q4_k_m, q8_0, iq2_xxs, mxfp4, f16.
+    /// Quantisation mix: q4_k_m, q8_0, iq2_xxs, mxfp4, dsv4-seed (routed gate/up IQ2_XXS, down
+    /// Q2_K, the rest Q8_0), f16.
     #[arg(long, default_value = "q4_k_m")]
     pub quant: String,
     /// Routing skew: expert popularity and, on Qwen3-style models, temporal locality (a context
@@ -30,6 +31,10 @@ pub struct SynthArgs {
     /// List the presets with their sizes and exit.
     #[arg(long)]
     pub list: bool,
+    /// Write the header only, the tensor data a sparse hole of the right size: real shapes too
+    /// large to write here (deepseek-v4-flash), for `pocketmoe inspect`.
+    #[arg(long)]
+    pub header_only: bool,
 }
 
 pub fn run(args: SynthArgs) -> Result<()> {
@@ -66,6 +71,17 @@ pub fn run(args: SynthArgs) -> Result<()> {
         seed: args.seed,
         out,
     };
+    if args.header_only {
+        let report = synth::synth_header_only(&opts)
+            .with_context(|| format!("writing {}", opts.out.display()))?;
+        println!(
+            "wrote the header of {}: {} tensors, {:.2} GiB (sparse: no tensor data)",
+            report.path.display(),
+            report.n_tensors,
+            report.bytes as f64 / (1u64 << 30) as f64
+        );
+        return Ok(());
+    }
     let pb = byte_progress_for(&opts)?;
     let t0 = Instant::now();
     let report = synth::synth(&opts, &|done, _total| pb.set_position(done))

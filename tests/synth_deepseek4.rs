@@ -1,0 +1,154 @@
+//! The DeepSeek-V4-Flash preset (`deepseek-v4-flash`): its shape is the published config's, and
+//! `inspect` plans its placement from a header-only file in the seed's mix (the data a sparse
+//! hole: 284B parameters are not written on a CI machine). The tiny deepseek4 that libllama
+//! runs is tested in `synth_llama.rs`.
+use pocketmoe::cli::inspect::{report, InspectArgs};
+use pocketmoe::model::hparams::{Gating, RopeScaling};
+use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
+use std::path::Path;
+
+fn args(model: &Path, gpu_mem: u64) -> InspectArgs {
+    InspectArgs {
+        model: model.to_path_buf(),
+        json: false,
+        gpu_mem,
+        ctx: 4096,
+        hit_rate: None,
+        hbm_gbps: 4470.0,
+        pcie_gbps: 50.7,
+        cpu_gbps: 68.0,
+    }
+}
+
+/// Every value against config.json of deepseek-ai/DeepSeek-V4-Flash (the numbers below are the
+/// config's, transcribed independently of the preset's).
+#[test]
+fn deepseek_v4_flash_preset_is_the_published_config() {
+    let h = presets::find("deepseek4", "deepseek-v4-flash")
+        .unwrap()
+        .hparams;
+    for (field, ours, config) in [
+        ("hidden_size", h.n_embd, 4096),
+        ("num_hidden_layers", h.n_layer as u64, 43),
+        ("num_attention_heads", h.n_head, 64),
+        ("num_key_value_heads", h.n_head_kv, 1),
+        ("head_dim", h.head_dim_k, 512),
+        ("head_dim (values)", h.head_dim_v, 512),
+        ("qk_rope_head_dim", h.n_rot, 64),
+        ("q_lora_rank", h.q_lora_rank, 1024),
+        ("o_groups", h.o_group_count, 8),
+        ("o_lora_rank", h.o_lora_rank, 1024),
+        ("n_routed_experts", h.n_expert, 256),
+        ("n_shared_experts", h.n_expert_shared, 1),
+        ("num_experts_per_tok", h.n_expert_used, 6),
+        ("moe_intermediate_size", h.n_ff_exp, 2048),
+        ("index_n_heads", h.indexer_n_head, 64),
+        ("index_head_dim", h.indexer_head_dim, 128),
+        ("index_topk", h.indexer_top_k, 512),
+        ("sliding_window", h.sliding_window, 128),
+        ("num_hash_layers", h.hash_layer_count as u64, 3),
+        ("hc_mult", h.hc_mult, 4),
+        ("hc_sinkhorn_iters", h.hc_sinkhorn_iters, 20),
+        ("vocab_size", h.n_vocab, 129280),
+        ("max_position_embeddings", h.n_ctx_train, 1048576),
+        ("original_max_position_embeddings", h.n_ctx_orig_yarn, 65536),
+    ] {
+        assert_eq!(ours, config, "{field}");
+    }
+    for (field, ours, config) in [
+        ("rope_theta", h.rope_freq_base, 10000.0),
+        ("compress_rope_theta", h.compress_rope_freq_base, 160000.0),
+        ("routed_scaling_factor", h.expert_weights_scale, 1.5),
+        ("swiglu_limit", h.swiglu_clamp_exp, 10.0),
+        ("swiglu_limit (shared)", h.swiglu_clamp_shexp, 10.0),
+        ("rope_scaling.factor", h.rope_scaling_factor, 16.0),
+        ("hc_eps", h.hc_eps, 1e-6),
+        ("rms_norm_eps", h.rms_eps, 1e-6),
+    ] {
+        assert_eq!(ours, config, "{field}");
+    }
+    assert_eq!(
+        (h.gating, h.expert_weights_norm, h.rope_scaling),
+        (Gating::SqrtSoftplus, true, RopeScaling::Yarn),
+        "scoring_func sqrtsoftplus, norm_topk_prob, rope_scaling yarn"
+    );
+    // The config's 44 ratios (43 blocks, then the MTP block the preset leaves out).
+    let mut config = vec![0, 0];
+    for _ in 0..20 {
+        config.extend([4, 128]);
+    }
+    config.extend([4, 0]);
+    assert_eq!(h.compress_ratios[..], config[..43]);
+    assert!(h.swa_layers.len() == 43 && h.swa_layers.iter().all(|&w| w));
+}
+
+/// The header-only file in the seed's mix: 284B parameters as published, sparse on the disk,
+/// and `inspect` validates it and plans its placement at 24 GiB and at 1 TiB.
+#[test]
+fn deepseek_v4_flash_header_inspects() {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("deepseek-v4-flash.gguf");
+    let opts = SynthOptions {
+        arch: "deepseek4".into(),
+        preset: "deepseek-v4-flash".into(),
+        quant: QuantMix::Dsv4Seed,
+        routing_skew: 1.0,
+        seed: 1,
+        out: out.clone(),
+    };
+    let written = synth::synth_header_only(&opts).unwrap();
+    let meta = std::fs::metadata(&out).unwrap();
+    assert_eq!(meta.len(), written.bytes);
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        assert!(
+            meta.blocks() * 512 < 256 << 20,
+            "{} bytes on the disk: not sparse",
+            meta.blocks() * 512
+        );
+    }
+    let rep = report(&args(&out, 24 << 30)).unwrap();
+    assert!(
+        rep.supported && rep.valid,
+        "{:?} {:?}",
+        rep.supported,
+        rep.findings
+    );
+    let params: u64 = pocketmoe::gguf::GgufModel::open(&out)
+        .unwrap()
+        .tensors()
+        .map(|t| t.n_elements())
+        .sum();
+    assert!(
+        (283_000_000_000..=286_000_000_000).contains(&params),
+        "{params} parameters, not DeepSeek-V4-Flash's 284B"
+    );
+    // The seed's types: IQ2_XXS the larger part (gate and up), Q2_K the down projections.
+    let bytes = |ty: &str| rep.by_type.get(ty).map_or(0, |&(_, b)| b);
+    let (iq2, q2k, q8) = (bytes("iq2_xxs"), bytes("q2_K"), bytes("q8_0"));
+    assert!(
+        iq2 > q2k && q2k > q8 && q8 > 0,
+        "iq2_xxs {iq2}, q2_K {q2k}, q8_0 {q8}"
+    );
+    let total: u64 = rep.by_type.values().map(|&(_, b)| b).sum();
+    let p = rep.placement.as_ref().unwrap();
+    assert_eq!(
+        p.resident_bytes + p.host_bytes + p.expert_bytes_total,
+        total
+    );
+    assert_eq!(p.n_experts_total, 43 * 256);
+    // 24 GiB (and the seed's 22 GiB cards) hold the resident parts and part of the experts.
+    assert!(
+        p.fits && p.experts_cached > 0 && p.experts_cached < p.n_experts_total,
+        "24 GiB caches {} of {} experts (resident parts fit: {})",
+        p.experts_cached,
+        p.n_experts_total,
+        p.fits
+    );
+    let card = report(&args(&out, 22 << 30)).unwrap().placement.unwrap();
+    assert!(card.fits && card.experts_cached > 0 && card.experts_cached < p.experts_cached);
+    let big = report(&args(&out, 1 << 40)).unwrap().placement.unwrap();
+    assert_eq!(big.experts_cached, big.n_experts_total);
+    std::fs::remove_file(&out).ok();
+}
