@@ -2,22 +2,21 @@
 //! `inspect` plans its placement from a header-only file in the seed's mix (the data a sparse
 //! hole: 284B parameters are not written on a CI machine). The tiny deepseek4 that libllama
 //! runs is tested in `synth_llama.rs`.
+use clap::Parser as _;
 use pocketmoe::cli::inspect::{report, InspectArgs};
 use pocketmoe::model::hparams::{Gating, RopeScaling};
 use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
 use std::path::Path;
 
-fn args(model: &Path, gpu_mem: u64) -> InspectArgs {
-    InspectArgs {
-        model: model.to_path_buf(),
-        json: false,
-        gpu_mem,
-        ctx: 4096,
-        hit_rate: None,
-        hbm_gbps: 4470.0,
-        pcie_gbps: 50.7,
-        cpu_gbps: 68.0,
+/// `pocketmoe inspect MODEL --gpu-mem BUDGET`, the other options the command line's defaults.
+fn args(model: &Path, gpu_mem: &str) -> InspectArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        inspect: InspectArgs,
     }
+    let model = model.to_str().unwrap();
+    Cli::parse_from(["inspect", model, "--gpu-mem", gpu_mem]).inspect
 }
 
 /// Every value against config.json of deepseek-ai/DeepSeek-V4-Flash (the numbers below are the
@@ -27,35 +26,36 @@ fn deepseek_v4_flash_preset_is_the_published_config() {
     let h = presets::find("deepseek4", "deepseek-v4-flash")
         .unwrap()
         .hparams;
+    // (As f32: every integer here is exact in one.)
     for (field, ours, config) in [
-        ("hidden_size", h.n_embd, 4096),
-        ("num_hidden_layers", h.n_layer as u64, 43),
-        ("num_attention_heads", h.n_head, 64),
-        ("num_key_value_heads", h.n_head_kv, 1),
-        ("head_dim", h.head_dim_k, 512),
-        ("head_dim (values)", h.head_dim_v, 512),
-        ("qk_rope_head_dim", h.n_rot, 64),
-        ("q_lora_rank", h.q_lora_rank, 1024),
-        ("o_groups", h.o_group_count, 8),
-        ("o_lora_rank", h.o_lora_rank, 1024),
-        ("n_routed_experts", h.n_expert, 256),
-        ("n_shared_experts", h.n_expert_shared, 1),
-        ("num_experts_per_tok", h.n_expert_used, 6),
-        ("moe_intermediate_size", h.n_ff_exp, 2048),
-        ("index_n_heads", h.indexer_n_head, 64),
-        ("index_head_dim", h.indexer_head_dim, 128),
-        ("index_topk", h.indexer_top_k, 512),
-        ("sliding_window", h.sliding_window, 128),
-        ("num_hash_layers", h.hash_layer_count as u64, 3),
-        ("hc_mult", h.hc_mult, 4),
-        ("hc_sinkhorn_iters", h.hc_sinkhorn_iters, 20),
-        ("vocab_size", h.n_vocab, 129280),
-        ("max_position_embeddings", h.n_ctx_train, 1048576),
-        ("original_max_position_embeddings", h.n_ctx_orig_yarn, 65536),
-    ] {
-        assert_eq!(ours, config, "{field}");
-    }
-    for (field, ours, config) in [
+        ("hidden_size", h.n_embd as f32, 4096.0),
+        ("num_hidden_layers", h.n_layer as f32, 43.0),
+        ("num_attention_heads", h.n_head as f32, 64.0),
+        ("num_key_value_heads", h.n_head_kv as f32, 1.0),
+        ("head_dim", h.head_dim_k as f32, 512.0),
+        ("head_dim (values)", h.head_dim_v as f32, 512.0),
+        ("qk_rope_head_dim", h.n_rot as f32, 64.0),
+        ("q_lora_rank", h.q_lora_rank as f32, 1024.0),
+        ("o_groups", h.o_group_count as f32, 8.0),
+        ("o_lora_rank", h.o_lora_rank as f32, 1024.0),
+        ("n_routed_experts", h.n_expert as f32, 256.0),
+        ("n_shared_experts", h.n_expert_shared as f32, 1.0),
+        ("num_experts_per_tok", h.n_expert_used as f32, 6.0),
+        ("moe_intermediate_size", h.n_ff_exp as f32, 2048.0),
+        ("index_n_heads", h.indexer_n_head as f32, 64.0),
+        ("index_head_dim", h.indexer_head_dim as f32, 128.0),
+        ("index_topk", h.indexer_top_k as f32, 512.0),
+        ("sliding_window", h.sliding_window as f32, 128.0),
+        ("num_hash_layers", h.hash_layer_count as f32, 3.0),
+        ("hc_mult", h.hc_mult as f32, 4.0),
+        ("hc_sinkhorn_iters", h.hc_sinkhorn_iters as f32, 20.0),
+        ("vocab_size", h.n_vocab as f32, 129280.0),
+        ("max_position_embeddings", h.n_ctx_train as f32, 1048576.0),
+        (
+            "original_max_position_embeddings",
+            h.n_ctx_orig_yarn as f32,
+            65536.0,
+        ),
         ("rope_theta", h.rope_freq_base, 10000.0),
         ("compress_rope_theta", h.compress_rope_freq_base, 160000.0),
         ("routed_scaling_factor", h.expert_weights_scale, 1.5),
@@ -108,7 +108,7 @@ fn deepseek_v4_flash_header_inspects() {
             meta.blocks() * 512
         );
     }
-    let rep = report(&args(&out, 24 << 30)).unwrap();
+    let rep = report(&args(&out, "24GiB")).unwrap();
     assert!(
         rep.supported && rep.valid,
         "{:?} {:?}",
@@ -146,9 +146,9 @@ fn deepseek_v4_flash_header_inspects() {
         p.n_experts_total,
         p.fits
     );
-    let card = report(&args(&out, 22 << 30)).unwrap().placement.unwrap();
+    let card = report(&args(&out, "22GiB")).unwrap().placement.unwrap();
     assert!(card.fits && card.experts_cached > 0 && card.experts_cached < p.experts_cached);
-    let big = report(&args(&out, 1 << 40)).unwrap().placement.unwrap();
+    let big = report(&args(&out, "1TiB")).unwrap().placement.unwrap();
     assert_eq!(big.experts_cached, big.n_experts_total);
     std::fs::remove_file(&out).ok();
 }

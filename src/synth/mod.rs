@@ -401,14 +401,6 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
         ("hyper_connection.sinkhorn_iterations", h.hc_sinkhorn_iters),
         ("hash_layer_count", h.hash_layer_count as u64),
     ];
-    // A key the architecture requires is written even when 0 (deepseek4's hash_layer_count).
-    let wanted = |k: &str, set: bool| set || h.arch.required_keys.contains(&k);
-    kv.extend(
-        optional
-            .into_iter()
-            .filter(|&(k, v)| wanted(k, v > 0))
-            .map(|(k, v)| (k, u(v))),
-    );
     let optional_f32 = [
         ("swiglu_clamp_exp", h.swiglu_clamp_exp),
         ("swiglu_clamp_shexp", h.swiglu_clamp_shexp),
@@ -418,11 +410,16 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
             h.compress_rope_freq_base,
         ),
     ];
-    kv.extend(
+    // Written when set, or when the architecture requires the key (deepseek4's
+    // hash_layer_count may be 0).
+    let set = optional.into_iter().map(|(k, v)| (k, u(v), v > 0)).chain(
         optional_f32
             .into_iter()
-            .filter(|&(k, v)| wanted(k, v > 0.0))
-            .map(|(k, v)| (k, GgufValue::F32(v))),
+            .map(|(k, v)| (k, GgufValue::F32(v), v > 0.0)),
+    );
+    kv.extend(
+        set.filter(|(k, _, set)| *set || h.arch.required_keys.contains(k))
+            .map(|(k, v, _)| (k, v)),
     );
     if !h.compress_ratios.is_empty() {
         let ratios = h.compress_ratios.iter().map(|&r| r as u32).collect();
