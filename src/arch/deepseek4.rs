@@ -159,7 +159,9 @@ pub fn with_blocks(h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
 /// A 64-token window and an indexer top-k of 8 so that a prompt of a few hundred tokens leaves
 /// the window, fills ratio-128 rows and makes the sparse selection drop compressed rows; YaRN
 /// with an original context of 256. Head 256 wide (64 rotary), indexer heads 128: every matrix
-/// row is a multiple of 256, so each quant type applies.
+/// row is a multiple of 256, so each quant type applies. A variant must keep a ratio-4 block:
+/// libllama 0.1.161 dies (SIGFPE in the DSV4 KV cache's constructor) on a file without one
+/// (every block window-only, or ratios 0 and 128 only); ratios 0 and 4 only it runs.
 fn tiny() -> Hparams {
     let h = Hparams {
         n_layer: 5,
