@@ -152,3 +152,51 @@ fn deepseek_v4_flash_header_inspects() {
     assert_eq!(big.experts_cached, big.n_experts_total);
     std::fs::remove_file(&out).ok();
 }
+
+/// The same from the command line: `pocketmoe synth --header-only` then `pocketmoe inspect`,
+/// which prints the placement plan of the V4-Flash shape in the seed's mix.
+#[test]
+fn deepseek_v4_flash_header_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("v4.gguf");
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{args:?}: {text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        text
+    };
+    let path = out.to_str().unwrap();
+    let wrote = run(&[
+        "synth",
+        "--arch",
+        "deepseek4",
+        "--preset",
+        "deepseek-v4-flash",
+        "--quant",
+        "dsv4-seed",
+        "--header-only",
+        "-o",
+        path,
+    ]);
+    assert!(wrote.contains("sparse"), "{wrote}");
+    let shown = run(&["inspect", path, "--gpu-mem", "24GiB"]);
+    for want in [
+        "deepseek4",
+        "n_layer=43",
+        "iq2_xxs",
+        "q2_K",
+        "expert cache",
+        "of 11008 experts",
+    ] {
+        assert!(shown.contains(want), "{want:?} not in:\n{shown}");
+    }
+    std::fs::remove_file(&out).ok();
+}
