@@ -214,3 +214,138 @@ fn cuda_remap_expert_ids_kernel() {
     assert_eq!(slots, want);
     assert_eq!(misses, want.iter().filter(|&&s| s < 0).count() as i32);
 }
+
+/// DeepSeek-V4's hyper-connection ops (`ggml_dsv4_hc_{comb,pre,post}`, which libllama's deepseek4
+/// graph uses by default and ours will call) against a host reference of their documented
+/// definitions, on random inputs: the Sinkhorn mixing matrix, the streams' weighted sum and the
+/// new streams. The port (docs/deepseek4-port.md) relies on exactly these semantics (which index
+/// is dst, which src; where eps goes). Bound: 2e-6 relative, about ten f32 roundings of these
+/// short sums; Sinkhorn converges, so one normalisation round fewer moves the mixing matrix by
+/// 4e-3 relative at 3 rounds (measured; 5e-5 at 5, which is why the test runs 3).
+fn check_hyper_connections(backend: &Backend) {
+    let (hc, n, nt, n_iter, eps) = (4usize, 64usize, 3usize, 3i32, 1e-6f32);
+    let mix = (2 + hc) * hc;
+    let mut rng = Rng::new(21);
+    let mixes = rng.normals(mix * nt, 1.0);
+    let scale = rng.normals(3, 0.5);
+    let base = rng.normals(mix, 0.5);
+    let x = rng.normals(n * hc * nt, 1.0);
+    let w = rng.normals(hc * nt, 1.0);
+    let y = rng.normals(n * nt, 1.0);
+    let post = rng.normals(hc * nt, 1.0);
+
+    let ctx = Context::new(16, 16).unwrap();
+    let t = |ne: &[i64]| ctx.new_tensor(GgmlType::F32, ne).unwrap();
+    let (tm, ts, tb) = (t(&[mix as i64, nt as i64]), t(&[3]), t(&[mix as i64]));
+    let comb = ctx.dsv4_hc_comb(tm, ts, tb, eps, n_iter);
+    let (tx, tw) = (
+        t(&[n as i64, hc as i64, nt as i64]),
+        t(&[hc as i64, nt as i64]),
+    );
+    let pre = ctx.dsv4_hc_pre(tx, tw);
+    let (ty, tp) = (t(&[n as i64, nt as i64]), t(&[hc as i64, nt as i64]));
+    let out = ctx.dsv4_hc_post(ty, tx, tp, comb);
+    assert_eq!(comb.shape(), vec![hc as i64, hc as i64, nt as i64]);
+    assert_eq!(pre.shape(), vec![n as i64, nt as i64]);
+    assert_eq!(out.shape(), vec![n as i64, hc as i64, nt as i64]);
+    let g = Graph::new(&ctx, 16);
+    g.build_forward(comb);
+    g.build_forward(pre);
+    g.build_forward(out);
+    ctx.alloc_tensors(backend).unwrap();
+    for (tt, v) in [
+        (tm, &mixes),
+        (ts, &scale),
+        (tb, &base),
+        (tx, &x),
+        (tw, &w),
+        (ty, &y),
+        (tp, &post),
+    ] {
+        tt.write_f32(v).unwrap();
+    }
+    backend.compute(&g).unwrap();
+
+    // comb[t][dst][src], in f64.
+    let mut want_comb = vec![0f64; hc * hc * nt];
+    for tk in 0..nt {
+        let mut c = vec![vec![0f64; hc]; hc]; // c[dst][src]
+        for (d, row) in c.iter_mut().enumerate() {
+            for (s_, v) in row.iter_mut().enumerate() {
+                let i = 2 * hc + d + hc * s_;
+                *v = mixes[tk * mix + i] as f64 * scale[2] as f64 + base[i] as f64;
+            }
+        }
+        // Softmax over dst (for each src), then + eps.
+        for s_ in 0..hc {
+            let m = (0..hc).map(|d| c[d][s_]).fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = (0..hc).map(|d| (c[d][s_] - m).exp()).sum();
+            for row in c.iter_mut() {
+                row[s_] = (row[s_] - m).exp() / z + eps as f64;
+            }
+        }
+        let norm_src = |c: &mut Vec<Vec<f64>>| {
+            for row in c.iter_mut() {
+                let z: f64 = row.iter().sum::<f64>() + eps as f64;
+                row.iter_mut().for_each(|v| *v /= z);
+            }
+        };
+        let norm_dst = |c: &mut Vec<Vec<f64>>| {
+            for s_ in 0..hc {
+                let z: f64 = (0..hc).map(|d| c[d][s_]).sum::<f64>() + eps as f64;
+                c.iter_mut().for_each(|row| row[s_] /= z);
+            }
+        };
+        norm_src(&mut c);
+        for _ in 1..n_iter {
+            norm_dst(&mut c);
+            norm_src(&mut c);
+        }
+        for (d, row) in c.iter().enumerate() {
+            for (s_, v) in row.iter().enumerate() {
+                want_comb[(tk * hc + s_) * hc + d] = *v;
+            }
+        }
+    }
+    let got_comb = comb.read_f32().unwrap();
+    let mut want_pre = vec![0f64; n * nt];
+    let mut want_out = vec![0f64; n * hc * nt];
+    for tk in 0..nt {
+        for i in 0..n {
+            want_pre[tk * n + i] = (0..hc)
+                .map(|h| x[(tk * hc + h) * n + i] as f64 * w[tk * hc + h] as f64)
+                .sum();
+            for d in 0..hc {
+                let mut v = y[tk * n + i] as f64 * post[tk * hc + d] as f64;
+                for s_ in 0..hc {
+                    v +=
+                        x[(tk * hc + s_) * n + i] as f64 * got_comb[(tk * hc + s_) * hc + d] as f64;
+                }
+                want_out[(tk * hc + d) * n + i] = v;
+            }
+        }
+    }
+    let close = |what: &str, got: &[f32], want: &[f64]| {
+        for (k, (&a, &b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a as f64 - b).abs() <= 2e-6 * b.abs().max(1.0),
+                "{}: {what}[{k}] = {a}, reference {b}",
+                backend.name()
+            );
+        }
+    };
+    close("hc_comb", &got_comb, &want_comb);
+    close("hc_pre", &pre.read_f32().unwrap(), &want_pre);
+    close("hc_post", &out.read_f32().unwrap(), &want_out);
+}
+
+#[test]
+fn cpu_hyper_connection_ops_match_their_definition() {
+    check_hyper_connections(&Backend::cpu(2).unwrap());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_hyper_connection_ops_match_their_definition() {
+    check_hyper_connections(&Backend::cuda(0).unwrap());
+}

@@ -257,6 +257,63 @@ impl Context {
         self.wrap(unsafe { sys::ggml_sigmoid(self.raw(), a.raw()) }, "sigmoid")
     }
 
+    /// DeepSeek-V4 hyper-connections, the mixing matrix: `mixes` [(2+hc)·hc, nt], `scale` [3],
+    /// `base` [(2+hc)·hc] → [hc (dst), hc (src), nt]. Logits `mixes[2hc + dst + hc·src]·scale[2] +
+    /// base[2hc + dst + hc·src]`; softmax over dst, `+ eps`, normalised over src, then
+    /// `n_iter − 1` rounds of normalising over dst and then src (Sinkhorn; each sum `+ eps`).
+    pub fn dsv4_hc_comb<'a>(
+        &'a self,
+        mixes: Tensor<'a>,
+        scale: Tensor<'a>,
+        base: Tensor<'a>,
+        eps: f32,
+        n_iter: i32,
+    ) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe {
+                sys::ggml_dsv4_hc_comb(
+                    self.raw(),
+                    mixes.raw(),
+                    scale.raw(),
+                    base.raw(),
+                    eps,
+                    n_iter,
+                )
+            },
+            "dsv4_hc_comb",
+        )
+    }
+
+    /// DeepSeek-V4 hyper-connections, the streams' weighted sum: `x` [n, hc, nt], `weights`
+    /// [hc, nt] → [n, nt], `Σ_h x[.., h, t]·weights[h, t]`.
+    pub fn dsv4_hc_pre<'a>(&'a self, x: Tensor<'a>, weights: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_dsv4_hc_pre(self.raw(), x.raw(), weights.raw()) },
+            "dsv4_hc_pre",
+        )
+    }
+
+    /// DeepSeek-V4 hyper-connections, the new streams: `x` [n, nt], `residual` [n, hc, nt],
+    /// `post` [hc, nt], `comb` [hc (dst), hc (src), nt] → [n, hc, nt],
+    /// `x·post[dst] + Σ_src residual[.., src]·comb[dst, src]`.
+    pub fn dsv4_hc_post<'a>(
+        &'a self,
+        x: Tensor<'a>,
+        residual: Tensor<'a>,
+        post: Tensor<'a>,
+        comb: Tensor<'a>,
+    ) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe {
+                sys::ggml_dsv4_hc_post(self.raw(), x.raw(), residual.raw(), post.raw(), comb.raw())
+            },
+            "dsv4_hc_post",
+        )
+    }
+
     /// `ln(1 + e^a)` elementwise.
     pub fn softplus<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as above.
