@@ -199,21 +199,8 @@ fn run(args: Args) -> Result<i32> {
         kv_type: args.cache_type,
         ..Default::default()
     };
-    engine_opts.n_ctx = match args.ctx {
-        Some(c) => c,
-        None => {
-            let f = pocketmoe::engine::context::fit_context_for(
-                &args.model,
-                &engine_opts,
-                args.parallel,
-            )?;
-            eprintln!(
-                "context {} tokens per request × {} parallel: {}",
-                f.ctx, args.parallel, f.why
-            );
-            f.ctx
-        }
-    };
+    engine_opts.n_ctx =
+        pocketmoe::cli::context_for(args.ctx, &args.model, &engine_opts, args.parallel)?;
     let ctx = engine_opts.n_ctx;
     let opts = LocalOptions {
         model: args.model.clone(),

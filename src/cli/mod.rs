@@ -68,6 +68,27 @@ pub const GPU_LAYERS_HELP: &str = "llama.cpp's -ngl (also --gpu-layers): PocketM
     memory. A one-line note at start says what it chose. Use --gpu N / --gpu-mem SIZE for \
     control.";
 
+/// The context per sequence: `given` (`-c`), or what fits beside the model at `path` for
+/// `n_seq` sequences (`engine::context`), printed with its reason.
+pub fn context_for(
+    given: Option<usize>,
+    path: &std::path::Path,
+    opts: &crate::engine::EngineOptions,
+    n_seq: usize,
+) -> Result<usize, crate::engine::EngineError> {
+    if let Some(c) = given {
+        return Ok(c);
+    }
+    let f = crate::engine::context::fit_context_for(path, opts, n_seq)?;
+    let each = if n_seq > 1 {
+        format!(" per request × {n_seq} parallel")
+    } else {
+        String::new()
+    };
+    eprintln!("context {} tokens{each}: {}", f.ctx, f.why);
+    Ok(f.ctx)
+}
+
 /// The device for `--cpu`, `--gpu` or `-ngl` (at most one is given; clap makes them exclusive)
 /// and, for `-ngl`, the one-line note that says how it was mapped. None of them: GPU 0 on a
 /// CUDA build with a GPU, else the CPU ([`crate::engine::Device::Auto`]).

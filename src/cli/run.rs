@@ -139,14 +139,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         cpu_experts: !args.no_cpu_experts,
         ..Default::default()
     };
-    opts.n_ctx = match args.ctx {
-        Some(c) => c,
-        None => {
-            let f = crate::engine::context::fit_context_for(&args.model, &opts, 1)?;
-            eprintln!("context {} tokens: {}", f.ctx, f.why);
-            f.ctx
-        }
-    };
+    opts.n_ctx = super::context_for(args.ctx, &args.model, &opts, 1)?;
     let t_load = Instant::now();
     let what = if args.reference {
         "libllama"

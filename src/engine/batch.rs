@@ -269,15 +269,22 @@ impl Engine {
         let n = toks.len();
         let row = |t: &Tok| chunks[t.chunk].row(t.pos);
         // The highest row a token of this micro-batch sees: its own sequence's rows up to it.
-        let top = toks
+        // A chunk's tokens here are consecutive positions, so its last one sees the most.
+        let mut last = vec![None; chunks.len()];
+        for t in toks {
+            last[t.chunk] = Some(t.pos);
+        }
+        let top = last
             .iter()
-            .map(|t| {
-                let c = &chunks[t.chunk];
-                SeqChunk {
-                    tokens: &c.tokens[..t.pos + 1 - c.pos],
-                    ..*c
-                }
-                .top_row()
+            .zip(chunks)
+            .filter_map(|(p, c)| {
+                p.map(|p| {
+                    SeqChunk {
+                        tokens: &c.tokens[..p + 1 - c.pos],
+                        ..*c
+                    }
+                    .top_row()
+                })
             })
             .max()
             .unwrap_or(0);
