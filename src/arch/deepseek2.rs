@@ -14,7 +14,7 @@
 //! plus the `nextn.*` tensors; decode never runs them and llama.cpp accepts files without them.
 //! Source: llama.cpp `src/models/deepseek2.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, NEXTN, ROUTER};
-use super::{preset_base, tiny_of, Arch, Synth};
+use super::{preset_base, tiny_of, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::blocks::attention::ROPE_NORMAL;
@@ -74,6 +74,7 @@ pub static DEEPSEEK2: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: false,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
         aliases: &["deepseek_v2", "deepseek-v2", "deepseek_v3", "deepseek-v3", "deepseek3", "kimi_k2", "kimi-k2"],

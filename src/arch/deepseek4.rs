@@ -16,8 +16,10 @@
 //! a sliding-window block (`attention.key_length_swa`, default `attention.key_length`).
 //! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, NEXTN, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
+use crate::ggml::GgmlType;
 use crate::gguf::Metadata;
+use crate::graph::kv::Extra;
 use crate::model::arch::Rules;
 use crate::model::hparams::{Gating, RopeScaling};
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
@@ -114,7 +116,8 @@ pub static DEEPSEEK4: Arch = Arch {
         ..ArchSpec::NONE
     },
     graph: None,
-    quantized_kv: true,
+    quantized_kv: false,
+    kv: KvLayout { k_only: true, extra: cache_tensors },
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
         tiny: Some(tiny),
@@ -251,4 +254,67 @@ fn check(h: &Hparams) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Rows of a block's compressed cache at ratio `r` for `n_ctx` positions of each of `n_seq`
+/// sequences: one per `r` positions, plus a scratch row (the last) that steps completing no
+/// compressed row write to (so decode keeps one graph), padded to 256 as libllama pads (the
+/// attention reads a multiple of 256 rows, the rest masked).
+pub fn comp_rows(n_ctx: usize, r: usize, n_seq: usize) -> usize {
+    (n_seq * n_ctx.div_ceil(r) + 1).div_ceil(256) * 256
+}
+
+/// Compressor state rows per sequence at ratio `r`: the last `coff·r` positions' projections
+/// (ratio 4 compresses two overlapping windows), a ring indexed by `pos mod (coff·r)`.
+pub fn state_rows(r: usize) -> usize {
+    if r == 4 {
+        8
+    } else {
+        r
+    }
+}
+
+/// DeepSeek-V4's cache beyond the raw K rows (libllama's DSV4 cache, `llama-kv-cache-dsv4.cpp`):
+/// per compressed block the compressed K rows (`dsv4_comp_l{il}`, f16) and the compressor state
+/// (`dsv4_state_{kv,score}_l{il}`, f32, ring of [`state_rows`]); ratio-4 blocks also the
+/// lightning indexer's compressed keys (`dsv4_lid_l{il}`) and its compressor state.
+fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
+    let mut v = Vec::new();
+    let hd = hd(h) as i64;
+    let mut add = |name: String, ty, ne: Vec<i64>| v.push(Extra { name, ty, ne });
+    for il in 0..h.n_layer_decode() {
+        let r = ratio(h, il) as usize;
+        if r == 0 {
+            continue;
+        }
+        let rows = comp_rows(n_ctx, r, n_seq) as i64;
+        let st = (state_rows(r) * n_seq) as i64;
+        let c = coff(h, il) as i64;
+        add(format!("dsv4_comp_l{il}"), GgmlType::F16, vec![hd, rows]);
+        add(
+            format!("dsv4_state_kv_l{il}"),
+            GgmlType::F32,
+            vec![c * hd, st],
+        );
+        add(
+            format!("dsv4_state_score_l{il}"),
+            GgmlType::F32,
+            vec![c * hd, st],
+        );
+        if r == 4 {
+            let d = h.indexer_head_dim as i64;
+            add(format!("dsv4_lid_l{il}"), GgmlType::F16, vec![d, rows]);
+            add(
+                format!("dsv4_lid_state_kv_l{il}"),
+                GgmlType::F32,
+                vec![2 * d, st],
+            );
+            add(
+                format!("dsv4_lid_state_score_l{il}"),
+                GgmlType::F32,
+                vec![2 * d, st],
+            );
+        }
+    }
+    v
 }

@@ -10,7 +10,7 @@
 //! `nextn.*` tensors; decode never runs them and llama.cpp accepts files without them.
 //! Source: llama.cpp `src/models/glm4-moe.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, EXPERTS, NEXTN, QKV_O, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -59,6 +59,7 @@ pub static GLM4MOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "glm4",
         aliases: &["glm4_moe", "glm4-moe"],

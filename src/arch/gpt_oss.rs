@@ -9,7 +9,7 @@
 //! Head size in the shapes is llama.cpp's `n_rot` of block 0 (= head_dim 64 in the real files).
 //! Source: llama.cpp `src/models/openai-moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
@@ -67,6 +67,7 @@ pub static GPT_OSS: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "gpt-4o",
         aliases: &["gpt_oss", "gptoss"],

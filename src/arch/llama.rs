@@ -9,7 +9,7 @@
 //! `rope_factors_long/short` llama.cpp loads only under LongRoPE scaling (no Llama MoE uses it).
 //! Source: llama.cpp `src/models/llama.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, QKV_O, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NORMAL};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -58,6 +58,7 @@ pub static LLAMA: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "default",
         aliases: &["mixtral"],

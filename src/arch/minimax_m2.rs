@@ -7,7 +7,7 @@
 //! `feed_forward_length` (`n_ff`), although `expert_feed_forward_length` is a required key.
 //! Source: llama.cpp `src/models/minimax-m2.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS_FF, FFN_NORM, QKV_O_GQA, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -48,6 +48,7 @@ pub static MINIMAX_M2: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "default",
         aliases: &["minimax", "minimax_m2"],

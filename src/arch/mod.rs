@@ -23,6 +23,7 @@
 //! (`tokenizer/pretok.rs`) or graph block (`graph/blocks/`) is code of its own.
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
+use crate::graph::kv::Extra;
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams};
@@ -69,8 +70,28 @@ pub struct Arch {
     /// Whether its graph runs over a quantised KV cache (`--kv-type`); deepseek2's MLA does not
     /// yet.
     pub quantized_kv: bool,
+    /// What its KV cache holds besides one K and V row per position and block.
+    pub kv: KvLayout,
     /// What the synthesiser needs for it.
     pub synth: Synth,
+}
+
+/// An architecture's KV cache beyond the plain layout: K-only rows (the attention reads V from
+/// the K row, as DeepSeek-V4's shared latent head) and tensors of its own ([`Extra`]: compressed
+/// rows, compressor state).
+pub struct KvLayout {
+    /// No V rows: the graph attends with V = K.
+    pub k_only: bool,
+    /// Its own cache tensors for a context of `n_ctx` positions and `n_seq` sequences.
+    pub extra: fn(&Hparams, usize, usize) -> Vec<Extra>,
+}
+
+impl KvLayout {
+    /// One K and one V row per position and block, nothing else.
+    pub const PLAIN: KvLayout = KvLayout {
+        k_only: false,
+        extra: |_, _, _| Vec::new(),
+    };
 }
 
 /// Synthesiser facts of an architecture (`crate::synth`).

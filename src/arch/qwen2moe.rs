@@ -5,7 +5,7 @@
 //! (`expert_shared_feed_forward_length`) falls back to `n_ff`. Output projection not tied.
 //! Source: llama.cpp `src/models/qwen2moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, QKV_O_SQUARE, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -55,6 +55,7 @@ pub static QWEN2MOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "qwen2",
         aliases: &["qwen2_moe", "qwen2-moe"],

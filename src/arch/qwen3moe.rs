@@ -4,7 +4,7 @@
 //! absent from real Qwen3 files.
 //! Source: llama.cpp `src/models/qwen3moe.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT_TIED, EXPERTS, FFN_NORM, QKV_O_GQA, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::graph::blocks::attention::{QkNorm, ROPE_NEOX};
 use crate::graph::blocks::{AttnOpts, ExpertAct, MoeOpts};
@@ -43,6 +43,7 @@ pub static QWEN3MOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "qwen2",
         aliases: &["qwen3_moe", "qwen3-moe"],

@@ -25,7 +25,11 @@ pub struct ContextFit {
 /// KV-cache bytes per cached position, all layers, K and V (MLA caches one latent row per
 /// position, read as both K and V: no V cache).
 pub fn kv_row_bytes(hp: &Hparams, kv_type: GgmlType) -> u64 {
-    let v = if hp.is_mla() { 0 } else { hp.v_dim() };
+    let v = if hp.is_mla() || crate::arch::of(hp.arch).kv.k_only {
+        0
+    } else {
+        hp.v_dim()
+    };
     kv_type.row_size(1).unwrap_or(2) * (hp.k_dim() + v) * hp.n_layer as u64
 }
 

@@ -178,15 +178,20 @@ impl Engine {
         // Before any weight is loaded: refuse what the options cannot give.
         if opts.kv_type.is_quantized() && (hp.is_mla() || !arch.quantized_kv) {
             return Err(model_err(format!(
-                "a {:?} KV cache is not built for deepseek2's attention yet (use f16)",
-                opts.kv_type
+                "a {:?} KV cache is not built for {}'s attention yet (use f16)",
+                opts.kv_type, spec.name
             )));
         }
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
         let mut opts = opts;
         opts.device = opts.device.resolve();
-        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache.
-        let v_width = if hp.is_mla() { 0 } else { hp.v_dim() as usize };
+        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache;
+        // nor does an architecture whose attention reads V from the K row (`arch.kv.k_only`).
+        let v_width = if hp.is_mla() || arch.kv.k_only {
+            0
+        } else {
+            hp.v_dim() as usize
+        };
         let widths: Vec<(usize, usize)> = (0..hp.n_layer)
             .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
@@ -225,7 +230,14 @@ impl Engine {
         let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
         let weights = weights::Weights::load(&file, &main, host, &keep, progress)?;
         let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
-        let kv = kv::KvCache::new(&main, &widths, opts.n_ctx, opts.kv_type, rot)?;
+        let kv = kv::KvCache::new(
+            &main,
+            &widths,
+            opts.n_ctx,
+            opts.kv_type,
+            rot,
+            &(arch.kv.extra)(&hp, opts.n_ctx, 1),
+        )?;
         let off = if offload {
             let o = OffloadOptions {
                 policy: opts.policy.clone(),

@@ -583,6 +583,100 @@ impl Context {
         self.wrap(unsafe { sys::ggml_fill(self.raw(), a.raw(), c) }, "fill")
     }
 
+    /// `a·s + b` elementwise.
+    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_scale_bias(self.raw(), a.raw(), s, b) },
+            "scale_bias",
+        )
+    }
+
+    pub fn relu<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_relu(self.raw(), a.raw()) }, "relu")
+    }
+
+    /// Layer normalisation of each row (mean 0, variance 1), without weight.
+    pub fn norm<'a>(&'a self, a: Tensor<'a>, eps: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(unsafe { sys::ggml_norm(self.raw(), a.raw(), eps) }, "norm")
+    }
+
+    /// Indices of the `k` largest values of each row, in no particular order, i32 [k, rows...].
+    pub fn top_k<'a>(&'a self, a: Tensor<'a>, k: usize) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_top_k(self.raw(), a.raw(), k as i32) },
+            "top_k",
+        )
+    }
+
+    /// DeepSeek-V4's clamped SwiGLU: `silu(min(a, limit)) · clamp(b, -limit, limit)` (`a` =
+    /// gate, `b` = up).
+    pub fn swiglu_clamp<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, limit: f32) -> Tensor<'a> {
+        // SAFETY: as above.
+        self.wrap(
+            unsafe { sys::ggml_swiglu_clamp(self.raw(), a.raw(), b.raw(), limit) },
+            "swiglu_clamp",
+        )
+    }
+
+    /// A rope node (`rope`, `rope_back`) applied to the last `n_dims` of each head instead of
+    /// the first: the rotary part starts `n_offs` elements into the head (DeepSeek-V4).
+    pub fn rope_offset<'a>(&'a self, rope: Tensor<'a>, n_offs: i32) -> Tensor<'a> {
+        // SAFETY: rope is a live rope node of this context; ggml records the offset in its
+        // op parameters.
+        self.wrap(
+            unsafe { sys::ggml_rope_set_offset(rope.raw(), n_offs) },
+            "rope_set_offset",
+        )
+    }
+
+    /// The inverse rotation of [`Self::rope`] (same parameters): un-ropes `a`.
+    pub fn rope_back<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
+        // SAFETY: as `rope`.
+        self.wrap(
+            unsafe {
+                sys::ggml_rope_ext_back(
+                    self.raw(),
+                    a.raw(),
+                    pos.raw(),
+                    std::ptr::null_mut(),
+                    p.n_dims,
+                    p.mode,
+                    p.n_ctx_orig,
+                    p.freq_base,
+                    p.freq_scale,
+                    p.ext_factor,
+                    p.attn_factor,
+                    p.beta_fast,
+                    p.beta_slow,
+                )
+            },
+            "rope_back",
+        )
+    }
+
+    /// DeepSeek's lightning indexer (fused): `q` [d, n_head, nt, s], `k` [d, 1, n_kv, s],
+    /// `weights` [n_head, nt, 1, s] (pre-scaled), `mask` f16 [n_kv, nt, 1, s] → scores
+    /// [n_kv, nt, 1, s] = `Σ_h relu(q_h·k)·w_h + mask`.
+    pub fn lightning_indexer<'a>(
+        &'a self,
+        q: Tensor<'a>,
+        k: Tensor<'a>,
+        weights: Tensor<'a>,
+        mask: Tensor<'a>,
+    ) -> Tensor<'a> {
+        // SAFETY: as above; ggml asserts the shapes.
+        self.wrap(
+            unsafe {
+                sys::ggml_lightning_indexer(self.raw(), q.raw(), k.raw(), weights.raw(), mask.raw())
+            },
+            "lightning_indexer",
+        )
+    }
+
     /// Marks `t` as a graph input (allocated so it can be written before compute).
     pub fn set_input(&self, t: Tensor<'_>) {
         // SAFETY: live tensor.

@@ -14,6 +14,17 @@ pub struct KvCache {
     pub v_width: Vec<usize>,
     /// Sizes of the Hadamard rotations of K (and Q) and of V for a quantised cache (0 = none).
     pub rot: (usize, usize),
+    /// Bytes of the architecture's own cache tensors ([`Extra`]).
+    extra_bytes: usize,
+}
+
+/// A cache tensor of an architecture's own (DeepSeek-V4's compressed rows and compressor
+/// state), zeroed at allocation and found by name ([`KvCache::extra`]).
+#[derive(Debug, Clone)]
+pub struct Extra {
+    pub name: String,
+    pub ty: GgmlType,
+    pub ne: Vec<i64>,
 }
 
 /// libllama's rotation sizes for a cache of type `ty` with K heads of `dk` and V heads of `dv`
@@ -59,15 +70,22 @@ pub fn hadamard(n: usize) -> Vec<f32> {
 }
 
 impl KvCache {
-    /// A cache for `n_ctx` positions; `widths[il] = (k_row, v_row)` (0 = the layer has none).
+    /// A cache for `n_ctx` positions; `widths[il] = (k_row, v_row)` (0 = the layer has none),
+    /// plus the architecture's `extra` tensors.
     pub fn new(
         backend: &Backend,
         widths: &[(usize, usize)],
         n_ctx: usize,
         ty: GgmlType,
         rot: (usize, usize),
+        extra: &[Extra],
     ) -> Result<Self, GgmlError> {
-        let ctx = Context::new(2 * widths.len() + 3, 0)?;
+        let ctx = Context::new(2 * widths.len() + 3 + extra.len(), 0)?;
+        let mut extra_bytes = 0;
+        for e in extra {
+            let t = ctx.new_tensor(e.ty, &e.ne)?.set_name(&e.name);
+            extra_bytes += t.n_bytes();
+        }
         for (n, name) in [(rot.0, "attn_rot_k"), (rot.1, "attn_rot_v")] {
             if n > 0 {
                 ctx.new_tensor(GgmlType::F32, &[n as i64, n as i64])?
@@ -102,6 +120,7 @@ impl KvCache {
             k_width: widths.iter().map(|w| w.0).collect(),
             v_width: widths.iter().map(|w| w.1).collect(),
             rot,
+            extra_bytes,
         })
     }
 
@@ -121,6 +140,12 @@ impl KvCache {
         self.find(&format!("cache_v_l{il}"))
     }
 
+    /// The architecture's cache tensor `name` ([`Extra`]); its absence is a graph invariant
+    /// violation (the engine made the cache the architecture asked for), so this panics.
+    pub fn extra(&self, name: &str) -> Tensor<'_> {
+        self.find(name)
+    }
+
     /// The K (and Q) rotation, when the cache is quantised.
     pub fn rot_k(&self) -> Option<Tensor<'_>> {
         (self.rot.0 > 0).then(|| self.find("attn_rot_k"))
@@ -136,7 +161,8 @@ impl KvCache {
             .iter()
             .chain(&self.v_width)
             .map(|&w| self.ty.row_size(w as u64).unwrap_or(0) as usize * self.n_ctx)
-            .sum()
+            .sum::<usize>()
+            + self.extra_bytes
     }
 }
 
