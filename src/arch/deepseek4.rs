@@ -17,9 +17,12 @@
 //! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, NEXTN, ROUTER};
 use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
-use crate::ggml::GgmlType;
+use crate::ggml::{GgmlType, Tensor};
 use crate::gguf::Metadata;
+use crate::graph::blocks::dsv4::HcSite;
+use crate::graph::blocks::{ExpertAct, MoeOpts};
 use crate::graph::kv::Extra;
+use crate::graph::{dsv4, GraphBuilder};
 use crate::model::arch::Rules;
 use crate::model::hparams::{Gating, RopeScaling};
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
@@ -115,7 +118,7 @@ pub static DEEPSEEK4: Arch = Arch {
         },
         ..ArchSpec::NONE
     },
-    graph: None,
+    graph: Some(build),
     quantized_kv: false,
     kv: KvLayout { k_only: true, extra: cache_tensors },
     synth: Synth {
@@ -200,9 +203,9 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
         .ok_or_else(|| format!("{key}: array values are not available"))?;
     if ratios.len() < h.n_layer {
         return Err(format!(
-            "{key} has {} entries, shorter than block_count {}",
+            "{key} has {} entries, shorter than {}",
             ratios.len(),
-            h.n_layer
+            h.key_is("block_count", h.n_layer as u64)
         ));
     }
     h.compress_ratios = ratios;
@@ -233,9 +236,33 @@ fn check(h: &Hparams) -> Result<(), String> {
     }
     if h.compress_ratios.len() < h.n_layer {
         return Err(format!(
-            "{a}.attention.compress_ratios has {} entries, shorter than block_count {}",
+            "{a}.attention.compress_ratios has {} entries, shorter than {}",
             h.compress_ratios.len(),
-            h.n_layer
+            h.key_is("block_count", h.n_layer as u64)
+        ));
+    }
+    if h.head_dim_k_at(0) != h.head_dim_v {
+        return Err(format!(
+            "{} (head size {}): must equal {} (one shared head is both K and V)",
+            h.key_is("attention.key_length", h.head_dim_k),
+            h.head_dim_k_at(0),
+            h.key_is("attention.value_length", h.head_dim_v)
+        ));
+    }
+    for (s, v) in [
+        ("hyper_connection.sinkhorn_iterations", h.hc_sinkhorn_iters),
+        ("attention.sliding_window", h.sliding_window),
+    ] {
+        if v == 0 {
+            return Err(format!("{}: must be positive", h.key_is(s, 0)));
+        }
+    }
+    if h.compress_ratios.iter().any(|&r| r != 0)
+        && !(h.compress_rope_freq_base.is_finite() && h.compress_rope_freq_base > 0.0)
+    {
+        return Err(format!(
+            "{a}.attention.compress_rope_freq_base = {}: must be a positive number",
+            h.compress_rope_freq_base
         ));
     }
     if let Some(r) = h.compress_ratios.iter().find(|r| ![0, 4, 128].contains(*r)) {
@@ -243,8 +270,30 @@ fn check(h: &Hparams) -> Result<(), String> {
             "{a}.attention.compress_ratios holds {r}; only 0, 4 and 128 are supported"
         ));
     }
-    if h.compress_ratios.contains(&4) && (h.indexer_n_head == 0 || h.indexer_head_dim == 0) {
-        return Err(format!("{a}: compression ratio 4 needs {a}.attention.indexer.head_count and {a}.attention.indexer.key_length"));
+    if h.compress_ratios.contains(&4)
+        && (h.indexer_n_head == 0 || h.indexer_head_dim == 0 || h.indexer_top_k == 0)
+    {
+        return Err(format!(
+            "{a}: compression ratio 4 needs positive {}, {} and {}",
+            h.key_is("attention.indexer.head_count", h.indexer_n_head),
+            h.key_is("attention.indexer.key_length", h.indexer_head_dim),
+            h.key_is("attention.indexer.top_k", h.indexer_top_k)
+        ));
+    }
+    if h.compress_ratios.contains(&4) && h.indexer_head_dim % 64 != 0 {
+        return Err(format!(
+            "{}: must be a multiple of 64 (the indexer's Hadamard rotation)",
+            h.key_is("attention.indexer.key_length", h.indexer_head_dim)
+        ));
+    }
+    if h.head_dim_k_at(0) < h.n_rot || h.indexer_head_dim < h.n_rot {
+        return Err(format!(
+            "{}: larger than the head ({}) or the indexer head ({}); RoPE runs on the last \
+             n_rot dims of each",
+            h.key_is("rope.dimension_count", h.n_rot),
+            h.head_dim_k_at(0),
+            h.indexer_head_dim
+        ));
     }
     if h.hash_layer_count > h.n_layer {
         return Err(format!(
@@ -256,39 +305,39 @@ fn check(h: &Hparams) -> Result<(), String> {
     Ok(())
 }
 
-/// Rows of a block's compressed cache at ratio `r` for `n_ctx` positions of each of `n_seq`
-/// sequences: one per `r` positions, plus a scratch row (the last) that steps completing no
-/// compressed row write to (so decode keeps one graph), padded to 256 as libllama pads (the
-/// attention reads a multiple of 256 rows, the rest masked).
-pub fn comp_rows(n_ctx: usize, r: usize, n_seq: usize) -> usize {
-    (n_seq * n_ctx.div_ceil(r) + 1).div_ceil(256) * 256
-}
-
-/// Compressor state rows per sequence at ratio `r`: the last `coff·r` positions' projections
-/// (ratio 4 compresses two overlapping windows), a ring indexed by `pos mod (coff·r)`.
-pub fn state_rows(r: usize) -> usize {
-    if r == 4 {
-        8
-    } else {
-        r
-    }
-}
-
 /// DeepSeek-V4's cache beyond the raw K rows (libllama's DSV4 cache, `llama-kv-cache-dsv4.cpp`):
 /// per compressed block the compressed K rows (`dsv4_comp_l{il}`, f16) and the compressor state
-/// (`dsv4_state_{kv,score}_l{il}`, f32, ring of [`state_rows`]); ratio-4 blocks also the
+/// (`dsv4_state_{kv,score}_l{il}`, f32, ring of [`dsv4::state_rows`]); ratio-4 blocks also the
 /// lightning indexer's compressed keys (`dsv4_lid_l{il}`) and its compressor state.
 fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
     let mut v = Vec::new();
     let hd = hd(h) as i64;
-    let mut add = |name: String, ty, ne: Vec<i64>| v.push(Extra { name, ty, ne });
+    if h.compress_ratios.contains(&4) {
+        // The indexer's keys and queries turn by a Hadamard matrix (libllama always does for
+        // DeepSeek's lightning indexers; the scores are unchanged, the f16 rounding is not).
+        let n = lid_rotation(h);
+        v.push(Extra {
+            name: "dsv4_lid_rot".into(),
+            ty: GgmlType::F32,
+            ne: vec![n as i64, n as i64],
+            init: Some(crate::graph::kv::hadamard(n)),
+        });
+    }
+    let mut add = |name: String, ty, ne: Vec<i64>| {
+        v.push(Extra {
+            name,
+            ty,
+            ne,
+            init: None,
+        })
+    };
     for il in 0..h.n_layer_decode() {
         let r = ratio(h, il) as usize;
         if r == 0 {
             continue;
         }
-        let rows = comp_rows(n_ctx, r, n_seq) as i64;
-        let st = (state_rows(r) * n_seq) as i64;
+        let rows = dsv4::comp_rows(n_ctx, r, n_seq) as i64;
+        let st = (dsv4::state_rows(r) * n_seq) as i64;
         let c = coff(h, il) as i64;
         add(format!("dsv4_comp_l{il}"), GgmlType::F16, vec![hd, rows]);
         add(
@@ -317,4 +366,51 @@ fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
         }
     }
     v
+}
+
+/// Size of the indexer's Hadamard rotation: 64, doubled while it divides the indexer's head
+/// (libllama's K-rotation rule).
+pub fn lid_rotation(h: &Hparams) -> usize {
+    let d = h.indexer_head_dim as usize;
+    let mut n = 64;
+    while d % (2 * n) == 0 {
+        n *= 2;
+    }
+    n
+}
+
+/// The forward pass (llama.cpp `llama_model_deepseek4::graph`): the token embedding repeated
+/// into `hc` streams; per block the hyper-connection pre-mix, `attn_norm`, the attention, the
+/// post-mix, then the same around `ffn_norm` and the MoE (routed experts, by token id in the
+/// hash layers, plus the shared expert, both SwiGLU-clamped); the streams collapsed by the output
+/// head's mix, `output_norm`, `output`. MTP blocks are not run.
+fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
+    let (ctx, hp) = (g.ctx, g.hp);
+    let n_embd = hp.n_embd as i64;
+    let hc = hp.hc_mult as i64;
+    let nt = g.batch.n_tokens as i64;
+    let e = ctx.reshape(g.embed(), &[n_embd, 1, nt]).expect("embd 3d");
+    let mut x = g.cb(ctx.repeat_4d(e, [n_embd, hc, nt, 1]), "hc_init", -1); // [n_embd, hc, nt]
+    let moe = MoeOpts::new(
+        hp,
+        ExpertAct::SwigluClamp(hp.swiglu_clamp_exp),
+        hp.expert_weights_scale,
+    );
+    for il in 0..hp.n_layer_decode() {
+        let i = il as i32;
+        let m = g.hc_pre(x, il, HcSite::Attn);
+        let h = g.rms_norm(m.cur, g.wl(il, "attn_norm.weight"), "attn_norm", i);
+        let h = g.dsv4_attention(h, il);
+        x = g.cb(g.hc_post(h, x, &m), "hc_attn_post", i);
+
+        let m = g.hc_pre(x, il, HcSite::Ffn);
+        let h = g.rms_norm(m.cur, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
+        let selected = (il < hp.hash_layer_count)
+            .then(|| ctx.get_rows(g.wl(il, "ffn_gate_tid2eid.weight"), g.batch.tokens));
+        let routed = g.moe_selected(h, il, &moe, selected);
+        let shared = g.swiglu_ffn_clamped(h, il, "_shexp", hp.swiglu_clamp_shexp);
+        let y = g.add(routed, shared, "ffn_out", i);
+        x = g.cb(g.hc_post(y, x, &m), "l_last", i);
+    }
+    g.output_head(g.hc_head(x))
 }

@@ -299,7 +299,7 @@ impl Engine {
         let stale = self.graph.take().is_some();
         if self.batch_graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.batch_graph = None;
-            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len())?;
+            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), &[])?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.batch_graph = Some((key, g, nodes));
@@ -322,8 +322,10 @@ impl Engine {
             }
             m
         };
-        g.tensor("attn_inp_kq_mask")
-            .write_bytes(bytemuck::cast_slice(&mask(usize::MAX)))?;
+        let full = g.tensor("attn_inp_kq_mask");
+        if full.is_allocated() {
+            full.write_bytes(bytemuck::cast_slice(&mask(usize::MAX)))?;
+        }
         if g.has("attn_inp_kq_mask_swa") {
             g.tensor("attn_inp_kq_mask_swa")
                 .write_bytes(bytemuck::cast_slice(&mask(window)))?;

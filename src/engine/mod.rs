@@ -15,7 +15,7 @@ use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};
-use crate::graph::{BatchInputs, GraphBuilder};
+use crate::graph::{dsv4, BatchInputs, GraphBuilder};
 use crate::model::{validate::validate, Hparams};
 use std::path::Path;
 use std::rc::Rc;
@@ -131,7 +131,7 @@ pub struct Engine {
     // Field order = drop order: the cached graph first, the file map last.
     /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape and its
     /// offloaded layers.
-    graph: Option<((usize, usize, bool), OwnedGraph, GraphNodes)>,
+    graph: Option<(GraphKey, OwnedGraph, GraphNodes)>,
     /// The last multi-sequence graph (`batch`), likewise.
     batch_graph: Option<(batch::GraphKey, OwnedGraph, GraphNodes)>,
     offload: Option<Offload>,
@@ -322,7 +322,9 @@ impl Engine {
         let (fixed, per_slot) = loop {
             let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
             let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
-            let (g, _) = self.build_graph(n, self.opts.n_ctx - n, n_kv, false, 0)?;
+            let n_past = self.opts.n_ctx - n;
+            let comp = dsv4::step_plans(&self.hp.compress_ratios, n_past, n, self.opts.n_ctx);
+            let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
             self.sched.reserve(&g.graph())?;
             drop(g);
             let compute = self.sched.buffer_size(0) as u64;
@@ -535,6 +537,7 @@ impl Engine {
         n_kv: usize,
         last_only: bool,
         n_out: usize,
+        comp: &[(usize, dsv4::CompPlan, usize)],
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
         let window = self.hp.sliding_window as usize;
@@ -567,6 +570,19 @@ impl Engine {
                 0 => None,
                 k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
             };
+            let mut keep: Vec<String> = Vec::new();
+            let mut dsv4_inputs = None;
+            for (r, p, n_comp) in comp {
+                let inp = dsv4::CompInputs::create(ctx, *r, p, n, *n_comp, &mut keep)?;
+                let d = dsv4_inputs.get_or_insert(dsv4::Dsv4Inputs {
+                    csa: None,
+                    hca: None,
+                });
+                match r {
+                    4 => d.csa = Some(inp),
+                    _ => d.hca = Some(inp),
+                }
+            }
             let batch = BatchInputs {
                 tokens: t_tok,
                 pos: t_pos,
@@ -578,6 +594,7 @@ impl Engine {
                 n_kv,
                 last_only,
                 out_ids: t_out,
+                dsv4: dsv4_inputs,
             };
             let g = GraphBuilder {
                 ctx,
@@ -593,15 +610,16 @@ impl Engine {
                 msg,
             })?;
             g.finish(logits.set_name("logits"));
-            let mut keep: Vec<String> = [
-                "inp_tokens",
-                "inp_pos",
-                "attn_inp_kq_mask",
-                "inp_kv_idxs",
-                "logits",
-            ]
-            .map(String::from)
-            .to_vec();
+            keep.extend(
+                [
+                    "inp_tokens",
+                    "inp_pos",
+                    "attn_inp_kq_mask",
+                    "inp_kv_idxs",
+                    "logits",
+                ]
+                .map(String::from),
+            );
             if t_mask_swa.is_some() {
                 keep.push("attn_inp_kq_mask_swa".into());
             }
@@ -634,10 +652,16 @@ impl Engine {
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.opts.n_ctx);
         // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
         // only in their inputs. Otherwise build, and let the scheduler allocate it.
-        let key = (n, n_kv, last_only);
+        let comp = dsv4::step_plans(&self.hp.compress_ratios, n_past, n, self.opts.n_ctx);
+        let key = GraphKey {
+            n_tokens: n,
+            n_kv,
+            last_only,
+            comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
+        };
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.graph = None;
-            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0)?;
+            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.graph = Some((key, g, nodes));
@@ -647,13 +671,16 @@ impl Engine {
         g.tensor("inp_tokens").write_i32(&ids)?;
         g.tensor("inp_pos")
             .write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
-        g.tensor("attn_inp_kq_mask")
-            .write_bytes(bytemuck::cast_slice(&causal_mask_f16(
+        // An architecture whose every block is windowed (deepseek4) reads no full mask.
+        let full = g.tensor("attn_inp_kq_mask");
+        if full.is_allocated() {
+            full.write_bytes(bytemuck::cast_slice(&causal_mask_f16(
                 n_past,
                 n,
                 n_kv,
                 usize::MAX,
             )))?;
+        }
         if g.has("attn_inp_kq_mask_swa") {
             let window = self.hp.sliding_window as usize;
             g.tensor("attn_inp_kq_mask_swa")
@@ -663,12 +690,25 @@ impl Engine {
         }
         g.tensor("inp_kv_idxs")
             .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
+        for (r, p, n_comp) in &comp {
+            dsv4::fill(|name| g.tensor(name), *r, p, *n_comp)?;
+        }
         run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         let flat = g.tensor("logits").read_f32()?;
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
+}
+
+/// What makes two single-sequence steps' graphs differ in shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct GraphKey {
+    n_tokens: usize,
+    n_kv: usize,
+    last_only: bool,
+    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
+    comp: Vec<(usize, usize)>,
 }
 
 /// Computes an allocated graph of `n` tokens: through the offload step hook when routed experts

@@ -884,6 +884,12 @@ impl<'ctx> Tensor<'ctx> {
         }
     }
 
+    /// Whether the tensor has memory (an input no graph node reads is never allocated).
+    pub fn is_allocated(&self) -> bool {
+        let t = self.get();
+        !t.buffer.is_null() && !t.data.is_null()
+    }
+
     pub fn data_addr(&self) -> usize {
         self.get().data as usize
     }

@@ -19,12 +19,14 @@ pub struct KvCache {
 }
 
 /// A cache tensor of an architecture's own (DeepSeek-V4's compressed rows and compressor
-/// state), zeroed at allocation and found by name ([`KvCache::extra`]).
+/// state), zeroed at allocation (or set to `init`, f32 values) and found by name
+/// ([`KvCache::extra`]).
 #[derive(Debug, Clone)]
 pub struct Extra {
     pub name: String,
     pub ty: GgmlType,
     pub ne: Vec<i64>,
+    pub init: Option<Vec<f32>>,
 }
 
 /// libllama's rotation sizes for a cache of type `ty` with K heads of `dk` and V heads of `dv`
@@ -105,6 +107,12 @@ impl KvCache {
         ctx.alloc_tensors(backend)?;
         ctx.clear_buffers(0);
         let index = ctx.index();
+        for e in extra {
+            if let Some(v) = &e.init {
+                let t = ctx.get(&index, &e.name).expect("just made");
+                t.write_bytes(bytemuck::cast_slice(v))?;
+            }
+        }
         for (n, name) in [(rot.0, "attn_rot_k"), (rot.1, "attn_rot_v")] {
             if n > 0 {
                 let t = ctx.get(&index, name).expect("just made");

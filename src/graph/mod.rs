@@ -5,6 +5,7 @@
 //! Tensor names follow llama.cpp's `cb(cur, "name", il)` convention (`attn_norm-3`,
 //! `ffn_moe_out-12`) so a debug dump diffs by name against the reference.
 pub mod blocks;
+pub mod dsv4;
 pub mod kv;
 pub mod weights;
 
@@ -39,6 +40,8 @@ pub struct BatchInputs<'a> {
     /// i32 [n_outputs]: compute logits for these batch positions only (multi-sequence batches,
     /// `engine::batch`); overrides `last_only`.
     pub out_ids: Option<Tensor<'a>>,
+    /// DeepSeek-V4's compressor inputs (models with compressed blocks).
+    pub dsv4: Option<dsv4::Dsv4Inputs<'a>>,
 }
 
 /// Granularity of the attended cache length (llama.cpp pads the same way).

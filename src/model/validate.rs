@@ -207,6 +207,7 @@ const FIELDS: &[Field] = &[
     field!("expert_feed_forward_length", n_ff_exp),
     field!("expert_shared_feed_forward_length", n_ff_shexp),
     field!("expert_count", n_expert),
+    field!("expert_used_count", n_expert_used),
     field!("expert_shared_count", n_expert_shared),
     field!("attention.q_lora_rank", q_lora_rank),
     field!("attention.kv_lora_rank", kv_lora_rank),

@@ -7,10 +7,26 @@ impl<'a> GraphBuilder<'a> {
     /// SwiGLU FFN of block `il` with weights `ffn_{up,gate,down}{suffix}.weight`
     /// (suffix "" for dense blocks, "_shexp" for shared experts); `x` [n_embd, n_tokens].
     pub fn swiglu_ffn(&self, x: Tensor<'a>, il: usize, suffix: &str) -> Tensor<'a> {
+        self.swiglu_ffn_clamped(x, il, suffix, 0.0)
+    }
+
+    /// [`Self::swiglu_ffn`] with DeepSeek-V4's clamp `silu(min(gate, l)) * clamp(up, -l, l)`
+    /// (`limit` <= 1e-6: none, as llama.cpp).
+    pub fn swiglu_ffn_clamped(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        suffix: &str,
+        limit: f32,
+    ) -> Tensor<'a> {
         let (ctx, i) = (self.ctx, il as i32);
         let up = ctx.mul_mat(self.wl(il, &format!("ffn_up{suffix}.weight")), x); // [n_ff, nt]
         let gate = ctx.mul_mat(self.wl(il, &format!("ffn_gate{suffix}.weight")), x); // [n_ff, nt]
-        let act = self.cb(ctx.swiglu_split(gate, up), "ffn_swiglu", i);
+        let act = if limit > 1e-6 {
+            self.cb(ctx.swiglu_clamp(gate, up, limit), "ffn_swiglu_limited", i)
+        } else {
+            self.cb(ctx.swiglu_split(gate, up), "ffn_swiglu", i)
+        };
         // libllama's names: a dense block's output is `ffn_out`; a shared expert's is `ffn_shexp`
         // (the block's `ffn_out` is then the sum with the routed experts).
         let name = if suffix == "_shexp" {

@@ -16,17 +16,26 @@ impl<'a> GraphBuilder<'a> {
     /// Final norm and output projection (tied to `token_embd` when `output` is absent)
     /// -> [n_vocab, n_tokens].
     pub fn output(&self, x: Tensor<'a>) -> Tensor<'a> {
-        // Only some positions' logits are wanted: drop the other columns first.
-        let x = if let Some(ids) = self.batch.out_ids {
-            self.ctx.get_rows(x, ids) // [n_embd, n_outputs]
+        self.output_head(self.select_outputs(x))
+    }
+
+    /// The columns of `x` [n, n_tokens] whose logits are wanted (all, the last, or the batch's
+    /// `out_ids`): dropping the others before the head saves its matmul.
+    pub fn select_outputs(&self, x: Tensor<'a>) -> Tensor<'a> {
+        if let Some(ids) = self.batch.out_ids {
+            self.ctx.get_rows(x, ids) // [n, n_outputs]
         } else if self.batch.last_only && self.batch.n_tokens > 1 {
             let ne0 = x.ne()[0];
             let row = ne0 as usize * 4;
             self.ctx
-                .view(x, &[ne0, 1], &[row], (self.batch.n_tokens - 1) * row) // [n_embd, 1]
+                .view(x, &[ne0, 1], &[row], (self.batch.n_tokens - 1) * row) // [n, 1]
         } else {
             x
-        };
+        }
+    }
+
+    /// Final norm and output projection of the selected columns `x` [n_embd, n_out].
+    pub fn output_head(&self, x: Tensor<'a>) -> Tensor<'a> {
         let x = self.rms_norm(x, self.wg("output_norm.weight"), "result_norm", -1);
         let head = self
             .w

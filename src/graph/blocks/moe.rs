@@ -13,12 +13,15 @@ use crate::model::hparams::Gating;
 use crate::model::Hparams;
 
 /// The experts' activation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ExpertAct {
     /// `silu(gate) * up`.
     Swiglu,
     /// gpt-oss: clamped SwiGLU with alpha 1.702, limit 7.
     SwigluOai,
+    /// DeepSeek-V4: `silu(min(gate, l)) * clamp(up, -l, l)` (`swiglu_clamp_exp`; a limit of at
+    /// most 1e-6 is no clamp, as llama.cpp).
+    SwigluClamp(f32),
 }
 
 /// Per-architecture MoE settings (from the hyper-parameters, with arch overrides).
@@ -89,17 +92,33 @@ impl<'a> GraphBuilder<'a> {
     /// Routed experts of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens]: the router
     /// ([`Self::route`]), then the experts ([`Self::routed_experts`], the offload seam).
     pub fn moe(&self, x: Tensor<'a>, il: usize, opts: &MoeOpts) -> Tensor<'a> {
-        let r = self.route(x, il, opts);
+        self.moe_selected(x, il, opts, None)
+    }
+
+    /// [`Self::moe`] with the experts chosen before the router (`selected` i32 [k, n_tokens]:
+    /// DeepSeek-V4's hash layers pick them by token id); the router still weighs them.
+    pub fn moe_selected(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        opts: &MoeOpts,
+        selected: Option<Tensor<'a>>,
+    ) -> Tensor<'a> {
+        let r = self.route(x, il, opts, selected);
         self.routed_experts(x, il, &r, opts)
     }
 
-    /// The router of block `il`: which experts each token uses, and with what weight.
-    pub fn route(&self, x: Tensor<'a>, il: usize, opts: &MoeOpts) -> Routing<'a> {
-        let (ctx, hp) = (self.ctx, self.hp);
+    /// The router of block `il`: which experts each token uses (the router's top-k, or
+    /// `preselected`), and with what weight.
+    pub fn route(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        opts: &MoeOpts,
+        preselected: Option<Tensor<'a>>,
+    ) -> Routing<'a> {
+        let ctx = self.ctx;
         let ili = il as i32;
-        let nt = self.batch.n_tokens as i64;
-        let (n_expert, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
-
         let mut logits = ctx.mul_mat(self.wl(il, "ffn_gate_inp.weight"), x); // [n_expert, nt]
         if opts.gating == Gating::SqrtSoftplus {
             // As llama.cpp does for this gating: the router's matmul accumulates in F32.
@@ -117,6 +136,20 @@ impl<'a> GraphBuilder<'a> {
             Gating::SqrtSoftplus => ctx.sqrt(ctx.softplus(logits)),
         };
         let probs = self.cb(probs, "ffn_moe_probs", ili); // [n_expert, nt]
+        let selected = match preselected {
+            Some(s) => self.cb(s, "ffn_moe_topk", ili),
+            None => self.top_k_experts(probs, il),
+        }; // i32 [k, nt]
+        self.expert_weights(probs, selected, il, opts)
+    }
+
+    /// The router's choice from its probabilities `probs` [n_expert, nt]: plus the selection
+    /// bias, group-limited where the model groups its experts, top-k -> i32 [k, nt].
+    fn top_k_experts(&self, probs: Tensor<'a>, il: usize) -> Tensor<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let ili = il as i32;
+        let nt = self.batch.n_tokens as i64;
+        let k = hp.n_expert_used as i64;
         let selection = match self.wl_opt(il, "exp_probs_b.bias") {
             Some(b) => self.cb(ctx.add(probs, b), "ffn_moe_probs_biased", ili),
             None => probs,
@@ -126,12 +159,26 @@ impl<'a> GraphBuilder<'a> {
         } else {
             selection
         };
-        let selected = self.cb(
+        self.cb(
             ctx.argsort_top_k(selection, k as usize),
             "ffn_moe_topk",
             ili,
-        ); // i32 [k, nt]
+        ) // i32 [k, nt]
+    }
 
+    /// The weights of the `selected` experts from `probs`: (softmax over the selected,)
+    /// renormalised, scaled.
+    fn expert_weights(
+        &self,
+        probs: Tensor<'a>,
+        selected: Tensor<'a>,
+        il: usize,
+        opts: &MoeOpts,
+    ) -> Routing<'a> {
+        let (ctx, hp) = (self.ctx, self.hp);
+        let ili = il as i32;
+        let nt = self.batch.n_tokens as i64;
+        let (n_expert, k) = (hp.n_expert as i64, hp.n_expert_used as i64);
         let probs3 = ctx
             .reshape(probs, &[1, n_expert, nt])
             .expect("probs reshape"); // [1, n_expert, nt]
@@ -305,7 +352,12 @@ pub fn expert_ffn<'a>(
                 "ffn_moe_gate",
             );
             match act_kind {
-                ExpertAct::Swiglu => name(ctx.swiglu_split(g, up), "ffn_moe_swiglu"),
+                ExpertAct::SwigluClamp(l) if l > 1e-6 => {
+                    name(ctx.swiglu_clamp(g, up, l), "ffn_moe_swiglu_limited")
+                }
+                ExpertAct::Swiglu | ExpertAct::SwigluClamp(_) => {
+                    name(ctx.swiglu_split(g, up), "ffn_moe_swiglu")
+                }
                 ExpertAct::SwigluOai => {
                     name(ctx.swiglu_oai(g, up, 1.702, 7.0), "ffn_moe_swiglu_oai")
                 }
