@@ -7,10 +7,11 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
     /// Architecture (GGUF name): qwen3moe, qwen2moe, gpt-oss, deepseek2, llama (Mixtral), glm4moe,
-    /// minimax-m2, olmoe, deepseek4 (no graph yet: libllama runs it, `inspect` plans it).
+    /// minimax-m2, olmoe, deepseek4.
     #[arg(long, required_unless_present = "list")]
     pub arch: Option<String>,
-    /// Preset: `tiny` (every arch, a few MB) or a real model's shape (see --list).
+    /// Preset: `tiny` (every arch, a few MB) or a real model's shape (see --list); `NAME:N`
+    /// keeps its first N blocks (the same shape per block, a smaller file).
     #[arg(long, default_value = "tiny")]
     pub preset: String,
     /// Quantisation mix: q4_k_m, q8_0, iq2_xxs, mxfp4, dsv4-seed (routed gate/up IQ2_XXS, down

@@ -201,6 +201,17 @@ impl BatchModel for Engine {
     }
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        if self.hp.compress_ratios.iter().any(|&r| r != 0) {
+            // Its compressors keep per-sequence state that this path does not carry yet.
+            return Err(EngineError::Model {
+                path: String::new(),
+                msg: format!(
+                    "{}: multi-sequence batches (the server) are not built for compressed \
+                     attention yet; `pocketmoe run` and `pocketmoe bench` run it",
+                    self.hp.arch.name
+                ),
+            });
+        }
         for c in chunks {
             let need = c.pos + c.tokens.len();
             if need > c.pages.len() * KV_PAGE {

@@ -284,7 +284,29 @@ pub fn all() -> Vec<Preset> {
 }
 
 /// Finds a preset by name; `tiny` needs the architecture.
+/// `name` may end in `:N`: the preset's first `N` blocks only (a shallower model of the same
+/// shape per block, for a machine without room for the whole file).
 pub fn find(arch: &str, name: &str) -> Result<Preset, String> {
+    if let Some((base, n)) = name.rsplit_once(':') {
+        let mut p = find(arch, base)?;
+        let h = &mut p.hparams;
+        let n: usize = n
+            .parse()
+            .ok()
+            .filter(|&n| (1..=h.n_layer).contains(&n))
+            .ok_or_else(|| {
+                format!(
+                    "preset {name:?}: the block count after ':' must be 1..={}",
+                    h.n_layer
+                )
+            })?;
+        h.n_layer = n;
+        h.swa_layers.truncate(n);
+        h.compress_ratios.truncate(n);
+        h.n_layer_dense_lead = h.n_layer_dense_lead.min(n);
+        h.hash_layer_count = h.hash_layer_count.min(n);
+        return Ok(p);
+    }
     let all = all();
     let hit = all.iter().find(|p| {
         p.name == name && (p.name != "tiny" || p.model == arch) && p.hparams.arch.name == arch
