@@ -66,6 +66,7 @@ fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>,
                 pos: 0,
                 tokens: &prompts[i],
                 logits: true,
+                slot: i,
             })
             .collect();
         let mut logits = eng.forward_batch(&chunks).unwrap();
@@ -83,6 +84,7 @@ fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>,
                     pos: prompts[i].len() + out[i].0.len() - 1,
                     tokens: std::slice::from_ref(&next[k]),
                     logits: true,
+                    slot: i,
                 })
                 .collect();
             logits = eng.forward_batch(&chunks).unwrap();
@@ -109,6 +111,7 @@ fn check(arch: &str) {
     let opts = EngineOptions {
         n_ctx: 8 * KV_PAGE,
         n_threads: 2,
+        n_seq: 4,
         ..Default::default()
     };
     let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
@@ -167,13 +170,26 @@ fn check(arch: &str) {
     let again = run(&mut eng, &prompts[..1], Layout::Alone);
     assert_eq!(again[0].0, alone[0].0);
 
-    // Errors are values: positions past the pages given, pages past the cache, ids past the
-    // vocabulary.
+    // Errors are values: a slot past the sequences the engine was loaded for (where the model
+    // keeps per-sequence state), positions past the pages given, pages past the cache, ids past
+    // the vocabulary.
+    if arch == "deepseek4" {
+        let bad = [SeqChunk {
+            pages: &[0],
+            pos: 0,
+            tokens: &[1],
+            logits: true,
+            slot: 4,
+        }];
+        let e = eng.forward_batch(&bad).unwrap_err();
+        assert!(e.to_string().contains("slot 4"), "{e}");
+    }
     let bad = [SeqChunk {
         pages: &[7],
         pos: KV_PAGE - 2,
         tokens: &[1, 2, 3],
         logits: true,
+        slot: 0,
     }];
     let e = eng.forward_batch(&bad).unwrap_err();
     assert!(
@@ -185,6 +201,7 @@ fn check(arch: &str) {
         pos: 0,
         tokens: &[1],
         logits: true,
+        slot: 0,
     }];
     let e = eng.forward_batch(&bad).unwrap_err();
     assert!(matches!(e, EngineError::ContextFull { .. }), "{e}");
@@ -193,6 +210,7 @@ fn check(arch: &str) {
         pos: 0,
         tokens: &[u32::MAX],
         logits: true,
+        slot: 0,
     }];
     let e = eng.forward_batch(&bad).unwrap_err();
     assert!(matches!(e, EngineError::BadToken { .. }), "{e}");
@@ -208,6 +226,14 @@ fn batched_equals_single_qwen3moe() {
 #[test]
 fn batched_equals_single_gpt_oss() {
     check("gpt-oss");
+}
+
+/// DeepSeek-V4: each sequence's compressor ring (its slot) and its compressed rows in the pages
+/// of its raw rows (the 250-token prompt makes a ratio-128 row and 62 ratio-4 rows, the indexer
+/// keeping 8); batched, in other pages, or out of order, the same tokens as alone.
+#[test]
+fn batched_equals_single_deepseek4() {
+    check("deepseek4");
 }
 
 /// Concurrent decode under offload, sequences together, through the expert cache:

@@ -168,6 +168,10 @@ pub fn with_blocks(h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
 /// row is a multiple of 256, so each quant type applies. A variant must keep a ratio-4 block:
 /// libllama 0.1.161 dies (SIGFPE in the DSV4 KV cache's constructor) on a file without one
 /// (every block window-only, or ratios 0 and 128 only); ratios 0 and 4 only it runs.
+/// 32 indexer heads: a compressed row scores exactly 0 when every head's `relu(q·k)` is 0
+/// (odds 2^-heads with random weights), and two such rows tie in the top-k, which ggml breaks
+/// by cache row, so the same sequence in other KV pages could keep another row; with 4 heads
+/// that happened (tests/batch.rs), with 32 (as with V4-Flash's 64) it does not.
 fn tiny() -> Hparams {
     let h = Hparams {
         n_layer: 5,
@@ -177,7 +181,7 @@ fn tiny() -> Hparams {
         q_lora_rank: 256,
         n_ff_exp: 256,
         sliding_window: 64,
-        indexer_n_head: 4,
+        indexer_n_head: 32,
         indexer_head_dim: 128,
         indexer_top_k: 8,
         o_group_count: 2,
@@ -336,7 +340,7 @@ fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
         if r == 0 {
             continue;
         }
-        let rows = dsv4::comp_rows(n_ctx, r, n_seq) as i64;
+        let rows = dsv4::comp_rows(n_ctx, r, 1) as i64;
         let st = (dsv4::state_rows(r) * n_seq) as i64;
         let c = coff(h, il) as i64;
         add(format!("dsv4_comp_l{il}"), GgmlType::F16, vec![hd, rows]);

@@ -201,6 +201,7 @@ fn run(args: Args) -> Result<i32> {
     };
     engine_opts.n_ctx =
         pocketmoe::cli::context_for(args.ctx, &args.model, &engine_opts, args.parallel)?;
+    engine_opts.n_seq = args.parallel;
     let ctx = engine_opts.n_ctx;
     let opts = LocalOptions {
         model: args.model.clone(),

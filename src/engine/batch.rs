@@ -40,6 +40,9 @@ pub struct SeqChunk<'t> {
     pub tokens: &'t [u32],
     /// Whether the logits of the chunk's last token are wanted.
     pub logits: bool,
+    /// The sequence's slot (`0..EngineOptions::n_seq`): where state kept per sequence besides
+    /// its KV rows lives (DeepSeek-V4's compressor rings).
+    pub slot: usize,
 }
 
 impl SeqChunk<'_> {
@@ -156,11 +159,13 @@ pub fn rows_for(n_seq: usize, ctx: usize) -> usize {
 }
 
 /// The shape a cached multi-sequence graph was built for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphKey {
     n_tokens: usize,
     n_kv: usize,
     n_out: usize,
+    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
+    comp: Vec<(usize, usize)>,
 }
 
 /// What a model must offer the server's scheduler: batched forward passes over sequences in
@@ -201,16 +206,20 @@ impl BatchModel for Engine {
     }
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        if self.hp.compress_ratios.iter().any(|&r| r != 0) {
-            // Its compressors keep per-sequence state that this path does not carry yet.
-            return Err(EngineError::Model {
-                path: String::new(),
-                msg: format!(
-                    "{}: multi-sequence batches (the server) are not built for compressed \
-                     attention yet; `pocketmoe run` and `pocketmoe bench` run it",
-                    self.hp.arch.name
-                ),
-            });
+        // The slot names per-sequence state only an architecture that keeps some has.
+        let per_seq_state = self.hp.compress_ratios.iter().any(|&r| r != 0);
+        for c in chunks {
+            if per_seq_state && c.slot >= self.opts.n_seq.max(1) {
+                return Err(EngineError::Model {
+                    path: String::new(),
+                    msg: format!(
+                        "sequence slot {} of a batch, but the engine was loaded for {} \
+                         sequences (EngineOptions::n_seq)",
+                        c.slot,
+                        self.opts.n_seq.max(1)
+                    ),
+                });
+            }
         }
         for c in chunks {
             let need = c.pos + c.tokens.len();
@@ -301,16 +310,32 @@ impl Engine {
             .unwrap_or(0);
         let n_kv = BatchInputs::padded_n_kv(top, 0, self.opts.n_ctx);
         let outs: Vec<i32> = (0..n as i32).filter(|&i| toks[i as usize].out).collect();
+        // Each chunk's tokens are one run of the micro-batch (`forward_batch` lays them out so).
+        let mut spans: Vec<crate::graph::dsv4::Span> = Vec::new();
+        for (i, t) in toks.iter().enumerate() {
+            match spans.last_mut() {
+                Some(s) if toks[s.tok].chunk == t.chunk => s.n += 1,
+                _ => spans.push(crate::graph::dsv4::Span {
+                    tok: i,
+                    pos: t.pos,
+                    n: 1,
+                    ring: chunks[t.chunk].slot,
+                    pages: Some(chunks[t.chunk].pages.to_vec()),
+                }),
+            }
+        }
+        let comp = self.comp_plans(&spans, n);
         let key = GraphKey {
             n_tokens: n,
             n_kv,
             n_out: outs.len(),
+            comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
         };
         // The single-sequence path shares the scheduler: if it ran since, our allocation is gone.
         let stale = self.graph.take().is_some();
         if self.batch_graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.batch_graph = None;
-            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), &[])?;
+            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), &comp)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.batch_graph = Some((key, g, nodes));
@@ -319,6 +344,9 @@ impl Engine {
             self.sched.alloc(&g.graph())?;
         }
         let (_, g, nodes) = self.batch_graph.as_ref().expect("built above");
+        for (r, p, n_comp) in &comp {
+            crate::graph::dsv4::fill(|name| g.tensor(name), *r, p, *n_comp)?;
+        }
         let ids: Vec<i32> = toks.iter().map(|t| t.id as i32).collect();
         g.tensor("inp_tokens").write_i32(&ids)?;
         let pos: Vec<i32> = toks.iter().map(|t| t.pos as i32).collect();
@@ -434,6 +462,7 @@ mod tests {
             pos: KV_PAGE - 1,
             tokens: &[7, 8],
             logits: true,
+            slot: 0,
         };
         assert_eq!(c.row(0), 3 * KV_PAGE);
         assert_eq!(c.row(KV_PAGE - 1), 4 * KV_PAGE - 1);
@@ -453,6 +482,7 @@ mod tests {
             pos: 0,
             tokens: &[],
             logits: false,
+            slot: 0,
         };
         let vis = |pos: usize, window: usize| {
             let mut m = vec![half::f16::NEG_INFINITY.to_bits(); 2 * KV_PAGE];

@@ -102,11 +102,16 @@ pub struct EngineOptions {
     /// Direct decode stops at every this many offloaded layers to prefetch for the following
     /// ones (0: never stops; misses then enter the cache after the step, per `admit`).
     pub direct_stop_every: usize,
+    /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
+    /// state some architectures keep besides the KV rows (DeepSeek-V4's compressor rings) is
+    /// sized for this many.
+    pub n_seq: usize,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {
+            n_seq: 1,
             device: Device::Cpu,
             n_ctx: 4096,
             n_threads: 0,
@@ -236,7 +241,7 @@ impl Engine {
             opts.n_ctx,
             opts.kv_type,
             rot,
-            &(arch.kv.extra)(&hp, opts.n_ctx, 1),
+            &(arch.kv.extra)(&hp, opts.n_ctx, opts.n_seq.max(1)),
         )?;
         let off = if offload {
             let o = OffloadOptions {
@@ -323,7 +328,7 @@ impl Engine {
             let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
             let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
             let n_past = self.opts.n_ctx - n;
-            let comp = dsv4::step_plans(&self.hp.compress_ratios, n_past, n, self.opts.n_ctx);
+            let comp = self.comp_plans(&dsv4::single(n_past, n), n);
             let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
             self.sched.reserve(&g.graph())?;
             drop(g);
@@ -528,6 +533,18 @@ impl Engine {
         Ok(out)
     }
 
+    /// The compressor plans of a step of `n` tokens over `spans` (DeepSeek-V4; empty for a
+    /// model without compressed blocks).
+    fn comp_plans(&self, spans: &[dsv4::Span], n: usize) -> Vec<(usize, dsv4::CompPlan, usize)> {
+        dsv4::step_plans(
+            &self.hp.compress_ratios,
+            spans,
+            n,
+            self.opts.n_seq.max(1),
+            self.opts.n_ctx,
+        )
+    }
+
     /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
     /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
     fn build_graph(
@@ -652,7 +669,7 @@ impl Engine {
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.opts.n_ctx);
         // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
         // only in their inputs. Otherwise build, and let the scheduler allocate it.
-        let comp = dsv4::step_plans(&self.hp.compress_ratios, n_past, n, self.opts.n_ctx);
+        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
         let key = GraphKey {
             n_tokens: n,
             n_kv,

@@ -45,23 +45,72 @@ pub fn ratios(compress_ratios: &[u64]) -> Vec<usize> {
         .collect()
 }
 
+/// One sequence's run of tokens in a step: tokens `tok..tok + n` of the step, at positions
+/// `pos..pos + n`, with compressor ring `ring` (the server's slot), and its cache pages
+/// (`engine::batch`: position p in row `pages[p / 256] · 256 + p mod 256`; `None`: rows are
+/// positions, the single-sequence engine).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    pub tok: usize,
+    pub pos: usize,
+    pub n: usize,
+    pub ring: usize,
+    pub pages: Option<Vec<u32>>,
+}
+
+/// Cache rows per page (`engine::batch::KV_PAGE`): a page of raw rows holds `256 / r` compressed
+/// rows of ratio `r`.
+const PAGE: usize = 256;
+
+impl Span {
+    /// The cache row of compressed row `j` (ratio `r`) of this sequence.
+    fn comp_row(&self, j: usize, r: usize) -> usize {
+        match &self.pages {
+            None => j,
+            Some(p) => p[j * r / PAGE] as usize * (PAGE / r) + (j * r % PAGE) / r,
+        }
+    }
+
+    /// One past the highest compressed cache row among rows `0..v`.
+    fn comp_top(&self, v: usize, r: usize) -> usize {
+        let per = PAGE / r;
+        (0..v.div_ceil(per))
+            .map(|k| self.comp_row(((k + 1) * per).min(v) - 1, r) + 1)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// One step's plans of every ratio the model uses: (ratio, plan, attended compressed rows),
-/// for `n` tokens at `n_past` of one sequence in a cache of `n_ctx` positions.
+/// for the step's `spans` (`n` tokens in all) with `rings` compressor rings, in a cache of
+/// `n_ctx` positions.
 pub fn step_plans(
     compress_ratios: &[u64],
-    n_past: usize,
+    spans: &[Span],
     n: usize,
+    rings: usize,
     n_ctx: usize,
 ) -> Vec<(usize, CompPlan, usize)> {
     ratios(compress_ratios)
         .into_iter()
         .map(|r| {
             let rows = comp_rows(n_ctx, r, 1);
-            let p = plan(n_past, n, r, state_rows(r), rows);
+            let p = plan_spans(spans, n, r, state_rows(r), rings, rows);
             let n_comp = p.n_comp(rows);
             (r, p, n_comp)
         })
         .collect()
+}
+
+/// The single-sequence step: `n` tokens at positions `n_past..`, ring 0, rows = positions.
+pub fn single(n_past: usize, n: usize) -> Vec<Span> {
+    vec![Span {
+        tok: 0,
+        pos: n_past,
+        n,
+        ring: 0,
+        pages: None,
+    }]
 }
 
 /// One compressor's plan for one step of one sequence.
@@ -78,8 +127,13 @@ pub struct CompPlan {
     /// Cache rows written, and their RoPE positions.
     pub write: Vec<i64>,
     pub write_pos: Vec<i32>,
-    /// Per token: compressed rows visible.
+    /// Per token: compressed rows visible (of its own sequence), and its span.
     pub n_visible: Vec<usize>,
+    pub tok_span: Vec<usize>,
+    /// The step's sequences (their pages map compressed rows to cache rows).
+    pub spans: Vec<Span>,
+    /// Ratio.
+    pub r: usize,
 }
 
 impl CompPlan {
@@ -90,60 +144,118 @@ impl CompPlan {
     /// Attended width of compressed rows: the most any token sees, padded to 256 (at least
     /// 256), at most `cache_rows`.
     pub fn n_comp(&self, cache_rows: usize) -> usize {
-        let most = self.n_visible.iter().copied().max().unwrap_or(0);
+        // A span's last token sees the most of its sequence.
+        let most = self
+            .spans
+            .iter()
+            .filter(|s| s.n > 0)
+            .map(|s| s.comp_top(self.n_visible[s.tok + s.n - 1], self.r))
+            .max()
+            .unwrap_or(0);
         (most.div_ceil(256) * 256).max(256).min(cache_rows)
+    }
+
+    /// The f16 mask [n_comp, n_tokens]: 0 at the cache rows of the compressed rows each token
+    /// sees, −∞ elsewhere.
+    pub fn mask(&self, n_comp: usize) -> Vec<u16> {
+        let (zero, neg_inf) = (half::f16::ZERO.to_bits(), half::f16::NEG_INFINITY.to_bits());
+        let mut m = vec![neg_inf; n_comp * self.n_visible.len()];
+        let per = PAGE / self.r;
+        for (t, row) in m.chunks_exact_mut(n_comp.max(1)).enumerate() {
+            let (v, s) = (self.n_visible[t], &self.spans[self.tok_span[t]]);
+            // Page by page: the compressed rows of one page are consecutive cache rows.
+            let mut j = 0;
+            while j < v {
+                let len = (per - j % per).min(v - j);
+                let at = s.comp_row(j, self.r);
+                let end = (at + len).min(n_comp);
+                if at < end {
+                    row[at..end].fill(zero);
+                }
+                j += len;
+            }
+        }
+        m
     }
 }
 
 /// The plan for `n` tokens at positions `n_past..` of one sequence, at ratio `r` with a ring of
 /// `state_rows` rows and a compressed cache of `cache_rows` rows (the last one scratch).
 pub fn plan(n_past: usize, n: usize, r: usize, state_rows: usize, cache_rows: usize) -> CompPlan {
+    plan_spans(&single(n_past, n), n, r, state_rows, 1, cache_rows)
+}
+
+/// The plan for a step of `n` tokens over `spans`, each sequence with its own ring of
+/// `state_rows` rows (of `rings`).
+pub fn plan_spans(
+    spans: &[Span],
+    n: usize,
+    r: usize,
+    state_rows: usize,
+    rings: usize,
+    cache_rows: usize,
+) -> CompPlan {
     let overlap = r == 4;
-    let (s, zero) = (state_rows as i32, (state_rows + n) as i32);
-    let src = |pos: i64| -> i32 {
-        if pos < 0 {
-            zero
-        } else if pos as usize >= n_past {
-            s + (pos as usize - n_past) as i32
-        } else {
-            (pos as usize % state_rows) as i32
-        }
+    let all_rings = state_rows * rings;
+    let zero = (all_rings + n) as i32;
+    let mut p = CompPlan {
+        state_pos: vec![0; n],
+        n_visible: vec![0; n],
+        tok_span: vec![0; n],
+        spans: spans.to_vec(),
+        r,
+        ..Default::default()
     };
-    let mut p = CompPlan::default();
     let (mut prev, mut cur) = (Vec::new(), Vec::new());
-    for i in 0..n {
-        let pos = n_past + i;
-        p.state_pos.push((pos % r) as i32);
-        p.n_visible.push((pos + 1) / r);
-        if (pos + 1) % r != 0 {
-            continue;
+    for (si, s) in spans.iter().enumerate() {
+        let src = |pos: i64| -> i32 {
+            if pos < 0 {
+                zero
+            } else if pos as usize >= s.pos {
+                (all_rings + s.tok + (pos as usize - s.pos)) as i32
+            } else {
+                (s.ring * state_rows + pos as usize % state_rows) as i32
+            }
+        };
+        let mut made = 0;
+        for i in 0..s.n {
+            let (t, pos) = (s.tok + i, s.pos + i);
+            p.state_pos[t] = (pos % r) as i32;
+            p.n_visible[t] = (pos + 1) / r;
+            p.tok_span[t] = si;
+            if (pos + 1) % r != 0 {
+                continue;
+            }
+            let start = (pos + 1 - r) as i64;
+            p.write.push(s.comp_row(pos / r, r) as i64);
+            p.write_pos.push(start as i32);
+            if overlap {
+                prev.extend((0..r as i64).map(|j| src(start - r as i64 + j)));
+            }
+            cur.extend((0..r as i64).map(|j| src(start + j)));
+            made += 1;
         }
-        let start = (pos + 1 - r) as i64;
-        p.write.push((pos / r) as i64);
-        p.write_pos.push(start as i32);
-        if overlap {
-            prev.extend((0..r as i64).map(|j| src(start - r as i64 + j)));
+        // Stable shapes: ratio 4 makes ceil(n / 4) rows per sequence, ratio 128 at least one;
+        // the extra ones are dummies (any source, the scratch row, never visible).
+        let want = if overlap { s.n.max(1).div_ceil(r) } else { 1 };
+        for _ in made..want {
+            let first = src(s.pos as i64);
+            p.write.push(cache_rows as i64 - 1);
+            p.write_pos.push(0);
+            if overlap {
+                prev.extend(std::iter::repeat_n(first, r));
+            }
+            cur.extend(std::iter::repeat_n(first, r));
         }
-        cur.extend((0..r as i64).map(|j| src(start + j)));
-    }
-    let want = if overlap { n.max(1).div_ceil(r) } else { 1 };
-    while p.write.len() < want {
-        // A dummy row: any source, written to the scratch row, never visible.
-        let first = src(n_past as i64);
-        p.write.push(cache_rows as i64 - 1);
-        p.write_pos.push(0);
-        if overlap {
-            prev.extend(std::iter::repeat_n(first, r));
+        let keep = s.n.min(state_rows);
+        for i in s.n - keep..s.n {
+            p.persist_src.push((s.tok + i) as i32);
+            p.persist_dst
+                .push((s.ring * state_rows + (s.pos + i) % state_rows) as i64);
         }
-        cur.extend(std::iter::repeat_n(first, r));
     }
     p.read = prev;
     p.read.extend(cur);
-    let keep = n.min(state_rows);
-    for i in n - keep..n {
-        p.persist_src.push(i as i32);
-        p.persist_dst.push(((n_past + i) % state_rows) as i64);
-    }
     p
 }
 
@@ -232,11 +344,7 @@ pub fn fill<'g>(
     get(&name(r, "read")).write_i32(&p.read)?;
     get(&name(r, "write")).write_i64(&p.write)?;
     get(&name(r, "write_pos")).write_i32(&p.write_pos)?;
-    let (zero, neg_inf) = (half::f16::ZERO.to_bits(), half::f16::NEG_INFINITY.to_bits());
-    let mut m = vec![neg_inf; n_comp * p.n_visible.len()];
-    for (row, &v) in m.chunks_exact_mut(n_comp.max(1)).zip(&p.n_visible) {
-        row[..v.min(n_comp)].fill(zero);
-    }
+    let m = p.mask(n_comp);
     get(&name(r, "mask")).write_bytes(bytemuck::cast_slice(&m))
 }
 

@@ -353,6 +353,7 @@ fn step<M: BatchModel, V: Vocab>(
                     pos: s.cached,
                     tokens: &s.all[s.cached..s.cached + take],
                     logits,
+                    slot: i,
                 }
             })
             .collect();
