@@ -412,3 +412,57 @@ fn quantised_cache_with_mla_is_refused() {
     };
     assert!(e.contains("q8_0") && e.contains("use f16"), "{e}");
 }
+
+/// A prompt of about 180 tokens of the tiny vocabulary (the parity contexts hold 256 positions,
+/// and libllama takes the prompt as one batch of at most 256): far more positions than
+/// deepseek32's tiny indexer top-k (8), so most of each token's context is masked.
+const LONG_PROMPT: &str =
+    "In the beginning the river was only a thin line of silver across the plain, \
+    and the people who lived beside it counted its bends: seven before the hills, eleven after. \
+    Every spring the snow melted and 42 old stones by the ford disappeared.";
+
+/// DeepSeek-V3.2 (MLA + the lightning indexer's top-k sparse attention) on the standard prompt,
+/// longer than the tiny preset's top-k of 8: from the ninth position on, each token attends to
+/// 8 of its earlier positions only.
+#[test]
+fn deepseek32_cpu_parity() {
+    check_parity("deepseek32", Device::Cpu);
+}
+
+/// deepseek32 over a long prompt (~180 tokens, then 32 greedy steps through both caches): the
+/// indexer keys cached across the whole context, and most positions dropped by the selection.
+#[test]
+fn deepseek32_long_prompt_cpu_parity() {
+    Parity {
+        arch: "deepseek32",
+        preset: "tiny",
+        meta: None,
+        device: Device::Cpu,
+        kv: GgmlType::F16,
+        quant: QuantMix::Q8_0,
+        prompt: LONG_PROMPT,
+        n_gen: 32,
+        min_cos: 0.999,
+    }
+    .check();
+}
+
+/// deepseek32 with the file's `attention.indexer.top_k` set to 2: nearly every position dropped.
+#[test]
+fn deepseek32_top_k_2_cpu_parity() {
+    Parity {
+        arch: "deepseek32",
+        preset: "tiny",
+        meta: Some((
+            "attention.indexer.top_k",
+            pocketmoe::gguf::GgufValue::U32(2),
+        )),
+        device: Device::Cpu,
+        kv: GgmlType::F16,
+        quant: QuantMix::Q8_0,
+        prompt: LONG_PROMPT,
+        n_gen: 16,
+        min_cos: 0.999,
+    }
+    .check();
+}

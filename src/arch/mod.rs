@@ -29,6 +29,7 @@ use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams};
 
 pub mod deepseek2;
+pub mod deepseek32;
 pub mod deepseek4;
 pub mod glm4moe;
 pub mod gpt_oss;
@@ -47,6 +48,7 @@ pub static ARCHS: &[&Arch] = &[
     &qwen2moe::QWEN2MOE,
     &gpt_oss::GPT_OSS,
     &deepseek2::DEEPSEEK2,
+    &deepseek32::DEEPSEEK32,
     &deepseek4::DEEPSEEK4,
     &llama::LLAMA,
     &glm4moe::GLM4MOE,

@@ -19,7 +19,7 @@ const BLOCK_STEMS: &[&str] = &[
     "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "post_attention_norm", "attn_sinks",
     "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "attn_k_b", "attn_v_b", "attn_kv",
     "attn_output_a", "attn_output_b", "attn_compressor_kv", "attn_compressor_gate", "attn_compressor_ape", "attn_compressor_norm",
-    "indexer.proj", "indexer.attn_q_b", "indexer_compressor_kv", "indexer_compressor_gate", "indexer_compressor_ape",
+    "indexer.proj", "indexer.attn_q_b", "indexer.attn_k", "indexer.k_norm", "indexer_compressor_kv", "indexer_compressor_gate", "indexer_compressor_ape",
     "indexer_compressor_norm", "hc_attn_fn", "hc_attn_base", "hc_attn_scale", "hc_ffn_fn", "hc_ffn_base", "hc_ffn_scale", "ffn_norm",
     "ffn_gate", "ffn_down", "ffn_up", "ffn_gate_inp", "exp_probs_b", "exp_probs_b_vl", "ffn_gate_tid2eid", "ffn_gate_exps",
     "ffn_down_exps", "ffn_up_exps", "ffn_gate_shexp", "ffn_down_shexp", "ffn_up_shexp", "ffn_gate_inp_shexp", "nextn.eh_proj",

@@ -41,6 +41,22 @@ impl<'a> GraphBuilder<'a> {
 
     /// MLA self-attention of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens].
     pub fn mla_attention(&self, x: Tensor<'a>, il: usize, opts: &MlaOpts) -> Tensor<'a> {
+        self.mla_attention_masked(x, il, opts, &|_| self.batch.mask)
+    }
+
+    /// [`Self::mla_attention`] over a mask of the caller's making (DeepSeek-V3.2's sparse
+    /// attention, `blocks::dsa`): `mask_of(qr)` gets the normed low-rank q `qr` [q_lora, nt]
+    /// (`None` in files without q compression) and returns the f16 mask [n_kv, nt] the absorbed
+    /// attention uses instead of the batch's. It runs before any node of the attention is
+    /// expanded into the graph, so what it expands (the indexer's key store) comes first, as in
+    /// libllama. The legacy form (fused `attn_kv_b`) always uses the batch's mask.
+    pub fn mla_attention_masked(
+        &self,
+        x: Tensor<'a>,
+        il: usize,
+        opts: &MlaOpts,
+        mask_of: &dyn Fn(Option<Tensor<'a>>) -> Tensor<'a>,
+    ) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
         let n_head = hp.n_head as i64;
@@ -53,13 +69,18 @@ impl<'a> GraphBuilder<'a> {
         let f32_row = |n: i64| n as usize * 4;
 
         // q: [dk * n_head, nt]
-        let q = match self.wl_opt(il, "attn_q_a.weight") {
+        let (q, mask) = match self.wl_opt(il, "attn_q_a.weight") {
             Some(q_a) => {
                 let q = self.cb(ctx.mul_mat(q_a, x), "q", i); // [q_lora, nt]
                 let q = self.rms_norm(q, self.wl(il, "attn_q_a_norm.weight"), "q", i);
-                self.cb(ctx.mul_mat(self.wl(il, "attn_q_b.weight"), q), "q", i)
+                let mask = mask_of(Some(q));
+                let q = self.cb(ctx.mul_mat(self.wl(il, "attn_q_b.weight"), q), "q", i);
+                (q, mask)
             }
-            None => self.cb(ctx.mul_mat(self.wl(il, "attn_q.weight"), x), "q", i),
+            None => (
+                self.cb(ctx.mul_mat(self.wl(il, "attn_q.weight"), x), "q", i),
+                mask_of(None),
+            ),
         };
         let q = self.cb(ctx.reshape(q, &[dk, n_head, nt]).expect("q 3d"), "q", i); // [dk, n_head, nt]
 
@@ -88,7 +109,7 @@ impl<'a> GraphBuilder<'a> {
 
         let kq_scale = self.mla_kq_scale(opts.rope_mode);
         let o = if hp.is_mla() {
-            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
+            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale, mask)
         } else {
             self.mla_decompressed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
         }; // [dv * n_head, nt]
@@ -101,7 +122,9 @@ impl<'a> GraphBuilder<'a> {
 
     /// The absorbed form (files with `attn_k_b`/`attn_v_b`): MQA over the K-only latent cache.
     /// `q_nope` [nope, n_head, nt] (view), `q_pe` [n_rot, n_head, nt] (roped), `kv_cmpr`
-    /// [kv_lora, nt] (normed), `k_pe` [n_rot, 1, nt] (roped) -> [dv * n_head, nt].
+    /// [kv_lora, nt] (normed), `k_pe` [n_rot, 1, nt] (roped), `mask` f16 [n_kv, nt] ->
+    /// [dv * n_head, nt].
+    #[allow(clippy::too_many_arguments)]
     fn mla_absorbed(
         &self,
         q_nope: Tensor<'a>,
@@ -110,6 +133,7 @@ impl<'a> GraphBuilder<'a> {
         k_pe: Tensor<'a>,
         il: usize,
         kq_scale: f32,
+        mask: Tensor<'a>,
     ) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
@@ -144,7 +168,7 @@ impl<'a> GraphBuilder<'a> {
         let k_all = self.kv_view(kc, k_row, k_row, k_row, 1); // [k_row, n_kv, 1]
         let v_all = self.kv_view(kc, k_row, kv_lora, k_row, 1); // [kv_lora, n_kv, 1]
         let qp = ctx.permute(q_cur, [0, 2, 1, 3]); // [k_row, nt, n_head]
-        let o = ctx.flash_attn(qp, k_all, v_all, b.mask, kq_scale); // [kv_lora, n_head, nt]
+        let o = ctx.flash_attn(qp, k_all, v_all, mask, kq_scale); // [kv_lora, n_head, nt]
 
         // Decompress per head with attn_v_b: [kv_lora, dv, n_head] x [kv_lora, nt, n_head].
         let o = ctx.permute(o, [0, 2, 1, 3]); // [kv_lora, nt, n_head]

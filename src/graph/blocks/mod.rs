@@ -1,5 +1,6 @@
 //! Building blocks shared by every architecture: norms, attention, MoE and dense FFNs, in/out.
 pub mod attention;
+pub mod dsa;
 pub mod dsv4;
 pub mod ffn;
 pub mod io;
