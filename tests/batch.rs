@@ -236,6 +236,14 @@ fn batched_equals_single_deepseek4() {
     check("deepseek4");
 }
 
+/// DeepSeek-V3.2: each sequence's indexer keys in the pages of its rows, its top-k (8) picked
+/// among its own positions only (the other sequences' rows masked); batched, in other pages, or
+/// out of order, the same tokens as alone.
+#[test]
+fn batched_equals_single_deepseek32() {
+    check("deepseek32");
+}
+
 /// Concurrent decode under offload, sequences together, through the expert cache:
 /// - 4 sequences, every expert in a slot, the CPU channel off: the 4-token steps run in slot
 ///   mode, so the host

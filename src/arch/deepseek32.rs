@@ -201,8 +201,11 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
 }
 
 /// deepseek2's tiny V3 shape (sigmoid, group-limited routing, one dense lead block) with the
-/// indexer: 4 heads of 128 (64 rotary), top-k 8, so that prompts of more than 8 tokens make the
-/// sparse selection drop positions.
+/// indexer: 32 heads of 128 (64 rotary), top-k 8, so that prompts of more than 8 tokens make the
+/// sparse selection drop positions. 32 heads as the real model's 64 make an exactly-zero score
+/// (every head's q·k negative under the ReLU) rare; with 4 heads about one position in 16 scored
+/// exactly 0, and top-k then broke those ties by cache row, so a sequence's picks depended on
+/// where its rows sat (multi-sequence batches, `tests/batch.rs`; libllama's unified cache alike).
 fn tiny() -> Hparams {
     Hparams {
         arch: &DEEPSEEK32.spec,
@@ -219,7 +222,7 @@ fn tiny() -> Hparams {
         n_expert_groups: 4,
         n_group_used: 2,
         expert_weights_scale: 2.5,
-        indexer_n_head: 4,
+        indexer_n_head: 32,
         indexer_head_dim: 128,
         indexer_top_k: 8,
         ..tiny_of(deepseek2::family(512))
@@ -279,9 +282,9 @@ mod tests {
             .expected_tensors(&h)
             .map(|(n, s, b)| (n, (s.shape)(&h, b.unwrap_or(0))))
             .collect();
-        assert_eq!(shapes["blk.1.indexer.attn_q_b.weight"], vec![256, 4 * 128]);
+        assert_eq!(shapes["blk.1.indexer.attn_q_b.weight"], vec![256, 32 * 128]);
         assert_eq!(shapes["blk.1.indexer.attn_k.weight"], vec![256, 128]);
-        assert_eq!(shapes["blk.1.indexer.proj.weight"], vec![256, 4]);
+        assert_eq!(shapes["blk.1.indexer.proj.weight"], vec![256, 32]);
         assert_eq!(shapes["blk.1.indexer.k_norm.bias"], vec![128]);
         assert_eq!(shapes["blk.0.attn_k_b.weight"], vec![128, 512, 4]);
         // The cache: one indexer key row per position and block, and the rotation.
