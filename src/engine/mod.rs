@@ -793,9 +793,12 @@ const CUDA_MARGIN: u64 = 384 << 20;
 /// staged every expert through PCIe (docs/bench-h200.md, session 7).
 const MAX_SLOT_TOKENS: usize = 16;
 
-/// Nodes a step's graph may hold (generous: ~64 per block).
+/// Nodes a step's graph may hold: generous for the plain blocks (~64 nodes each), and enough
+/// for DeepSeek-V4's (hyper-connections, compressors and the indexer: ~200 per ratio-4 block;
+/// 96 per block overflowed the context at 21 blocks).
 fn graph_size(hp: &Hparams) -> usize {
-    (hp.n_layer * 96 + 256).max(2048)
+    let per_block = if hp.compress_ratios.is_empty() { 96 } else { 320 };
+    (hp.n_layer * per_block + 256).max(2048)
 }
 
 /// f16 causal mask [n_kv, n]: token t (position p = n_past + t) sees cache positions j <= p with
