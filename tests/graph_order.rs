@@ -17,7 +17,8 @@ const NO_KERNEL: [&str; 5] = ["VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"]
 /// `(op, name)` of kernel nodes, in graph order.
 type Kernels = Vec<(String, String)>;
 
-/// The kernel nodes from the first RMS_NORM to block 0's output `l_out-0`.
+/// The kernel nodes from the first RMS_NORM to block 0's output (`l_out-0`; DeepSeek-V4's
+/// hyper-connection streams: `l_last-0`).
 fn block0(order: &[String]) -> Kernels {
     let ops: Kernels = order
         .iter()
@@ -30,10 +31,12 @@ fn block0(order: &[String]) -> Kernels {
         .filter(|(op, _)| !NO_KERNEL.contains(&op.as_str()))
         .collect();
     let start = ops.iter().position(|(op, _)| op == "RMS_NORM");
-    let end = ops.iter().position(|(_, name)| name == "l_out-0");
+    let end = ops
+        .iter()
+        .position(|(_, name)| name == "l_out-0" || name == "l_last-0");
     match (start, end) {
         (Some(s), Some(e)) if s <= e => ops[s..=e].to_vec(),
-        _ => panic!("no block 0 (RMS_NORM .. l_out-0) in {order:#?}"),
+        _ => panic!("no block 0 (RMS_NORM .. l_out-0 / l_last-0) in {order:#?}"),
     }
 }
 
@@ -106,7 +109,11 @@ fn check(arch: &str) {
     if let (Some(q), Some(k)) = (pos("Qcur-0"), pos("Kcur-0")) {
         assert!(q < k, "{arch}: K before Q");
     } else {
-        assert_eq!(arch, "deepseek2", "{arch}: no Qcur-0/Kcur-0 in {ours:?}");
+        // MLA (deepseek2, deepseek32) and DeepSeek-V4 name their projections otherwise.
+        assert!(
+            ["deepseek2", "deepseek32", "deepseek4"].contains(&arch),
+            "{arch}: no Qcur-0/Kcur-0 in {ours:?}"
+        );
     }
 }
 

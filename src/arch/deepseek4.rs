@@ -408,6 +408,9 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         x = g.cb(g.hc_post(h, x, &m), "hc_attn_post", i);
 
         let m = g.hc_pre(x, il, HcSite::Ffn);
+        // libllama's node order: the FFN mix's post and comb before its weighted sum.
+        g.graph.build_forward(m.post);
+        g.graph.build_forward(m.comb);
         let h = g.rms_norm(m.cur, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
         let selected = (il < hp.hash_layer_count)
             .then(|| ctx.get_rows(g.wl(il, "ffn_gate_tid2eid.weight"), g.batch.tokens));

@@ -152,12 +152,14 @@ fn hp_deepseek4() -> Hparams {
         swa_layers: vec![true; 5],
         sliding_window: 128,
         indexer_n_head: 2,
-        indexer_head_dim: 32,
+        indexer_head_dim: 64,
         indexer_top_k: 16,
         o_group_count: 2,
         o_lora_rank: 32,
         compress_ratios: vec![0, 4, 128, 4, 0],
+        compress_rope_freq_base: 160000.0,
         hc_mult: 4,
+        hc_sinkhorn_iters: 20,
         hash_layer_count: 2,
         gating: Gating::SqrtSoftplus,
         ..base("deepseek4")
@@ -642,11 +644,11 @@ fn deepseek4_per_block_tensors() {
     );
     assert_eq!(
         shape(&b1, "blk.1.indexer.attn_q_b.weight"),
-        vec![64, 2 * 32]
+        vec![64, 2 * 64]
     );
     assert_eq!(
         shape(&b1, "blk.1.indexer_compressor_ape.weight"),
-        vec![64, 4]
+        vec![2 * 64, 4]
     );
     let b2 = block(a, &h, Some(2)); // ratio 128: compressor only, router top-k with bias
     assert_eq!(
@@ -911,7 +913,7 @@ fn from_meta_deepseek4() {
         ("expert_weights_norm", V::B(true)),
         ("swiglu_clamp_exp", V::F(10.0)),
         ("attention.indexer.head_count", V::U(2)),
-        ("attention.indexer.key_length", V::U(32)),
+        ("attention.indexer.key_length", V::U(64)),
         ("attention.indexer.top_k", V::U(16)),
         ("attention.output_group_count", V::U(2)),
         ("attention.output_lora_rank", V::U(32)),
