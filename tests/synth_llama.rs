@@ -1,8 +1,8 @@
 //! Every architecture's `tiny` synth preset: written by our writer, read back by our reader,
 //! valid against the registry, and loaded and run by libllama (the reference) — which must agree
 //! with us on the weight bytes and parameter count, and produce finite, peaked logits.
-//! deepseek4's tiny preset too, though PocketMoE has no graph for it yet: the graph will be
-//! tested on it, so libllama must run it over prompts that reach every attention path.
+//! deepseek4's tiny preset runs in libllama over prompts that reach every attention path (its
+//! graph's parity test, tests/parity_deepseek4.rs, compares against libllama on them).
 use pocketmoe::ggml::llama::{ContextOptions, LlamaContext, LlamaModel};
 use pocketmoe::ggml::GgmlType;
 use pocketmoe::gguf::GgufModel;
@@ -175,7 +175,7 @@ fn every_quant_mix_loads_in_libllama() {
 /// ratio-128 row), and 75 ratio-4 rows of which the indexer keeps 8.
 const DSV4_PROMPT: usize = 300;
 
-/// deepseek4's tiny preset (no PocketMoE graph yet) in libllama, over the long prompt in
+/// deepseek4's tiny preset in libllama, over the long prompt in
 /// micro-batches (the compressors carry state across them) and then decode steps.
 #[test]
 fn tiny_deepseek4_runs_in_libllama() {

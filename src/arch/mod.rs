@@ -2,8 +2,9 @@
 //!
 //! An architecture is one `&'static` [`Arch`] value: its model facts ([`ArchSpec`]: the tensor
 //! table, required metadata keys, the hyper-parameter rules of llama.cpp's `load_arch_hparams`,
-//! what its graph does not build, RoPE specifics), its graph builder (`None`: registry only, as
-//! deepseek4 today) and what the synthesiser needs to make a tiny model of it. Code asks the
+//! what its graph does not build, RoPE specifics), its graph builder (`None`: registry only; every
+//! architecture listed has one today), its KV layout ([`KvLayout`]) and what the synthesiser needs
+//! to make a tiny model of it. Code asks the
 //! spec (`hp.arch`, [`of`]) instead of comparing names.
 //!
 //! This module sits above `model` and `graph` (it names both; neither names it): `model` holds
@@ -109,7 +110,7 @@ pub struct Synth {
     pub context_channel: bool,
     /// The `tiny` preset (a few MB, widths multiples of 256 so every quant type applies), which
     /// the tests build their models from; an architecture without a graph may have one too
-    /// (deepseek4: libllama loads and runs it, for the graph to be tested on).
+    /// (libllama must load and run it: the parity tests compare against it).
     pub tiny: Option<fn() -> Hparams>,
 }
 

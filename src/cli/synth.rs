@@ -6,8 +6,8 @@ use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture (GGUF name): qwen3moe, qwen2moe, gpt-oss, deepseek2, llama (Mixtral), glm4moe,
-    /// minimax-m2, olmoe, deepseek4.
+    /// Architecture (GGUF name): qwen3moe, qwen2moe, gpt-oss, deepseek2, deepseek32, deepseek4,
+    /// llama (Mixtral), glm4moe, minimax-m2, olmoe.
     #[arg(long, required_unless_present = "list")]
     pub arch: Option<String>,
     /// Preset: `tiny` (every arch, a few MB) or a real model's shape (see --list); `NAME:N`
