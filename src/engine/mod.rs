@@ -797,7 +797,11 @@ const MAX_SLOT_TOKENS: usize = 16;
 /// for DeepSeek-V4's (hyper-connections, compressors and the indexer: ~200 per ratio-4 block;
 /// 96 per block overflowed the context at 21 blocks).
 fn graph_size(hp: &Hparams) -> usize {
-    let per_block = if hp.compress_ratios.is_empty() { 96 } else { 320 };
+    let per_block = if hp.compress_ratios.is_empty() {
+        96
+    } else {
+        320
+    };
     (hp.n_layer * per_block + 256).max(2048)
 }
 
