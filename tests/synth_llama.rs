@@ -2,7 +2,7 @@
 //! valid against the registry, and loaded and run by libllama (the reference) — which must agree
 //! with us on the weight bytes and parameter count, and produce finite, peaked logits.
 //! deepseek4's tiny preset runs in libllama over prompts that reach every attention path (its
-//! graph's parity test, tests/parity_deepseek4.rs, compares against libllama on them).
+//! graph's parity test, tests/parity_long.rs, compares against libllama on them).
 use pocketmoe::ggml::llama::{ContextOptions, LlamaContext, LlamaModel};
 use pocketmoe::ggml::GgmlType;
 use pocketmoe::gguf::GgufModel;

@@ -1,10 +1,15 @@
-//! DeepSeek-V4 logit parity with libllama over a prompt long enough for every attention path of
-//! the `tiny` preset (blocks of ratio 0, 4, 128, 4, 0; a 64-token window; an indexer keeping 8
-//! compressed rows): 300 tokens leave the window, fill two ratio-128 rows and 75 ratio-4 rows of
-//! which the indexer picks 8. Run in one micro-batch and split into micro-batches that cut
-//! compressor windows (the compressors' rings carry the state across), then greedy decode steps
-//! that complete further compressed rows. Asserted at every position and step: cosine(ours,
-//! libllama's) >= the bound, and the same greedy token (teacher-forced, as tests/parity.rs).
+//! Logit parity with libllama over a prompt long enough for the sparse and compressed attention
+//! paths, for the DeepSeek architectures that have them (V3.2 `deepseek32`, V4 `deepseek4`).
+//!
+//! deepseek4's `tiny` preset has blocks of ratio 0, 4, 128, 4, 0, a 64-token window and an
+//! indexer keeping 8 compressed rows: 300 tokens leave the window, fill two ratio-128 rows and 75
+//! ratio-4 rows of which the indexer picks 8. deepseek32's indexer keeps 8 of up to 300 positions
+//! per token, over indexer keys cached across micro-batches.
+//!
+//! Each runs in one micro-batch and split into micro-batches of 99 that cut every window (the
+//! compressors' rings and the indexer caches carry across), then greedy decode steps that complete
+//! further compressed rows. Asserted at every position and step: cosine(ours, libllama's) >= the
+//! bound, and the same greedy token (teacher-forced, as tests/parity.rs).
 mod common;
 use common::{argmax, cosine};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
@@ -13,13 +18,13 @@ use pocketmoe::synth::quantmix::QuantMix;
 
 /// Prompt tokens (see the module note).
 const N_PROMPT: usize = 300;
-/// Decode steps after the prompt: positions 300..331 complete ratio-4 rows 75..82 (and the
-/// window slides on).
+/// Decode steps after the prompt: on deepseek4 positions 300..331 complete ratio-4 rows 75..82
+/// (and the window slides on).
 const N_DECODE: usize = 32;
 /// On the CPU both engines run the same ggml kernels on the same bits in the same order:
-/// measured min cosine 1.0000000 (one micro-batch and split). The bound sits just under that,
-/// because this tiny model's compressed rows are a small part of each logit: reading the
-/// compressor ring one position off (a real defect) still gives 0.99989.
+/// measured min cosine 1.0000000 for both architectures (one micro-batch and split). The bound
+/// sits just under that, because deepseek4's compressed rows are a small part of each logit:
+/// reading the compressor ring one position off (a real defect) still gives 0.99989.
 const MIN_COS_CPU: f64 = 0.999999;
 /// The bound, on CUDA (f16 accumulations differ between kernel choices).
 const MIN_COS_CUDA: f64 = 0.999;
@@ -39,12 +44,12 @@ fn prompt_tokens(lm: &LlamaModel) -> Vec<i32> {
 /// sizes), and at position 264 of this prompt that decides a near-tie of the indexer's top-k
 /// (measured: ours and libllama's agree to the bit at 100/100, 128/128, 512/512, and both move
 /// by the same 1e-4 between splits 100 and 128).
-fn check(device: Device, ub: usize) {
+fn check(arch: &str, device: Device, ub: usize) {
     let (ub_ours, ub_theirs) = (ub, ub as u32);
     if device != Device::Cpu {
         pocketmoe::ggml::configure_cuda();
     }
-    let path = common::synth_tiny("parity-dsv4", "deepseek4", QuantMix::Q8_0, 1.0, 11);
+    let path = common::synth_tiny("parity-long", arch, QuantMix::Q8_0, 1.0, 11);
     let lm = LlamaModel::load_plain(&path, if device == Device::Cpu { 0 } else { -1 }).unwrap();
     let n_ctx = 512;
     let mut lctx = LlamaContext::with_options(
@@ -77,7 +82,7 @@ fn check(device: Device, ub: usize) {
     } else {
         MIN_COS_CUDA
     };
-    let what = format!("deepseek4 tiny, micro-batches of {ub} ({device:?})");
+    let what = format!("{arch} tiny, micro-batches of {ub} ({device:?})");
     let theirs = lctx.logits_all(&prompt).unwrap();
     let ours = eng
         .forward(&prompt.iter().map(|&t| t as u32).collect::<Vec<_>>())
@@ -121,19 +126,32 @@ fn check(device: Device, ub: usize) {
 
 #[test]
 fn deepseek4_long_prompt_cpu_parity_one_micro_batch() {
-    check(Device::Cpu, 512);
+    check("deepseek4", Device::Cpu, 512);
 }
 
 /// Micro-batches of 99 tokens: every cut falls inside a ratio-4 window, a ratio-128 window and
 /// the 64-token window, so the compressors' rings and the raw window carry across steps.
 #[test]
 fn deepseek4_long_prompt_cpu_parity_split_micro_batches() {
-    check(Device::Cpu, 99);
+    check("deepseek4", Device::Cpu, 99);
+}
+
+#[test]
+fn deepseek32_long_prompt_cpu_parity_one_micro_batch() {
+    check("deepseek32", Device::Cpu, 512);
+}
+
+/// Micro-batches of 99: the later ones select among indexer keys the earlier ones cached.
+#[test]
+fn deepseek32_long_prompt_cpu_parity_split_micro_batches() {
+    check("deepseek32", Device::Cpu, 99);
 }
 
 #[test]
 #[ignore = "needs a CUDA build and GPU (scripts/device-run.sh)"]
-fn cuda_deepseek4_long_prompt_parity() {
-    check(Device::Cuda(0), 512);
-    check(Device::Cuda(0), 99);
+fn cuda_long_prompt_parity() {
+    for arch in ["deepseek4", "deepseek32"] {
+        check(arch, Device::Cuda(0), 512);
+        check(arch, Device::Cuda(0), 99);
+    }
 }
