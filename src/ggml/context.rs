@@ -529,6 +529,14 @@ impl Context {
         self.wrap(t, "flash_attn")
     }
 
+    /// Promises a `flash_attn` node that no mask row holds more than `n` finite entries (sparse
+    /// attention): ggml-cuda then compacts the mask and visits those rows only. Other backends
+    /// ignore it.
+    pub fn flash_attn_n_kv_max(&self, fa: Tensor<'_>, n: usize) {
+        // SAFETY: fa is a live flash_attn_ext node; ggml stores n in its op parameters.
+        unsafe { sys::ggml_flash_attn_ext_set_n_kv_max(fa.raw(), n.min(i32::MAX as usize) as i32) };
+    }
+
     /// Adds per-head attention sinks (`sinks` f32 [n_head]) to a `flash_attn` result (gpt-oss).
     pub fn flash_attn_add_sinks(&self, fa: Tensor<'_>, sinks: Tensor<'_>) {
         // SAFETY: both live; ggml records sinks as an extra source of the FA node.

@@ -239,11 +239,14 @@ impl<'a> GraphBuilder<'a> {
         let row = |t: Tensor<'a>, n: i64| {
             ctx.view(t, &[hd, n, 1], &[t.nb()[1], t.nb()[1] * n as usize], 0)
         };
+        // Ratio 4: at most the window plus the top-k rows are finite in any mask row.
+        let mut n_kv_max = None;
         let (k_all, mask) = if let Some(inp) = &hca {
             let k = ctx.concat(raw, row(comp("comp"), inp.n_comp as i64), 1);
             (k, ctx.concat(mask_swa, inp.mask, 0))
         } else if let Some(inp) = &csa {
             let top_k = self.dsv4_indexer_top_k(qr, x, il, inp);
+            n_kv_max = Some(b.n_kv().min(hp.sliding_window as usize) + top_k.ne()[0] as usize);
             let sparse = self.top_k_mask(inp.mask, top_k);
             let sparse = self.cb(sparse, "csa_top_k_mask", i);
             let k = ctx.concat(raw, row(comp("comp"), inp.n_comp as i64), 1);
@@ -253,6 +256,9 @@ impl<'a> GraphBuilder<'a> {
         };
         let qp = ctx.permute(q, [0, 2, 1, 3]); // [hd, nt, n_head]
         let o = ctx.flash_attn(qp, k_all, k_all, mask, 1.0 / (hd as f32).sqrt()); // [hd, n_head, nt]
+        if let Some(n) = n_kv_max {
+            ctx.flash_attn_n_kv_max(o, n);
+        }
         ctx.flash_attn_add_sinks(o, self.wl(il, "attn_sinks.weight"));
         let o = ctx.reshape(o, &[hd, n_head, nt]).expect("attn 3d");
         let o = ctx.rope_offset(ctx.rope_back(o, b.pos, &rp), (hd - hp.n_rot as i64) as i32);
