@@ -200,3 +200,60 @@ fn deepseek_v4_flash_header_from_the_command_line() {
     }
     std::fs::remove_file(&out).ok();
 }
+
+/// A hash layer's expert-id table (`ffn_gate_tid2eid`) with an id past `expert_count` is
+/// refused at load, naming the tensor, the id and the key: the graph hands the ids to the expert
+/// matmuls unchecked, so loading it would index past the experts.
+#[test]
+fn an_expert_id_out_of_range_is_refused_at_load() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-ids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    synth::synth(
+        &SynthOptions {
+            arch: "deepseek4".into(),
+            preset: "tiny".into(),
+            quant: QuantMix::Q8_0,
+            routing_skew: 1.0,
+            seed: 3,
+            out: path.clone(),
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    let name = "blk.1.ffn_gate_tid2eid.weight";
+    let (offset, n_expert) = {
+        let m = pocketmoe::gguf::GgufModel::open(&path).unwrap();
+        let h = presets::find("deepseek4", "tiny").unwrap().hparams;
+        (m.tensor(name).unwrap().offset, h.n_expert)
+    };
+    // The untouched file loads.
+    let opts = || pocketmoe::engine::EngineOptions {
+        n_ctx: 256,
+        n_threads: 2,
+        ..Default::default()
+    };
+    assert!(pocketmoe::engine::Engine::load(&path, opts(), &|_, _| {}).is_ok());
+    // Token 5's third expert id becomes expert_count.
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let k = presets::find("deepseek4", "tiny")
+        .unwrap()
+        .hparams
+        .n_expert_used;
+    f.seek(SeekFrom::Start(offset + 4 * (5 * k + 2))).unwrap();
+    f.write_all(&(n_expert as i32).to_le_bytes()).unwrap();
+    drop(f);
+    let e = match pocketmoe::engine::Engine::load(&path, opts(), &|_, _| {}) {
+        Ok(_) => panic!("an expert id of {n_expert} loaded"),
+        Err(e) => e.to_string(),
+    };
+    for want in [
+        name,
+        &format!("expert id {n_expert}"),
+        "deepseek4.expert_count",
+    ] {
+        assert!(e.contains(want), "error {e:?} does not say {want:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

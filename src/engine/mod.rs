@@ -180,6 +180,7 @@ impl Engine {
         if let Some(e) = v.errors().next() {
             return Err(model_err(e.to_string()));
         }
+        check_expert_ids(&file, &hp).map_err(model_err)?;
         // Before any weight is loaded: refuse what the options cannot give.
         if opts.kv_type.is_quantized() && (hp.is_mla() || !arch.quantized_kv) {
             return Err(model_err(format!(
@@ -716,6 +717,37 @@ impl Engine {
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
+}
+
+/// Expert-id tables in the file (DeepSeek-V4's hash layers, `ffn_gate_tid2eid`: the experts a
+/// token id routes to) hold i32 ids below `expert_count`: the graph hands them to the expert
+/// matmuls as they are, so an id out of range would index past the experts.
+fn check_expert_ids(file: &GgufModel, hp: &Hparams) -> Result<(), String> {
+    for t in file.tensors() {
+        if !t.name.ends_with("ffn_gate_tid2eid.weight") {
+            continue;
+        }
+        if t.ty != GgmlType::I32 {
+            return Err(format!(
+                "tensor {} has type {:?}: an expert-id table must be i32",
+                t.name, t.ty
+            ));
+        }
+        let ids: &[u8] = file.tensor_data(t);
+        if let Some((i, id)) = ids
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .enumerate()
+            .find(|&(_, id)| id < 0 || id as u64 >= hp.n_expert)
+        {
+            return Err(format!(
+                "tensor {} holds expert id {id} at element {i}, outside 0..{} \
+                 ({}.expert_count)",
+                t.name, hp.n_expert, hp.arch.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What makes two single-sequence steps' graphs differ in shape.
