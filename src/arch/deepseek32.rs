@@ -185,7 +185,10 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
             g.mla_attention_masked(h, il, &mla, &|qr| {
                 // `check` requires q_lora_rank > 0: the low-rank q always exists.
                 let qr = qr.expect("deepseek32 has a low-rank q");
-                g.dsa_mask(h, qr, il)
+                // Each row keeps at most the top-k positions (libllama bounds its flash
+                // attention the same way).
+                let k = (g.hp.indexer_top_k as usize).min(g.batch.n_kv());
+                (g.dsa_mask(h, qr, il), k)
             })
         },
         "ffn_norm.weight",

@@ -41,13 +41,14 @@ impl<'a> GraphBuilder<'a> {
 
     /// MLA self-attention of block `il` on `x` [n_embd, n_tokens] -> [n_embd, n_tokens].
     pub fn mla_attention(&self, x: Tensor<'a>, il: usize, opts: &MlaOpts) -> Tensor<'a> {
-        self.mla_attention_masked(x, il, opts, &|_| self.batch.mask)
+        self.mla_attention_masked(x, il, opts, &|_| (self.batch.mask, 0))
     }
 
     /// [`Self::mla_attention`] over a mask of the caller's making (DeepSeek-V3.2's sparse
     /// attention, `blocks::dsa`): `mask_of(qr)` gets the normed low-rank q `qr` [q_lora, nt]
     /// (`None` in files without q compression) and returns the f16 mask [n_kv, nt] the absorbed
-    /// attention uses instead of the batch's. It runs before any node of the attention is
+    /// attention uses instead of the batch's, and the most finite entries any of its rows holds
+    /// (0: no bound; a bound lets ggml-cuda's flash attention visit only those rows). It runs before any node of the attention is
     /// expanded into the graph, so what it expands (the indexer's key store) comes first, as in
     /// libllama. The legacy form (fused `attn_kv_b`) always uses the batch's mask.
     pub fn mla_attention_masked(
@@ -55,7 +56,7 @@ impl<'a> GraphBuilder<'a> {
         x: Tensor<'a>,
         il: usize,
         opts: &MlaOpts,
-        mask_of: &dyn Fn(Option<Tensor<'a>>) -> Tensor<'a>,
+        mask_of: &dyn Fn(Option<Tensor<'a>>) -> (Tensor<'a>, usize),
     ) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
@@ -109,7 +110,7 @@ impl<'a> GraphBuilder<'a> {
 
         let kq_scale = self.mla_kq_scale(opts.rope_mode);
         let o = if hp.is_mla() {
-            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale, mask)
+            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale, mask.0, mask.1)
         } else {
             self.mla_decompressed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
         }; // [dv * n_head, nt]
@@ -122,8 +123,8 @@ impl<'a> GraphBuilder<'a> {
 
     /// The absorbed form (files with `attn_k_b`/`attn_v_b`): MQA over the K-only latent cache.
     /// `q_nope` [nope, n_head, nt] (view), `q_pe` [n_rot, n_head, nt] (roped), `kv_cmpr`
-    /// [kv_lora, nt] (normed), `k_pe` [n_rot, 1, nt] (roped), `mask` f16 [n_kv, nt] ->
-    /// [dv * n_head, nt].
+    /// [kv_lora, nt] (normed), `k_pe` [n_rot, 1, nt] (roped), `mask` f16 [n_kv, nt] with at
+    /// most `n_kv_max` finite entries a row (0: no bound) -> [dv * n_head, nt].
     #[allow(clippy::too_many_arguments)]
     fn mla_absorbed(
         &self,
@@ -134,6 +135,7 @@ impl<'a> GraphBuilder<'a> {
         il: usize,
         kq_scale: f32,
         mask: Tensor<'a>,
+        n_kv_max: usize,
     ) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
@@ -169,6 +171,9 @@ impl<'a> GraphBuilder<'a> {
         let v_all = self.kv_view(kc, k_row, kv_lora, k_row, 1); // [kv_lora, n_kv, 1]
         let qp = ctx.permute(q_cur, [0, 2, 1, 3]); // [k_row, nt, n_head]
         let o = ctx.flash_attn(qp, k_all, v_all, mask, kq_scale); // [kv_lora, n_head, nt]
+        if n_kv_max > 0 {
+            ctx.flash_attn_n_kv_max(o, n_kv_max);
+        }
 
         // Decompress per head with attn_v_b: [kv_lora, dv, n_head] x [kv_lora, nt, n_head].
         let o = ctx.permute(o, [0, 2, 1, 3]); // [kv_lora, nt, n_head]
