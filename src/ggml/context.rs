@@ -25,6 +25,23 @@ pub struct RopeParams {
     pub beta_slow: f32,
 }
 
+/// `ggml_rope_ext` and `ggml_rope_ext_back` (the same arguments).
+type RopeFn = unsafe extern "C" fn(
+    *mut sys::ggml_context,
+    *mut sys::ggml_tensor,
+    *mut sys::ggml_tensor,
+    *mut sys::ggml_tensor,
+    i32,
+    i32,
+    i32,
+    f32,
+    f32,
+    f32,
+    f32,
+    f32,
+    f32,
+) -> *mut sys::ggml_tensor;
+
 /// A ggml context: metadata for tensors and graph nodes. Data lives in backend buffers.
 pub struct Context {
     ptr: NonNull<sys::ggml_context>,
@@ -456,10 +473,22 @@ impl Context {
     /// Rotary embedding (`mode` 0 = normal, 2 = NeoX) over the first `n_dims` of each head.
     /// `a` [head_dim, n_head, n_tokens], `pos` i32 [n_tokens].
     pub fn rope<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
-        // SAFETY: as above; no frequency-factor tensor.
+        self.rope_op(sys::ggml_rope_ext, a, pos, p, "rope")
+    }
+
+    /// A rope node built by `f` (`ggml_rope_ext` or its inverse, which take the same arguments).
+    fn rope_op<'a>(
+        &'a self,
+        f: RopeFn,
+        a: Tensor<'a>,
+        pos: Tensor<'a>,
+        p: &RopeParams,
+        name: &str,
+    ) -> Tensor<'a> {
+        // SAFETY: live context and tensors; no frequency-factor tensor.
         self.wrap(
             unsafe {
-                sys::ggml_rope_ext(
+                f(
                     self.raw(),
                     a.raw(),
                     pos.raw(),
@@ -475,7 +504,7 @@ impl Context {
                     p.beta_slow,
                 )
             },
-            "rope",
+            name,
         )
     }
 
@@ -643,27 +672,7 @@ impl Context {
 
     /// The inverse rotation of [`Self::rope`] (same parameters): un-ropes `a`.
     pub fn rope_back<'a>(&'a self, a: Tensor<'a>, pos: Tensor<'a>, p: &RopeParams) -> Tensor<'a> {
-        // SAFETY: as `rope`.
-        self.wrap(
-            unsafe {
-                sys::ggml_rope_ext_back(
-                    self.raw(),
-                    a.raw(),
-                    pos.raw(),
-                    std::ptr::null_mut(),
-                    p.n_dims,
-                    p.mode,
-                    p.n_ctx_orig,
-                    p.freq_base,
-                    p.freq_scale,
-                    p.ext_factor,
-                    p.attn_factor,
-                    p.beta_fast,
-                    p.beta_slow,
-                )
-            },
-            "rope_back",
-        )
+        self.rope_op(sys::ggml_rope_ext_back, a, pos, p, "rope_back")
     }
 
     /// DeepSeek's lightning indexer (fused): `q` [d, n_head, nt, s], `k` [d, 1, n_kv, s],
