@@ -207,7 +207,7 @@ impl BatchModel for Engine {
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
         // The slot names per-sequence state only an architecture that keeps some has.
-        let per_seq_state = self.hp.compress_ratios.iter().any(|&r| r != 0);
+        let per_seq_state = self.keeps_compressors();
         for c in chunks {
             if per_seq_state && c.slot >= self.opts.n_seq.max(1) {
                 return Err(EngineError::Model {
@@ -310,21 +310,26 @@ impl Engine {
             .unwrap_or(0);
         let n_kv = BatchInputs::padded_n_kv(top, 0, self.opts.n_ctx);
         let outs: Vec<i32> = (0..n as i32).filter(|&i| toks[i as usize].out).collect();
-        // Each chunk's tokens are one run of the micro-batch (`forward_batch` lays them out so).
-        let mut spans: Vec<crate::graph::dsv4::Span> = Vec::new();
-        for (i, t) in toks.iter().enumerate() {
-            match spans.last_mut() {
-                Some(s) if toks[s.tok].chunk == t.chunk => s.n += 1,
-                _ => spans.push(crate::graph::dsv4::Span {
-                    tok: i,
-                    pos: t.pos,
-                    n: 1,
-                    ring: chunks[t.chunk].slot,
-                    pages: Some(chunks[t.chunk].pages.to_vec()),
-                }),
+        let comp = if self.keeps_compressors() {
+            // Each chunk's tokens are one run of the micro-batch (`forward_batch` lays them out
+            // so).
+            let mut spans: Vec<crate::graph::dsv4::Span> = Vec::new();
+            for (i, t) in toks.iter().enumerate() {
+                match spans.last_mut() {
+                    Some(s) if toks[s.tok].chunk == t.chunk => s.n += 1,
+                    _ => spans.push(crate::graph::dsv4::Span {
+                        tok: i,
+                        pos: t.pos,
+                        n: 1,
+                        ring: chunks[t.chunk].slot,
+                        pages: Some(chunks[t.chunk].pages.to_vec()),
+                    }),
+                }
             }
-        }
-        let comp = self.comp_plans(&spans, n);
+            self.comp_plans(&spans, n)
+        } else {
+            Vec::new()
+        };
         let key = GraphKey {
             n_tokens: n,
             n_kv,
