@@ -114,7 +114,7 @@ impl<'a> GraphBuilder<'a> {
         let i = il as i32;
         let cur = self.cb(
             ctx.dsv4_hc_pre(x, self.cb(pre, "hc_pre", i)),
-            "hc_pre_out",
+            &format!("hc_{s}_pre"), // libllama's names: hc_attn_pre, hc_ffn_pre
             i,
         );
         HcMix {
