@@ -9,12 +9,18 @@
 #
 # Then scripts/pack-device.sh packs what the device needs into dist/.
 #
-# CPU kernels: llama-cpp-sys-2 compiles one ggml-cpu, statically, for the Rust target
-# (x86-64-v3 = AVX2 by default). This build is for the device, a Sapphire Rapids host, so it adds
-# the ISA of ggml's own `sapphirerapids` variant (the one a GGML_CPU_ALL_VARIANTS build of
-# llama.cpp picks there at run time: AVX-512 F/VBMI/VNNI/BF16 + AMX tile/int8) through the GGML_*
-# CMake options that llama-cpp-sys-2 passes through from the environment. `pocketmoe self-check`
-# prints the variant, and refuses to run on a host without these instructions.
+# CPU kernels: llama-cpp-sys-4 compiles one ggml-cpu with every GGML_AVX*/AMX option OFF and passes
+# no GGML_* option through; the ISA reaches it as C/C++ flags (through the cc crate into its CMake
+# build), and ggml picks its kernels by the compiler's __AVX512F__ / __AMX_INT8__ ... macros. This
+# build is for the device, a Sapphire Rapids host, so it uses the ISA of ggml's own
+# `sapphirerapids` variant (the one a GGML_CPU_ALL_VARIANTS build of llama.cpp picks there at run
+# time: AVX-512 F/VBMI/VNNI/BF16 + AMX tile/int8). `pocketmoe self-check` prints the variant, and
+# refuses to run on a host without these instructions.
+#
+# CMake options that llama-cpp-sys-4 does not forward (it takes only LLAMA_*) go in a toolchain
+# file, which the cmake crate passes from $CMAKE_TOOLCHAIN_FILE and CMake reads before ggml's own
+# defaults: the CUDA architectures (else ggml builds six of them) and GGML_CUDA_NO_VMM (the PyPI
+# wheels have no libcuda.so stub to link the driver API against; the driver is found at run time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${CUDA_PATH:-}" ] || [ ! -x "${CUDA_PATH}/bin/nvcc" ]; then
@@ -23,17 +29,26 @@ if [ -z "${CUDA_PATH:-}" ] || [ ! -x "${CUDA_PATH}/bin/nvcc" ]; then
   source <(scripts/setup-cuda-pypi.sh --env)
 fi
 export CARGO_TARGET_DIR="${POCKETMOE_CUDA_TARGET:-$HOME/.cache/pocketmoe-target-cuda}"
-export CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}"
+mkdir -p "$CARGO_TARGET_DIR"
 # The PyPI toolkit has no static cuBLAS: build ggml/llama as shared libraries.
 export LLAMA_BUILD_SHARED_LIBS=1
+isa="-march=x86-64-v3"
 case "${CPU_VARIANT:-sapphirerapids}" in
   haswell) ;;
-  icelake) export GGML_AVX512=ON GGML_AVX512_VBMI=ON GGML_AVX512_VNNI=ON ;;
+  icelake) isa="$isa -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vbmi -mavx512vnni" ;;
   sapphirerapids)
-    export GGML_AVX512=ON GGML_AVX512_VBMI=ON GGML_AVX512_VNNI=ON GGML_AVX512_BF16=ON \
-      GGML_AMX_TILE=ON GGML_AMX_INT8=ON ;;
+    isa="$isa -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vbmi -mavx512vnni"
+    isa="$isa -mavx512bf16 -mamx-tile -mamx-int8" ;;
   *) echo "CPU_VARIANT must be haswell, icelake or sapphirerapids" >&2; exit 2 ;;
 esac
+export CFLAGS_x86_64_unknown_linux_gnu="$isa" CXXFLAGS_x86_64_unknown_linux_gnu="$isa"
+tc="$CARGO_TARGET_DIR/pocketmoe-cuda-toolchain.cmake"
+cat > "$tc.new" <<EOT
+set(CMAKE_CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES:-90}")
+set(GGML_CUDA_NO_VMM ON CACHE BOOL "no libcuda stub in the PyPI toolkit" FORCE)
+EOT
+if cmp -s "$tc.new" "$tc"; then rm "$tc.new"; else mv "$tc.new" "$tc"; fi
+export CMAKE_TOOLCHAIN_FILE="$tc"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 start=$(date +%s)
 cargo build --release --features cuda --bins

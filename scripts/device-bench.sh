@@ -19,7 +19,7 @@
 # machine stays warm) and `pocketmoe bench --llama-bench` runs it at every setting the in-process
 # search chose; the table then compares with the faster of the two and shows both. STOCK=0 skips it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)

@@ -11,7 +11,7 @@
 #
 # Writes OUTDIR/ab.md (one table per variant), ab.log (with the offload statistics) and the JSON.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUTDIR="${1:?usage: scripts/device-decode-ab.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -25,6 +25,7 @@ if [ ! -s "$MODEL" ]; then
 fi
 echo "synth done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 : > "$OUTDIR/ab.md"
+rc=0   # every variant runs even after another failed; any failure makes the exit status 1
 for v in ${VARIANTS:-DIRECT=0 DIRECT=1}; do
   vars=()
   for a in ${v//+/ }; do vars+=("POCKETMOE_$a"); done
@@ -33,7 +34,9 @@ for v in ${VARIANTS:-DIRECT=0 DIRECT=1}; do
   env "${vars[@]}" scripts/device-run.sh exec pocketmoe bench -m "$MODEL" --gpu 0 \
     --gpu-mem "${BUDGETS:-12GiB,8GiB}" -p "${PROMPTS:-0}" -n 128 --depth "${DEPTHS:-0}" \
     --reps "${REPS:-3}" --no-baseline --json "$OUTDIR/$name.json" \
-    >> "$OUTDIR/ab.md" 2>> "$OUTDIR/ab.log"
+    >> "$OUTDIR/ab.md" 2>> "$OUTDIR/ab.log" \
+    || { r=$?; echo "$v: bench FAILED, rc=$r" | tee -a "$OUTDIR/ab.log"; rc=1; }
   echo "$v done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 done
 cat "$OUTDIR/ab.md"
+exit "$rc"

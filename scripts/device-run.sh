@@ -22,12 +22,15 @@ cmd="${1:-tests}"; shift || true
 case "$cmd" in
   tests)
     (
-      rc=0
+      rc=0; ran=0
       for t in "$ROOT"/tests/*; do
         if [ -n "${TESTS:-}" ] && ! grep -qw "$(basename "$t")" <<<"$TESTS"; then continue; fi
         echo "== $(basename "$t")"
-        "$t" --test-threads=1 "$@" || rc=1
+        ran=$((ran + 1))
+        "$t" --test-threads=1 "$@" || { echo "== $(basename "$t") FAILED"; rc=1; }
       done
+      # TESTS naming no packed executable would otherwise pass having run nothing.
+      [ "$ran" -gt 0 ] || { echo "no test executable matches TESTS='${TESTS:-}'"; rc=1; }
       exit $rc
     ) 2>&1 | tee -a "$log"
     exit "${PIPESTATUS[0]}"

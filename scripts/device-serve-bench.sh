@@ -7,7 +7,7 @@
 # Each stream asks /v1/completions for 128 tokens (greedy). Prints, per concurrency, the wall
 # time, the completion tokens the server reported, and their ratio (aggregate tok/s).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 MODEL="${1:?usage: $0 MODEL OUTDIR [serve args]}"; OUTDIR="${2:?}"; shift 2
 mkdir -p "$OUTDIR"
 PORT=8077
@@ -22,6 +22,10 @@ name=$(basename "$MODEL" .gguf)
 body='{"model":"'"$name"'","prompt":"Once upon a time, in a land far away,","max_tokens":128,"temperature":0}'
 # Warm-up.
 curl -s "localhost:$PORT/v1/completions" -H 'content-type: application/json' -d "$body" > /dev/null
+# The loop runs in a subshell (it is piped to tee): it exits 1 when any request failed or came
+# back without completion tokens, after every level has run.
+(
+rc=0
 for n in 1 4 16; do
   start=$(date +%s.%N)
   pids=()
@@ -30,11 +34,17 @@ for n in 1 4 16; do
       > "$OUTDIR/r$n-$i.json" &
     pids+=($!)
   done
-  wait "${pids[@]}"
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
   end=$(date +%s.%N)
   cat "$OUTDIR"/r$n-*.json | grep -o '"completion_tokens":[0-9]*' | cut -d: -f2 |
     awk -v n="$n" -v t="$(awk -v a="$start" -v b="$end" 'BEGIN{print b-a}')" \
       '{s+=$1} END{printf "%d streams: %d tokens in %.2f s = %.1f tok/s\n", n, s, t, s/t}'
-done | tee "$OUTDIR/serve-bench.txt"
+  ok=$(grep -l '"completion_tokens":[1-9]' "$OUTDIR"/r$n-*.json | wc -l)
+  [ "$ok" = "$n" ] || { echo "$n streams: FAILED, $ok of $n requests returned tokens"; rc=1; }
+done
+exit $rc
+) | tee "$OUTDIR/serve-bench.txt"
+rc=${PIPESTATUS[0]}
 curl -s "localhost:$PORT/metrics" | grep -v '^#' | head -40 > "$OUTDIR/metrics.txt"
 pkill -INT -f 'pocketmoe-serve --model'; wait 2>/dev/null
+exit "$rc"

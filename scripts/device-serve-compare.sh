@@ -13,7 +13,7 @@
 # --requests 3 --max-tokens 128 --prompt-words 200` (every prompt distinct, so no prefix cache
 # helps; one warm-up request first). VRAM is the server process's, from nvidia-smi.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PHASE="${1:?usage: $0 prep|bench OUTDIR}"; OUTDIR="${2:?}"; mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
 ST=/tmp/serve-compare; mkdir -p "$ST" /tmp/pmoe-models
 M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf
@@ -35,6 +35,7 @@ stop() { kill -INT "$1" 2>/dev/null; for _ in $(seq 40); do kill -0 "$1" 2>/dev/
 # The servers run directly (not under device-run.sh's pipe) so that PID is the server itself.
 $RUN pocketmoe --version > /dev/null || exit 1   # unpacks the build into /tmp/pmoe
 PMOE=/tmp/pmoe
+rc=0   # every step runs even after another failed; any failure makes the exit status 1
 command -v nvidia-smi > /dev/null || { echo "no nvidia-smi: cannot measure VRAM" >&2; exit 1; }
 ours() { # port model log [args]; sets PID
   local port=$1 model=$2 log=$3; shift 3
@@ -44,6 +45,7 @@ ours() { # port model log [args]; sets PID
 }
 # Ours with 16 slots and no --ctx: the context the server picks itself (the model's trained
 # context where it fits), to show that a large context does not slow concurrent decode.
+# shellcheck disable=SC2317  # called as $kind in the bench phase
 oursauto() { # port model log [args]; sets PID
   local port=$1 model=$2 log=$3; shift 3
   LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" "$PMOE/bin/pocketmoe-serve" -m "$model" \
@@ -61,10 +63,15 @@ prep)
   (scripts/device-stock-server.sh > "$OUTDIR/stock-build.log" 2>&1 && tail -1 "$OUTDIR/stock-build.log" > "$ST/llama-server") &
   build=$!
   # The CUDA offload and batch tests meanwhile (TESTS="" skips them).
-  (TESTS="${TESTS-offload batch}"; [ -n "$TESTS" ] && TESTS="$TESTS" $RUN tests > "$OUTDIR/tests.log" 2>&1; echo "tests rc=$?" >> "$OUTDIR/tests.log") &
+  # The subshell exits with the tests' status, for `wait` below.
+  (TESTS="${TESTS-offload batch}"; r=0
+   if [ -n "$TESTS" ]; then TESTS="$TESTS" $RUN tests > "$OUTDIR/tests.log" 2>&1; r=$?; echo "tests rc=$r" >> "$OUTDIR/tests.log"
+   else echo "tests skipped (TESTS empty)" >> "$OUTDIR/tests.log"; fi; exit $r) &
   tests=$!
-  [ -s "$M" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" > /dev/null 2>&1
-  [ -s "$M0" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m --routing-skew 0 -o "$M0" > /dev/null 2>&1
+  [ -s "$M" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" > /dev/null 2>&1 \
+    || { t "synth $M FAILED"; rc=1; }
+  [ -s "$M0" ] || $RUN pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m --routing-skew 0 -o "$M0" > /dev/null 2>&1 \
+    || { t "synth $M0 FAILED"; rc=1; }
   t "models: $(ls -la "$M" "$M0" | awk '{print $5}' | tr '\n' ' ')"
   # Zero-config: no flags but the model (default port 8000).
   LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" "$PMOE/bin/pocketmoe-serve" -m "$M" \
@@ -76,7 +83,7 @@ prep)
       -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":16}' > "$OUTDIR/zero-config-reply.json"
     curl -s localhost:8000/props > "$OUTDIR/zero-config-props.json"
     t "zero-config: $(grep -m1 '^context' "$OUTDIR/zero-config.log")"
-  else t "zero-config: did not come up"; fi
+  else t "zero-config: did not come up"; rc=1; fi
   stop $pid; wait $pid 2>/dev/null
   # Our 8 GiB server: its real VRAM is the target llama-server has to fit.
   ours 8081 "$M" "$OUTDIR/ours-8g-probe.log" --gpu-mem 8GiB; pid=$PID
@@ -84,9 +91,9 @@ prep)
     curl -s localhost:8081/v1/completions -H 'content-type: application/json' \
       -d '{"prompt":"Hello","max_tokens":8}' > /dev/null
     echo "$(vram)" > "$ST/ours-vram"; t "ours 8GiB: VRAM $(cat "$ST/ours-vram") MiB"
-  else t "ours 8GiB did not come up"; echo 8192 > "$ST/ours-vram"; fi
+  else t "ours 8GiB did not come up"; echo 8192 > "$ST/ours-vram"; rc=1; fi
   stop "$pid"; wait "$pid" 2>/dev/null
-  wait $tests; t "$(tail -1 "$OUTDIR/tests.log")"
+  wait $tests || rc=1; t "$(tail -1 "$OUTDIR/tests.log")"
   grep -E "^test |test result|slots:|cosine" "$OUTDIR/tests.log" | tail -60 > "$OUTDIR/tests-summary.log"
   wait $build || { t "llama-server build failed"; tail -20 "$OUTDIR/stock-build.log"; exit 1; }
   t "llama-server: $(cat "$ST/llama-server")"
@@ -106,28 +113,32 @@ prep)
   done
   best=48; for k in "${!seen[@]}"; do [ "${seen[$k]}" -le "$target" ] && [ "$k" -lt "$best" ] && best=$k; done
   echo "$best" > "$ST/ncpumoe"; t "best fitting --n-cpu-moe: $best"
+  exit "$rc"
   ;;
 bench)
   [ -s "$ST/llama-server" ] || { echo "run the prep phase first (in this warm sitting)"; exit 1; }
   nc=$(cat "$ST/ncpumoe")
   port=8100
-  one() { # label kind model [args]
+  one() { # label kind model [args]; fails when the server does not come up or serve-bench fails
     local label=$1 kind=$2 model=$3; shift 3; port=$((port + 1))
     local pid; $kind $port "$model" "$OUTDIR/$label.log" "$@"; pid=$PID
-    if ! wait_up $port 240 "$pid"; then t "$label did not come up"; tail -5 "$OUTDIR/$label.log"; stop "$pid"; return; fi
+    if ! wait_up $port 240 "$pid"; then t "$label did not come up"; tail -5 "$OUTDIR/$label.log"; stop "$pid"; return 1; fi
     t "$label up"
     local metrics=; [ "$kind" != stock ] && metrics=--metrics
     LD_LIBRARY_PATH="$PMOE/lib:/usr/local/cuda/lib64" timeout 200 "$PMOE/bin/pocketmoe" serve-bench --url "http://127.0.0.1:$port" --label "$label" \
       --concurrency 1,4,16 --requests 3 --max-tokens 128 --prompt-words 200 $metrics \
       --json "$OUTDIR/$label.json" 2>&1 | tee -a "$OUTDIR/table.md"
+    local sb=${PIPESTATUS[0]}   # serve-bench's status (timeout's 124 included), not tee's
+    [ "$sb" = 0 ] || t "$label: serve-bench FAILED, rc=$sb"
     t "$label: VRAM $(vram) MiB"; echo "VRAM $(vram) MiB" >> "$OUTDIR/table.md"
     [ "$kind" != stock ] && curl -s localhost:$port/metrics | grep -v '^#' > "$OUTDIR/$label.metrics"
     stop "$pid"; wait "$pid" 2>/dev/null
+    return "$sb"
   }
   # ROWS picks and orders the rows (default: all); a row is skipped when less than 100 s of the
-  # call's 600 s are left.
+  # call's 600 s are left. A skipped, failed or unknown row makes the exit status 1.
   for row in ${ROWS:-ours-resident stock-resident ours-8GiB stock-8GiB ours-resident-autoctx ours-8GiB-skew0 stock-8GiB-skew0}; do
-    [ $(( $(date +%s) - start )) -gt 500 ] && { t "skipped $row: out of time"; continue; }
+    [ $(( $(date +%s) - start )) -gt 500 ] && { t "skipped $row: out of time"; rc=1; continue; }
     case $row in
       ours-resident) one ours-resident ours "$M" ;;
       stock-resident) one stock-resident stock "$M" -ngl 99 ;;
@@ -136,10 +147,11 @@ bench)
       ours-resident-autoctx) one ours-resident-autoctx oursauto "$M" ;;
       ours-8GiB-skew0) one ours-8GiB-skew0 ours "$M0" --gpu-mem 8GiB ;;
       stock-8GiB-skew0) one "stock-ncpumoe$nc-skew0" stock "$M0" -ngl 99 --n-cpu-moe "$nc" ;;
-      *) t "unknown row $row" ;;
-    esac
+      *) t "unknown row $row"; false ;;
+    esac || rc=1
   done
   t "done"
+  exit "$rc"
   ;;
 *) echo "usage: $0 prep|bench OUTDIR" >&2; exit 2 ;;
 esac

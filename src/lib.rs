@@ -1,6 +1,6 @@
 //! PocketMoE: run large Mixture-of-Experts GGUF models on GPUs too small to hold them.
 //!
-//! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-2`) does the quantised
+//! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-4`) does the quantised
 //! math; this crate does the MoE-specific parts. See the README's architecture section for the
 //! layout, and docs/design.md for the physics, the offload design as built and the invariants.
 pub mod arch;
@@ -19,14 +19,15 @@ pub mod util;
 
 /// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).
 pub fn version() -> String {
-    let (v, c) = ggml::version();
+    let (v, _) = ggml::version();
     let backends = if cfg!(feature = "cuda") {
         "cpu+cuda"
     } else {
         "cpu"
     };
     format!(
-        "{} (ggml {v} {c}, llama-cpp-sys-2 0.1.161, backends: {backends})",
-        env!("CARGO_PKG_VERSION")
+        "{} (ggml {v}, {}, backends: {backends})",
+        env!("CARGO_PKG_VERSION"),
+        ggml_sys::LLAMA_TREE
     )
 }

@@ -40,7 +40,7 @@ fn cpu_quantized_matvec_matches_reference() {
     check_matvec_all_types(&Backend::cpu(2).unwrap());
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_quantized_matvec_matches_reference() {
     check_matvec_all_types(&Backend::cuda(0).expect("a CUDA build's tests need a GPU"));
@@ -120,7 +120,7 @@ fn bad_sizes_and_types_are_errors_not_panics() {
         "write before allocation must be an error"
     );
     assert!(Backend::by_name("NOPE0").is_err());
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(feature = "cuda-api"))]
     assert!(matches!(
         Backend::cuda(0),
         Err(pocketmoe::ggml::GgmlError::BuiltWithoutCuda)
@@ -189,13 +189,13 @@ fn cpu_mul_mat_id_matches_reference() {
     check_mul_mat_id(&Backend::cpu(2).unwrap());
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_mul_mat_id_matches_reference() {
     check_mul_mat_id(&Backend::cuda(0).unwrap());
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_remap_expert_ids_kernel() {
     let slot_of_expert = [2, -1, 0, -1, 1, -1, -1, 3];
@@ -344,7 +344,7 @@ fn cpu_hyper_connection_ops_match_their_definition() {
     check_hyper_connections(&Backend::cpu(2).unwrap());
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_hyper_connection_ops_match_their_definition() {
     check_hyper_connections(&Backend::cuda(0).unwrap());

@@ -283,7 +283,7 @@ fn sqrt_softplus_gating_cpu_parity() {
 /// [`sqrt_softplus_gating_cpu_parity`] on the GPU: there the two engines' logits are not
 /// bitwise equal (kernel choice and fusion differ), so the bound is the one every CUDA parity
 /// test uses.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_sqrt_softplus_gating_parity() {
     check_sqrt_softplus(Device::Cuda(0), 0.999);
@@ -359,7 +359,7 @@ fn iq2_xxs_cpu_parity() {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_parity_every_built_arch() {
     for arch in pocketmoe::arch::built() {
@@ -368,7 +368,7 @@ fn cuda_parity_every_built_arch() {
     check_parity_preset("deepseek2", "tiny-kvb", Device::Cuda(0));
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_q8_0_kv_cache_parity() {
     for arch in ["qwen3moe", "gpt-oss"] {

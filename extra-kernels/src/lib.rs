@@ -9,8 +9,8 @@ pub const fn available() -> bool {
     cfg!(feature = "cuda")
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 pub mod ffi;
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 pub use ffi::{remap_expert_ids_host, CopyStream, CudaError};

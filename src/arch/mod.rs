@@ -165,6 +165,73 @@ pub fn with_heads(h: Hparams, n_head: u64, n_head_kv: u64, head_dim: u64) -> Hpa
     }
 }
 
+/// The Mixture-of-Experts architectures the pinned llama.cpp tree added over the one before it
+/// (llama-cpp-sys-2 0.1.161 -> llama-cpp-sys-4 0.11.0) that PocketMoE has no graph for yet, each
+/// with what its graph needs that ours lacks (from the tree's `src/models/<name>.cpp`). A file of
+/// one is refused with that reason; `inspect` reports it.
+pub static NOT_BUILT: &[(&str, &str)] = &[
+    (
+        "flint",
+        "NoPE layers (attention.rope_pattern) and the amax-rescaled expert down projection",
+    ),
+    (
+        "kolibri1",
+        "post-sublayer norms, NoPE global layers and logit-biased expert selection",
+    ),
+    (
+        "beam",
+        "NoPE layers with query temperature scaling, a gated attention output and scaled residuals",
+    ),
+    (
+        "maion-coder",
+        "latent-space experts (ffn_latent_down/up) in interleaved MoE blocks",
+    ),
+    (
+        "muse-spark",
+        "latent experts with per-expert output norms, a gated attention output and learned residual \
+         scales",
+    ),
+    (
+        "k2-horizon",
+        "routed value experts (MoVA), a grouped RMSNorm and a softplus attention output gate",
+    ),
+    (
+        "mistral-large4",
+        "MLA with SSMax query scaling, NoPE and shared-KV layers and a shared lightning indexer",
+    ),
+    (
+        "deepseek41",
+        "DeepSeek-V4.1's shared compressed-KV/indexer layers, Engram n-gram embeddings and \
+         single-pass hyper-connections",
+    ),
+];
+
+/// Why a file whose `general.architecture` is `name` cannot run here, for a name that is not
+/// ours: llama.cpp's own (the tree we link lists it), with our reason where [`NOT_BUILT`] has one,
+/// or a name llama.cpp does not know either.
+pub fn not_built_reason(name: &str) -> String {
+    let tree = ggml_sys::LLAMA_TREE;
+    if let Some((_, why)) = NOT_BUILT.iter().find(|(n, _)| *n == name) {
+        format!(
+            "architecture {name:?} is a MoE architecture of llama.cpp ({tree}) that PocketMoE does \
+             not build yet: its graph needs {why} (built: {})",
+            built_names()
+        )
+    } else if ggml_sys::LLAMA_ARCH_NAMES.contains(&name) {
+        format!(
+            "architecture {name:?} runs in llama.cpp ({tree}) but PocketMoE has no graph for it \
+             (built: {})",
+            built_names()
+        )
+    } else {
+        format!(
+            "architecture {name:?} is not supported, and llama.cpp ({tree}) does not know it either \
+             (built: {})",
+            built_names()
+        )
+    }
+}
+
 /// Looks an architecture up by its GGUF name (`general.architecture`).
 pub fn by_name(name: &str) -> Option<&'static Arch> {
     ARCHS.iter().copied().find(|a| a.spec.name == name)
@@ -176,7 +243,7 @@ pub fn hparams(meta: &dyn Metadata) -> Result<(&'static Arch, Hparams), String> 
     let name = meta
         .get_str("general.architecture")
         .ok_or("no general.architecture")?;
-    let arch = by_name(name).ok_or_else(|| format!("architecture {name:?} is not supported"))?;
+    let arch = by_name(name).ok_or_else(|| not_built_reason(name))?;
     Ok((arch, Hparams::from_meta(&arch.spec, meta)?))
 }
 

@@ -1192,3 +1192,33 @@ fn non_resident_roles_are_exactly_the_offload_stores_matrices() {
         }
     }
 }
+
+/// The tree we link knows every architecture we build and every one of [`super::NOT_BUILT`] (a pin
+/// move that dropped or renamed one fails here), and a file of an architecture we do not build
+/// is refused naming it: with our reason for the new MoE ones, as llama.cpp's for the rest, as
+/// unknown to both otherwise.
+#[test]
+fn not_built_architectures_are_refused_by_name() {
+    let named = |arch: &str| {
+        let mut m = MapMeta::new(arch, &[]);
+        m.0.insert("general.architecture".into(), GgufValue::Str(arch.into()));
+        m
+    };
+    let known = ggml_sys::LLAMA_ARCH_NAMES;
+    for a in ARCHS {
+        assert!(known.contains(&a.spec.name), "{} not in llama.cpp's list", a.spec.name);
+    }
+    for (name, why) in super::NOT_BUILT {
+        assert!(known.contains(name), "{name} not in llama.cpp's list");
+        assert!(super::by_name(name).is_none(), "{name} is built, not NOT_BUILT");
+        let err = super::hparams(&named(name)).unwrap_err();
+        assert!(
+            err.contains(&format!("{name:?}")) && err.contains(why) && err.contains("MoE"),
+            "{err}"
+        );
+    }
+    let err = super::hparams(&named("qwen35moe")).unwrap_err();
+    assert!(err.contains("\"qwen35moe\" runs in llama.cpp"), "{err}");
+    let err = super::hparams(&named("no-such-arch")).unwrap_err();
+    assert!(err.contains("does not know it either"), "{err}");
+}

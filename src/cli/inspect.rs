@@ -148,10 +148,7 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
         placement: None,
     };
     let Some(arch) = crate::arch::by_name(&arch_name).map(|a| &a.spec) else {
-        rep.findings.push(format!(
-            "architecture {arch_name:?} is not supported (supported: {})",
-            supported_list()
-        ));
+        rep.findings.push(crate::arch::not_built_reason(&arch_name));
         return Ok(rep);
     };
     rep.supported = true;
@@ -189,13 +186,6 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
     Ok(rep)
 }
 
-fn supported_list() -> String {
-    crate::arch::ARCHS
-        .iter()
-        .map(|a| a.spec.name)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 /// Bytes in the largest binary unit that keeps the number >= 1 (`1.50 GiB`, `312.0 KiB`).
 pub fn human_bytes(b: u64) -> String {

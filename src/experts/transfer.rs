@@ -8,7 +8,7 @@
 //! [`Transfer::wait`] returns, or, on the device, until compute work queued after
 //! [`Transfer::fence`] runs. A range handed to [`Transfer::read`] likewise until
 //! [`Transfer::wait_reads`] returns.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 use crate::ggml::Event;
 use crate::ggml::{Backend, GgmlError};
 use std::rc::Rc;
@@ -75,7 +75,7 @@ impl Transfer for HostCopy {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
     let dev: i32 = backend
         .name()
@@ -92,12 +92,12 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
     }))
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(feature = "cuda-api"))]
 fn cuda(_backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
     Err(GgmlError::BuiltWithoutCuda)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 fn cuda_err(e: extra_kernels::CudaError) -> GgmlError {
     GgmlError::Compute {
         backend: format!("copy stream: {e}"),
@@ -105,7 +105,7 @@ fn cuda_err(e: extra_kernels::CudaError) -> GgmlError {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 struct CudaCopy {
     copies: extra_kernels::CopyStream,
     reads: extra_kernels::CopyStream,
@@ -118,7 +118,7 @@ struct CudaCopy {
     unfenced: bool,
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-api")]
 impl Transfer for CudaCopy {
     fn copy(&mut self, dst: usize, src: usize, n: usize) -> Result<(), GgmlError> {
         self.unfenced = true;

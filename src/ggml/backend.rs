@@ -215,7 +215,7 @@ impl Backend {
     ///
     /// Applies [`configure_cuda`] first (process-wide ggml-cuda switches; `pocketmoe bench`
     /// runs the llama.cpp baseline in a child process without the ones it set).
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-api")]
     pub fn cuda(device: usize) -> Result<Self> {
         configure_cuda();
         filter_ggml_log();
@@ -237,7 +237,7 @@ impl Backend {
     }
 
     /// How many CUDA devices this build sees (0 without CUDA).
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-api")]
     pub fn cuda_device_count() -> usize {
         configure_cuda();
         filter_ggml_log();
@@ -246,13 +246,13 @@ impl Backend {
     }
 
     /// How many CUDA devices this build sees (0 without CUDA).
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(feature = "cuda-api"))]
     pub fn cuda_device_count() -> usize {
         0
     }
 
     /// The CUDA backend on GPU `device` (this build has no CUDA).
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(feature = "cuda-api"))]
     pub fn cuda(_device: usize) -> Result<Self> {
         Err(GgmlError::BuiltWithoutCuda)
     }

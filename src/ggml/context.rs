@@ -649,6 +649,31 @@ impl Context {
         )
     }
 
+    /// `mask` [n_kv, rows] with every cell not picked by its row of `top_k` (i32 [k, rows]) set
+    /// to -inf: ggml's fused top-k sparse mask (`ggml_top_k_mask` without scores, blocks or
+    /// extra cells), what libllama's `build_fused_top_k_mask` builds. `top_k` is reshaped to the
+    /// mask's rows.
+    pub fn top_k_mask<'a>(&'a self, mask: Tensor<'a>, top_k: Tensor<'a>) -> Tensor<'a> {
+        let [_, m1, m2, m3] = mask.ne();
+        let top_k = self
+            .reshape(top_k, &[top_k.ne()[0], m1, m2, m3])
+            .expect("top_k has the mask's rows");
+        // SAFETY: as above; null score/blocks/extra are the op's documented defaults.
+        self.wrap(
+            unsafe {
+                sys::ggml_top_k_mask(
+                    self.raw(),
+                    mask.raw(),
+                    top_k.raw(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "top_k_mask",
+        )
+    }
+
     /// DeepSeek-V4's clamped SwiGLU: `silu(min(a, limit)) · clamp(b, -limit, limit)` (`a` =
     /// gate, `b` = up).
     pub fn swiglu_clamp<'a>(&'a self, a: Tensor<'a>, b: Tensor<'a>, limit: f32) -> Tensor<'a> {

@@ -144,8 +144,9 @@ pub fn model_facts(path: &std::path::Path) -> Result<ModelFacts> {
         .to_string();
     let arch = crate::arch::by_name(&arch_name).with_context(|| {
         format!(
-            "{}: architecture {arch_name:?} not supported",
-            path.display()
+            "{}: {}",
+            path.display(),
+            crate::arch::not_built_reason(&arch_name)
         )
     })?;
     let spec = &arch.spec;

@@ -133,18 +133,8 @@ impl<'a> GraphBuilder<'a> {
         let top_k = (hp.indexer_top_k as i64).min(n_kv) as usize;
         let top = self.cb(ctx.cont(ctx.top_k(score, top_k)), "top_k", i); // i32 [top_k, nt]
 
-        // A mask that is -inf everywhere but at each token's top-k positions (0), plus the
-        // causal mask. Rows of one element, so set_rows writes single entries: the mask as
-        // [1, n_kv, nt], the zeros [1, top_k, nt], the indices [top_k, nt].
-        let mrow = b.mask.nb()[1];
-        let all = ctx.fill(b.mask, f32::NEG_INFINITY); // [n_kv, nt] f16
-        let all = ctx.view(all, &[1, n_kv, nt, 1], &[2, mrow, mrow * nt as usize], 0);
-        let zeros = ctx
-            .new_tensor(GgmlType::F32, &[1, top_k as i64, nt, 1])
-            .expect("dsa zeros");
-        let zeros = ctx.fill(zeros, 0.0);
-        let open = ctx.set_rows(all, zeros, top); // [1, n_kv, nt, 1]
-        let open = ctx.view(open, &[n_kv, nt], &[mrow], 0); // [n_kv, nt]
-        self.cb(ctx.add(open, b.mask), "kq_mask_top_k", i) // [n_kv, nt] f16
+        // The causal mask with every position outside the token's top-k set to -inf: ggml's
+        // fused op, as libllama builds it (`build_fused_top_k_mask`, its default).
+        self.cb(ctx.top_k_mask(b.mask, top), "kq_mask_top_k", i) // [n_kv, nt] f16
     }
 }

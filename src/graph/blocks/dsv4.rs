@@ -398,25 +398,9 @@ impl<'a> GraphBuilder<'a> {
         self.cb(ctx.cont(ctx.top_k(scores, k)), "lid_top_k", i)
     }
 
-    /// `mask` f16 [n, nt] with every row not in `top_k` (i32 [k, nt]) masked too.
+    /// `mask` f16 [n, nt] with every row not in `top_k` (i32 [k, nt]) masked too: ggml's fused
+    /// op, as libllama builds it (`build_fused_top_k_mask`, its default).
     fn top_k_mask(&self, mask: Tensor<'a>, top_k: Tensor<'a>) -> Tensor<'a> {
-        let ctx = self.ctx;
-        let [n, nt, _, _] = mask.ne();
-        let k = top_k.ne()[0];
-        let e = 2; // f16
-        let all = ctx.fill(mask, f32::NEG_INFINITY);
-        let all = ctx.view(
-            all,
-            &[1, n, nt, 1],
-            &[e, e * n as usize, e * (n * nt) as usize],
-            0,
-        );
-        let zeros = ctx
-            .new_tensor(GgmlType::F16, &[1, k, nt])
-            .expect("graph context has room");
-        let zeros = ctx.fill(zeros, 0.0);
-        let kept = ctx.set_rows(all, zeros, top_k); // [1, n, nt, 1]
-        let kept = ctx.view(kept, &[n, nt], &[e * n as usize], 0);
-        ctx.add(kept, mask)
+        self.ctx.top_k_mask(mask, top_k)
     }
 }
