@@ -30,6 +30,8 @@ if [ -z "${CUDA_PATH:-}" ] || [ ! -x "${CUDA_PATH}/bin/nvcc" ]; then
 fi
 export CARGO_TARGET_DIR="${POCKETMOE_CUDA_TARGET:-$HOME/.cache/pocketmoe-target-cuda}"
 mkdir -p "$CARGO_TARGET_DIR"
+# extra-kernels reads the architectures from here (ggml-cuda from the toolchain file below).
+export CMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}"
 # The PyPI toolkit has no static cuBLAS: build ggml/llama as shared libraries.
 export LLAMA_BUILD_SHARED_LIBS=1
 isa="-march=x86-64-v3"
@@ -44,7 +46,7 @@ esac
 export CFLAGS_x86_64_unknown_linux_gnu="$isa" CXXFLAGS_x86_64_unknown_linux_gnu="$isa"
 tc="$CARGO_TARGET_DIR/pocketmoe-cuda-toolchain.cmake"
 cat > "$tc.new" <<EOT
-set(CMAKE_CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES:-90}")
+set(CMAKE_CUDA_ARCHITECTURES "$CMAKE_CUDA_ARCHITECTURES")
 set(GGML_CUDA_NO_VMM ON CACHE BOOL "no libcuda stub in the PyPI toolkit" FORCE)
 EOT
 if cmp -s "$tc.new" "$tc"; then rm "$tc.new"; else mv "$tc.new" "$tc"; fi

@@ -47,5 +47,25 @@ scripts/device-run.sh exec bash -c '
   "$(( ${DEADLINE:-570} - ($(date +%s) - start) ))" 2>&1 | tee -a "$OUTDIR/bench.log"
 rc=${PIPESTATUS[0]}
 cat "$OUTDIR/bench.md"
+# The floor guard: every resident tg row against stock llama.cpp (the faster of in-process and
+# stock llama-bench); below FLOOR (default 0.95) x stock is a failure (docs/bench-h200.md).
+if [ -s "$OUTDIR/bench.json" ]; then
+  python3 - "$OUTDIR/bench.json" "${FLOOR:-0.95}" <<'PY' | tee -a "$OUTDIR/bench.log" || rc=1
+import json, sys
+rep, floor = json.load(open(sys.argv[1])), float(sys.argv[2])
+bad = 0
+for r in rep["rows"]:
+    if r["budget"] is not None or not r["test"].startswith("tg"):
+        continue
+    if r["ours_tok_s"] is None or r["llama_tok_s"] is None:
+        print(f"floor: resident {r['test']} @ d{r['depth']}: no figure to compare"); bad = 1; continue
+    ratio = r["ours_tok_s"] / r["llama_tok_s"]
+    ok = ratio >= floor
+    bad |= not ok
+    print(f"floor: resident {r['test']} @ d{r['depth']}: ours {r['ours_tok_s']:.1f} vs llama.cpp "
+          f"{r['llama_tok_s']:.1f} tok/s = {ratio:.3f}x {'ok' if ok else 'BELOW'} (floor {floor}x)")
+sys.exit(bad)
+PY
+fi
 echo "device-bench: rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/bench.log"
 exit "$rc"

@@ -12,10 +12,15 @@ while read -r exe; do
   [ -n "$exe" ] || continue
   name=$(basename "$exe"); cp "$exe" "$stage/pmoe/tests/${name%-*}"
 done < "$T/test-executables.txt"
-# The one ggml/llama build that llama-cpp-sys-2 made (shared: LLAMA_BUILD_SHARED_LIBS=1).
-libdir=$(dirname "$(ls -t "$T"/build/llama-cpp-sys-2-*/out/lib/libggml-base.so | head -1)")
+# The one ggml/llama build that llama-cpp-sys-4 made (shared: LLAMA_BUILD_SHARED_LIBS=1), which
+# its build script links into the profile directory.
+libdir=$T
+[ -e "$libdir/libggml-base.so.0" ] || { echo "no libggml-base.so.0 in $libdir: run scripts/build-cuda.sh" >&2; exit 1; }
 # Only the sonames the binaries ask for (libggml.so.0, ...), one real file each.
-for f in "$libdir"/lib*.so.[0-9]; do cp -L "$f" "$stage/pmoe/lib/"; done
+for f in "$libdir"/lib*.so.[0-9]; do
+  case "$(basename "$f")" in libllama-common*) continue ;; esac  # nothing of ours links it
+  cp -L "$f" "$stage/pmoe/lib/"
+done
 strip --strip-unneeded "$stage"/pmoe/bin/* "$stage"/pmoe/tests/* "$stage"/pmoe/lib/* 2>/dev/null || true
 mkdir -p dist && rm -f dist/device.tar.xz*   # dist/stock/ (the opponent's source) stays
 tar -C "$stage" -cf - pmoe | xz -T0 -6 > dist/device.tar.xz

@@ -507,12 +507,19 @@ fn every_pre_tokenizer_family_matches_libllama() {
         "exaone4",
         "megrez",
         "llama4",
+        // Added or changed by llama-cpp-sys-4 0.11.0's tree.
+        "flint",
+        "pixtral",
+        "tekken-num3",
+        "k2-horizon",
+        "nemotron-3.5-embed",
+        "domyn-small",
     ];
     let dir = std::env::temp_dir().join(format!("pocketmoe-tok-pre-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let texts = corpus();
     for pre in PRES {
-        let path = if *pre == "sarvam-moe" {
+        let path = if *pre == "sarvam-moe" || *pre == "domyn-small" {
             // SPM-style BPE (U+2581 spaces, <0xXX> bytes) needs such a vocabulary: Gemma 4's,
             // declared as a plain gpt2-model file.
             let model = ("tokenizer.ggml.model", GgufValue::from("gpt2"));

@@ -12,8 +12,9 @@
 //! Where the crate needs consistent data and llama.cpp does not: a merge whose parts or result
 //! are not tokens cannot be represented (llama.cpp would merge and later spell the non-token out
 //! byte by byte); such merges are dropped and counted ([`Bpe::dropped_merges`]). A repeated pair
-//! keeps its first (lowest) rank, as in llama.cpp's map. Invariant: every merge entry is split at
-//! its first space after the first byte (llama.cpp's `find(' ', 1)`); one without is an error.
+//! keeps its first (lowest) rank, as in llama.cpp's map. Invariant: every merge entry is read as
+//! the C string llama.cpp reads (up to a NUL) and split at its first space after the first byte
+//! (llama.cpp's `strchr(word + 1, ' ')`); one without is an error.
 use super::pretok::PreTokenizer;
 use super::vocab::Vocab;
 use super::TokenizerError;
@@ -49,6 +50,8 @@ pub(crate) struct Bpe {
     byte_chars: [char; 256],
     /// Gemma 4: a word of newlines that is a token is that token (llama.cpp PR 21343).
     newline_runs: bool,
+    /// Nemotron 3.5 embed: a ZWNJ after `[` or `<` is dropped before splitting.
+    drop_bracket_zwnj: bool,
     dropped_merges: usize,
 }
 
@@ -68,6 +71,7 @@ impl Bpe {
         let mut merges = Vec::with_capacity(entries.len());
         let mut dropped_merges = 0;
         for (i, entry) in entries.iter().enumerate() {
+            let entry = entry.split('\0').next().unwrap_or_default();
             let space = (entry.as_bytes().iter().skip(1).position(|&c| c == b' '))
                 .ok_or_else(|| err(format!("entry {i} {entry:?} has no space")))?
                 + 1;
@@ -109,6 +113,7 @@ impl Bpe {
             escape_whitespaces: spec.escape_whitespaces,
             byte_chars: byte_chars(),
             newline_runs: spec.kind == "gemma4",
+            drop_bracket_zwnj: spec.kind == "nemotron-3-5-embd",
             dropped_merges,
         })
     }
@@ -119,12 +124,26 @@ impl Bpe {
     }
 
     /// Appends the tokens of one text fragment (no special tokens inside) to `out`.
-    pub(crate) fn tokenize(&self, v: &Vocab, text: &str, out: &mut Vec<u32>) {
-        let text: Cow<str> = if self.escape_whitespaces {
+    /// `metaspace_first`: the fragment starts the input and the GGUF's Metaspace
+    /// `prepend_scheme` is "first", so it gets a leading U+2581 unless it has one.
+    pub(crate) fn tokenize(
+        &self,
+        v: &Vocab,
+        text: &str,
+        metaspace_first: bool,
+        out: &mut Vec<u32>,
+    ) {
+        let mut text: Cow<str> = if self.escape_whitespaces {
             Cow::Owned(text.replace(' ', "\u{2581}"))
         } else {
             Cow::Borrowed(text)
         };
+        if metaspace_first && !text.starts_with('\u{2581}') {
+            text = Cow::Owned(format!("\u{2581}{text}"));
+        }
+        if self.drop_bracket_zwnj {
+            text = Cow::Owned(text.replace("[\u{200C}", "[").replace("<\u{200C}", "<"));
+        }
         for word in self.pre.split(&text) {
             let word: Cow<str> = if self.byte_encode {
                 Cow::Owned(word.bytes().map(|b| self.byte_chars[b as usize]).collect())

@@ -88,13 +88,20 @@ pub(crate) fn detokenize(
             }
         }
     }
+    // Metaspace prepend scheme "first": the first piece that renders loses its leading space.
+    let mut remove_first_space = v.metaspace_first;
     let mut text = Vec::new();
     for &id in ids {
         let piece = piece(v, pieces, id, unparse_special);
         // Only the first token loses its leading space, even when it renders as nothing.
-        let strip = usize::from(remove_space && piece.first() == Some(&b' '));
-        text.extend_from_slice(&piece[strip..]);
+        let strip = (remove_space || remove_first_space) && piece.first() == Some(&b' ');
+        text.extend_from_slice(&piece[usize::from(strip)..]);
         remove_space = false;
+        let hidden =
+            v.attrs.get(id as usize).copied().unwrap_or(0) & (attr::UNKNOWN | attr::CONTROL);
+        if unparse_special || hidden == 0 {
+            remove_first_space = false;
+        }
     }
     if v.clean_spaces {
         clean_spaces(&mut text);

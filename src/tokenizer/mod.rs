@@ -2,7 +2,7 @@
 //! `tokenizer.json`): the same token ids as libllama's `llama_tokenize` for the same text and
 //! flags, the same text back as `llama_detokenize`, and the model's Jinja chat template.
 //!
-//! Reference: llama.cpp `src/llama-vocab.cpp` + `src/unicode.cpp` (llama-cpp-sys-2 0.1.161),
+//! Reference: llama.cpp `src/llama-vocab.cpp` + `src/unicode.cpp` (llama-cpp-sys-4 0.11.0),
 //! which in turn follow HF `tokenizers`/SentencePiece. Parts:
 //! - [`vocab`](self::vocab): tokens, attributes, special ids, EOG set (llama.cpp's `load`);
 //! - `pretok`: the regex pre-tokenizers by `tokenizer.ggml.pre`; `bpe`: byte-level BPE with
@@ -222,9 +222,11 @@ impl Tokenizer {
                 }
             }
             Some(bpe) => {
-                for f in fragments {
+                for (i, f) in fragments.into_iter().enumerate() {
                     match f {
-                        Fragment::Text(t) => bpe.tokenize(v, t, &mut out),
+                        Fragment::Text(t) => {
+                            bpe.tokenize(v, t, v.metaspace_first && i == 0, &mut out)
+                        }
                         Fragment::Token(id) => out.push(id),
                     }
                 }

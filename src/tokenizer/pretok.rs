@@ -4,7 +4,7 @@
 //!
 //! Reference: llama.cpp `src/llama-vocab.cpp` (`llm_tokenizer_bpe` and the `tokenizer_pre`
 //! name table in `llama_vocab::impl::load`) and `src/unicode.cpp` (`unicode_regex_split`) of the
-//! llama.cpp we link (llama-cpp-sys-2 0.1.161). The regex strings below are llama.cpp's, verbatim.
+//! llama.cpp we link (llama-cpp-sys-4 0.11.0). The regex strings below are llama.cpp's, verbatim.
 //!
 //! How llama.cpp runs them, and what we do to match:
 //! - The regexes apply in sequence; each splits every piece the previous ones produced into its
@@ -16,8 +16,10 @@
 //!   ECMAScript's ASCII `[0-9]`. The remaining semantics (leftmost-first alternation, greedy
 //!   quantifiers, Unicode `\s` = White_Space) are the same in both engines.
 //! - llama.cpp's hand-written splitters for the gpt2/llama3/qwen2/qwen35 regexes are exact
-//!   implementations of those regexes, so the regex engine reproduces them; the AFMoE/tiny-aya
-//!   digit splitter has no regex equivalent and is ported as code ([`Step::AfmoeDigits`]).
+//!   implementations of those regexes, so the regex engine reproduces them; so is K2-Horizon's,
+//!   except that its contraction test case-folds `'ſ` (U+017F) to `'s`, which we add to the
+//!   regex. The AFMoE/tiny-aya digit splitter has no regex equivalent and is ported as code
+//!   ([`Step::AfmoeDigits`]).
 //!
 //! Invariants: [`PreTokenizer::split`] returns non-empty pieces that concatenate to the input;
 //! an unknown `tokenizer.ggml.pre` is an error (llama.cpp refuses to load such a file), a missing
@@ -70,6 +72,11 @@ const RE_SPARK2_5: &[&str] = &[
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
     "\\p{N}",
 ];
+const RE_FLINT: &[&str] = &[
+    "\\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
 const RE_YOUTU: &[&str] = &[
     "[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
@@ -104,7 +111,10 @@ const RE_CHATGLM4: &[&str] = &[
 ];
 const RE_VIKING: &[&str] = &[" ?[^(\\s|.,!?…。，、।۔،)]+", "\\p{N}"];
 const RE_TEKKEN: &[&str] = &[
-    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))*((?=[\\p{L}\\p{M}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))+((?=[\\p{L}\\p{M}])([^A-Z]))*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
+const RE_TEKKEN_NUM3: &[&str] = &[
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))*((?=[\\p{L}\\p{M}])([^A-Z]))+|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))+((?=[\\p{L}\\p{M}])([^A-Z]))*|\\p{N}{1,3}(?=(?:\\p{N}{3})*(?!\\p{N}))|\\p{N}{1,2}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
 const RE_CHAMELEON: &[&str] = &[
     "<sentinel:[0-9]+>",
@@ -115,7 +125,7 @@ const RE_CHAMELEON: &[&str] = &[
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
 ];
 const RE_GPT4O: &[&str] = &[
-    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))*((?=[\\p{L}\\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))+((?=[\\p{L}\\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
 const RE_GRANITE_EMB_MULTI: &[&str] = &[
     "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))*((?=[\\p{L}\\p{M}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}\\p{M}])([^a-z]))+((?=[\\p{L}\\p{M}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
@@ -154,6 +164,9 @@ const RE_MINICPM5: &[&str] = &[
     "\\p{N}{1,3}",
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 ];
+const RE_K2_HORIZON: &[&str] = &[
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}|\\p{M}|\\u200C|\\u200D)+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
 const RE_DEFAULT: &[&str] = &[
     "[\\p{P}\\$\\+<=>\\^~\\|]+",
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
@@ -178,9 +191,10 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
     let s = |kind, re| spec(kind, re);
     // ignore_merges, no clean_spaces, add_bos, ... are applied below per name.
     let mut p = match name {
+        "flint" => s("flint", RE_FLINT),
         "default" => s("default", RE_DEFAULT),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" => s("llama3", RE_LLAMA3),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" => s("llama3", RE_LLAMA3),
         "minicpm5" => s("minicpm5", RE_MINICPM5),
         "deepseek-llm" => s("deepseek-llm", RE_DEEPSEEK_LLM),
         "deepseek-coder" => s("deepseek-coder", RE_DEEPSEEK_CODER),
@@ -208,7 +222,8 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
         "chatglm-bpe" | "glm4" | "glm5" => s("chatglm4", RE_CHATGLM4),
         "viking" => s("viking", RE_VIKING),
         "jais" => s("jais", RE_GPT2),
-        "tekken" => s("tekken", RE_TEKKEN),
+        "tekken" | "pixtral" => s("tekken", RE_TEKKEN),
+        "tekken-num3" => s("tekken-num3", RE_TEKKEN_NUM3),
         "smollm" => s("smollm", RE_STARCODER),
         "codeshell" => s("codeshell", RE_STARCODER),
         "bloom" => s("bloom", RE_PORO),
@@ -217,6 +232,7 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
         "exaone-moe" => s("exaone-moe", RE_EXAONE_MOE),
         "chameleon" => s("chameleon", RE_CHAMELEON),
         "minerva-7b" => s("minerva", RE_STARCODER),
+        "domyn-small" => s("domyn-small", RE_GEMMA4),
         "gpt-4o" | "llama4" | "kanana2" | "talkie" => s("gpt4o", RE_GPT4O),
         "minimax-m2" => s("minimax-m2", RE_GPT4O),
         "granite-embed-multi-97m" => s("granite-emb-multi", RE_GRANITE_EMB_MULTI),
@@ -236,6 +252,8 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
         "laguna" => s("laguna", RE_LAGUNA),
         "solar-open" => s("solar-open", RE_STABLELM2),
         "mellum2" => s("mellum2", RE_STARCODER),
+        "k2-horizon" => s("k2-horizon", RE_K2_HORIZON),
+        "nemotron-3.5-embed" => s("nemotron-3-5-embd", RE_TEKKEN),
         _ => return None,
     };
     p.ignore_merges = matches!(
@@ -254,12 +272,18 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
             | "glm4"
             | "glm5"
             | "tekken"
+            | "tekken-num3"
             | "granite-embed-multi-97m"
+            | "nemotron-3.5-embed"
     );
-    p.add_bos = matches!(p.kind, "llama3" | "tekken" | "chameleon");
+    p.add_bos = matches!(
+        p.kind,
+        "llama3" | "tekken" | "tekken-num3" | "chameleon" | "nemotron-3-5-embd"
+    );
     p.no_bos = p.kind == "chatglm4";
-    p.escape_whitespaces = matches!(p.kind, "gemma4" | "sarvam-moe");
-    // llama.cpp keeps clean_spaces (its BPE default) only for these names.
+    p.escape_whitespaces = matches!(p.kind, "gemma4" | "sarvam-moe" | "domyn-small");
+    // llama.cpp keeps clean_spaces (its BPE default) only for these names (a GGUF's
+    // `tokenizer.ggml.clean_spaces` overrides it, see `vocab::load`).
     p.clean_spaces = matches!(
         name,
         "default"
@@ -268,11 +292,8 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
             | "llama-bpe"
             | "falcon3"
             | "falcon-h1"
-            | "pixtral"
             | "midm-2.0"
-            | "lfm2"
             | "jina-v5-nano"
-            | "minicpm5"
             | "falcon"
             | "mpt"
             | "starcoder"
@@ -290,33 +311,29 @@ pub(crate) fn lookup(name: &str) -> Option<PreSpec> {
             | "jina-v2-code"
             | "roberta-bpe"
             | "jais-2"
-            | "gemma4"
-            | "granite-embed-multi-311m"
             | "refact"
             | "stablelm2"
             | "olmo"
-            | "dbrx"
             | "smaug-bpe"
-            | "chatglm-bpe"
-            | "glm4"
-            | "glm5"
             | "jais"
             | "codeshell"
             | "bloom"
             | "gpt3-finnish"
             | "exaone"
-            | "exaone4"
             | "exaone-moe"
             | "minerva-7b"
+            | "domyn-small"
             | "megrez"
-            | "mellum2"
+            | "nemotron-3.5-embed"
     );
     Some(p)
 }
 
 /// Names llama.cpp knows but we do not implement (custom code in llama.cpp, or not a BPE
-/// pre-tokenizer of a generative model); their files are rejected with a clear error.
-pub(crate) const KNOWN_UNSUPPORTED: &[&str] = &["kimi-k2", "mmbert", "whitespace"];
+/// pre-tokenizer of a generative model); their files are rejected with a clear error. Soprano
+/// lowercases and collapses whitespace with llama.cpp's Unicode case tables, maps unknown pieces
+/// to the unknown token and renders pieces raw: machinery we do not have.
+pub(crate) const KNOWN_UNSUPPORTED: &[&str] = &["kimi-k2", "mmbert", "whitespace", "soprano"];
 
 /// One splitting step.
 pub(crate) enum Step {
@@ -330,8 +347,14 @@ pub(crate) struct PreTokenizer {
     steps: Vec<Step>,
 }
 
-/// llama.cpp's rewrite of a regex that it runs on collapsed text (see the module docs).
+/// llama.cpp's rewrite of a regex that it runs on collapsed text (see the module docs), or the
+/// regex its hand-written splitter implements.
 fn as_llama_cpp_runs_it(re: &str) -> String {
+    if re == RE_K2_HORIZON[0] {
+        // `unicode_regex_split_custom_k2_horizon` lowercases the letter after the apostrophe and
+        // also takes the long s (U+017F) for 's'.
+        return re.replacen("'[sS]", "'[sS\u{17F}]", 1);
+    }
     const CATEGORIES: [&str; 10] = [
         "\\p{N}", "\\p{L}", "\\p{P}", "\\p{M}", "\\p{S}", "\\p{Lu}", "\\p{Ll}", "\\p{Lt}",
         "\\p{Lm}", "\\p{Lo}",
@@ -485,11 +508,18 @@ mod tests {
             "exaone-moe",
             "command-r",
             "olmo",
+            "flint",
+            "pixtral",
+            "tekken-num3",
+            "domyn-small",
+            "k2-horizon",
+            "nemotron-3.5-embed",
         ] {
             let spec = lookup(name).unwrap_or_else(|| panic!("{name} unknown"));
             PreTokenizer::new(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         assert!(lookup("kimi-k2").is_none() && lookup("no-such-pre").is_none());
+        assert!(lookup("soprano").is_none() && KNOWN_UNSUPPORTED.contains(&"soprano"));
     }
 
     #[test]
@@ -499,6 +529,20 @@ mod tests {
             v,
             ["Hello", " world", "!!", " ", " I", "'M", " ", "123", "45", "\n\n", " ", " x"]
         );
+    }
+
+    #[test]
+    fn new_families_split_like_llama_cpp() {
+        assert_eq!(
+            split("tekken-num3", "1234567 x12"),
+            ["1", "234", "567", " x", "12"]
+        );
+        // K2-Horizon's splitter takes 'ſ as a contraction and keeps ZWJ/ZWNJ in words.
+        assert_eq!(
+            split("k2-horizon", "it'ſt a\u{200D}b"),
+            ["it", "'ſ", "t", " a\u{200D}b"]
+        );
+        assert_eq!(split("pixtral", "e\u{301}X"), split("tekken", "e\u{301}X"));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! Invariants: each compressed row is written (and the compressor ring updated) in the graph
 //! before the attention that reads the cache (ggml runs nodes in order); the compressors' inputs
 //! are the step's [`crate::graph::dsv4::CompInputs`].
-use crate::ggml::{GgmlType, RopeParams, Tensor};
+use crate::ggml::{RopeParams, Tensor};
 use crate::graph::blocks::attention::ROPE_NORMAL;
 use crate::graph::blocks::rope::mul_add1;
 use crate::graph::dsv4::CompInputs;
