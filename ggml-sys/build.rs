@@ -66,7 +66,8 @@ fn write_arch_names(include: &std::path::Path) {
             let q0 = rest.find('"')? + 1;
             let q1 = rest[q0..].find('"')? + q0;
             // CLIP is a placeholder of llama-quantize's, not a model llama.cpp runs.
-            (!rest.starts_with("UNKNOWN") && !rest.starts_with("CLIP")).then(|| rest[q0..q1].to_string())
+            (!rest.starts_with("UNKNOWN") && !rest.starts_with("CLIP"))
+                .then(|| rest[q0..q1].to_string())
         })
         .collect();
     names.sort();

@@ -368,6 +368,26 @@ fn cuda_parity_every_built_arch() {
     check_parity_preset("deepseek2", "tiny-kvb", Device::Cuda(0));
 }
 
+/// The quantisations users run, on the GPU: the same three mixes as the CPU tests above, each
+/// architecture of [`QUANT_ARCHS`], within the CUDA tolerance of [`check_parity`].
+#[cfg(feature = "cuda-api")]
+#[test]
+fn cuda_quantised_parity() {
+    let mixes: [(QuantMix, &[GgmlType]); 3] = [
+        (QuantMix::Q4KM, &[GgmlType::Q4_K, GgmlType::Q6_K]),
+        (QuantMix::MXFP4, &[GgmlType::MXFP4]),
+        (
+            QuantMix::IQ2XXS,
+            &[GgmlType::IQ2_XXS, GgmlType::Q4_K, GgmlType::Q6_K],
+        ),
+    ];
+    for (mix, types) in mixes {
+        for arch in QUANT_ARCHS {
+            check_parity_quant(arch, mix, types, Device::Cuda(0));
+        }
+    }
+}
+
 #[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_q8_0_kv_cache_parity() {

@@ -148,7 +148,10 @@ fn deepseek32_long_prompt_cpu_parity_split_micro_batches() {
 }
 
 #[test]
-#[ignore = "needs a CUDA build and GPU (scripts/device-run.sh)"]
+#[cfg_attr(
+    not(feature = "cuda"),
+    ignore = "needs a CUDA build and GPU (scripts/device-run.sh)"
+)]
 fn cuda_long_prompt_parity() {
     for arch in ["deepseek4", "deepseek32"] {
         check(arch, Device::Cuda(0), 512);

@@ -39,12 +39,18 @@ fn floor(path: &Path) -> u64 {
 /// Loads at `budget`, fills the context, decodes; returns the device use above `base` at each
 /// point (load, prefill, decode).
 fn measure(path: &Path, budget: u64, base: u64) -> [u64; 3] {
-    let used = || device_used(Some(0)).expect("CUDA0 answers").saturating_sub(base);
+    let used = || {
+        device_used(Some(0))
+            .expect("CUDA0 answers")
+            .saturating_sub(base)
+    };
     let mut eng = Engine::load(path, opts(budget), &|_, _| {}).unwrap();
     let at_load = used();
     // The whole context but the decode steps, in micro-batches of the plan's size.
     let steps = 16;
-    let prompt: Vec<u32> = (0..N_CTX - steps).map(|i| (i * 7 + 3) as u32 % 200).collect();
+    let prompt: Vec<u32> = (0..N_CTX - steps)
+        .map(|i| (i * 7 + 3) as u32 % 200)
+        .collect();
     let mut last = eng.forward_last(&prompt).unwrap();
     let at_prefill = used();
     for _ in 0..steps {

@@ -1206,11 +1206,18 @@ fn not_built_architectures_are_refused_by_name() {
     };
     let known = ggml_sys::LLAMA_ARCH_NAMES;
     for a in ARCHS {
-        assert!(known.contains(&a.spec.name), "{} not in llama.cpp's list", a.spec.name);
+        assert!(
+            known.contains(&a.spec.name),
+            "{} not in llama.cpp's list",
+            a.spec.name
+        );
     }
     for (name, why) in super::NOT_BUILT {
         assert!(known.contains(name), "{name} not in llama.cpp's list");
-        assert!(super::by_name(name).is_none(), "{name} is built, not NOT_BUILT");
+        assert!(
+            super::by_name(name).is_none(),
+            "{name} is built, not NOT_BUILT"
+        );
         let err = super::hparams(&named(name)).err().expect("refused");
         assert!(
             err.contains(&format!("{name:?}")) && err.contains(why) && err.contains("MoE"),
@@ -1219,6 +1226,8 @@ fn not_built_architectures_are_refused_by_name() {
     }
     let err = super::hparams(&named("qwen35moe")).err().expect("refused");
     assert!(err.contains("\"qwen35moe\" runs in llama.cpp"), "{err}");
-    let err = super::hparams(&named("no-such-arch")).err().expect("refused");
+    let err = super::hparams(&named("no-such-arch"))
+        .err()
+        .expect("refused");
     assert!(err.contains("does not know it either"), "{err}");
 }

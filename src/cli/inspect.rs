@@ -186,7 +186,6 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
     Ok(rep)
 }
 
-
 /// Bytes in the largest binary unit that keeps the number >= 1 (`1.50 GiB`, `312.0 KiB`).
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

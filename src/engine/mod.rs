@@ -308,12 +308,28 @@ impl Engine {
             model_bytes: total_bytes,
             budget_auto: auto_budget,
         };
+        // Resident models do not reserve the largest graph up front: tried for issue 30's
+        // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
+        // docs/bench-h200.md session 10).
         if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
             eng.plan_slots(&main, budget)?;
         }
         // The server (and RUST_LOG=info) shows it at start; `pocketmoe run` prints it itself.
         tracing::info!("{}", eng.plan());
         Ok(eng)
+    }
+
+    /// Reserves the scheduler's buffers for the largest graph: a full micro-batch at the end of
+    /// the context (staging mode when offloading). Returns the compute buffer's size.
+    fn reserve_largest(&mut self) -> Result<u64, EngineError> {
+        let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
+        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
+        let n_past = self.opts.n_ctx - n;
+        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
+        let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
+        self.sched.reserve(&g.graph())?;
+        drop(g);
+        Ok(self.sched.buffer_size(0) as u64)
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
@@ -326,14 +342,7 @@ impl Engine {
         let margin = if main.is_cuda() { CUDA_MARGIN } else { 0 };
         let k = self.hp.n_expert_used.max(1);
         let (fixed, per_slot) = loop {
-            let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
-            let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
-            let n_past = self.opts.n_ctx - n;
-            let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-            let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
-            self.sched.reserve(&g.graph())?;
-            drop(g);
-            let compute = self.sched.buffer_size(0) as u64;
+            let compute = self.reserve_largest()?;
             let off = self.offload.as_ref().expect("offloading");
             let fixed = self.weights.bytes()
                 + self.kv.bytes() as u64
