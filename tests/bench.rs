@@ -176,6 +176,40 @@ fn budgets_need_a_gpu() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-mem budgets need --gpu"));
 }
 
+/// A setting our engine cannot run (GPU 99: no such device on a CUDA build, no CUDA on a CPU one)
+/// still prints the table, and the exit status says it failed, naming the engine and its error.
+#[test]
+fn a_failed_setting_is_a_nonzero_exit() {
+    let model = tiny("fail");
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m"])
+        .arg(&model)
+        .args([
+            "--gpu",
+            "99",
+            "-p",
+            "8",
+            "-n",
+            "0",
+            "--reps",
+            "1",
+            "--no-baseline",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "exit 0: {stdout}\n{stderr}");
+    assert!(stdout.contains("| pocketmoe |"), "no table: {stdout}");
+    assert!(
+        stderr.contains("setting(s) failed") && stderr.contains("pocketmoe"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(model.parent().unwrap()).ok();
+}
+
 /// A stand-in for stock `llama-bench` (`--llama-bench`): records its arguments and answers every
 /// requested test with `rate` tok/s in llama-bench's `-o json` shape.
 fn fake_llama_bench(dir: &std::path::Path, rate: f64) -> PathBuf {

@@ -407,5 +407,21 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if let Some(p) = &args.plot {
         plot::plot(&rep, p).with_context(|| format!("drawing {}", p.display()))?;
     }
+    // The table is printed either way; the exit status says whether our engine (or the
+    // baseline's process as a whole) failed a setting. llama.cpp's search records settings that
+    // do not fit as failed too, which is its normal course, not an error.
+    let failed: Vec<String> = rep
+        .settings
+        .iter()
+        .filter_map(|s| match &s.status {
+            Status::Failed(e) if s.engine == "pocketmoe" || s.label == "(baseline process)" => {
+                Some(format!("{} {}: {e}", s.engine, s.label))
+            }
+            _ => None,
+        })
+        .collect();
+    if !failed.is_empty() {
+        bail!("{} setting(s) failed:\n{}", failed.len(), failed.join("\n"));
+    }
     Ok(())
 }
