@@ -19,7 +19,7 @@ fn check_pin() {
     assert!(
         text.contains(&want),
         "ggml-sys/build.rs PIN = {PIN} but ggml-sys/Cargo.toml does not pin llama-cpp-sys-4 =\
-         {PIN}: move both together (docs/design.md, 'Moving the llama.cpp pin')"
+         {PIN}: move both together (docs/design.md §5.1, 'Moving the pin')"
     );
 }
 

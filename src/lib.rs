@@ -19,7 +19,7 @@ pub mod util;
 
 /// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).
 pub fn version() -> String {
-    let (v, _) = ggml::version();
+    let v = ggml::version();
     let backends = if cfg!(feature = "cuda") {
         "cpu+cuda"
     } else {

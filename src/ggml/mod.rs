@@ -72,13 +72,9 @@ pub(crate) fn cstr(p: *const std::os::raw::c_char) -> String {
         .into_owned()
 }
 
-/// ggml's version and commit, as the linked library reports them.
-pub fn version() -> (String, String) {
-    // SAFETY: both return static NUL-terminated strings.
-    unsafe {
-        (
-            cstr(ggml_sys::ggml_version()),
-            cstr(ggml_sys::ggml_commit()),
-        )
-    }
+/// ggml's version, as the linked library reports it (its commit string names whatever git
+/// repository the copied sources were built in: ours, with llama-cpp-sys-4).
+pub fn version() -> String {
+    // SAFETY: returns a static NUL-terminated string.
+    unsafe { cstr(ggml_sys::ggml_version()) }
 }

@@ -247,7 +247,7 @@ impl<'a> GraphBuilder<'a> {
         } else if let Some(inp) = &csa {
             let top_k = self.dsv4_indexer_top_k(qr, x, il, inp);
             n_kv_max = Some(b.n_kv().min(hp.sliding_window as usize) + top_k.ne()[0] as usize);
-            let sparse = self.top_k_mask(inp.mask, top_k);
+            let sparse = self.ctx.top_k_mask(inp.mask, top_k);
             let sparse = self.cb(sparse, "csa_top_k_mask", i);
             let k = ctx.concat(raw, row(comp("comp"), inp.n_comp as i64), 1);
             (k, ctx.concat(mask_swa, sparse, 0))
@@ -396,11 +396,5 @@ impl<'a> GraphBuilder<'a> {
         ); // [n, nt]
         let k = (hp.indexer_top_k as usize).min(n as usize);
         self.cb(ctx.cont(ctx.top_k(scores, k)), "lid_top_k", i)
-    }
-
-    /// `mask` f16 [n, nt] with every row not in `top_k` (i32 [k, nt]) masked too: ggml's fused
-    /// op, as libllama builds it (`build_fused_top_k_mask`, its default).
-    fn top_k_mask(&self, mask: Tensor<'a>, top_k: Tensor<'a>) -> Tensor<'a> {
-        self.ctx.top_k_mask(mask, top_k)
     }
 }
