@@ -310,7 +310,7 @@ impl Engine {
         };
         // Resident models do not reserve the largest graph up front: tried for issue 30's
         // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
-        // docs/bench-h200.md session 10).
+        // docs/bench-h200.md, 2026-12-02).
         if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
             eng.plan_slots(&main, budget)?;
         }
