@@ -12,7 +12,8 @@
 # settings search). REPS (default 3), BUDGETS (default resident,12GiB,8GiB), PRESET (default
 # qwen3-30b-a3b; `tiny` for a dry run of the plumbing) and SKEW (synth --routing-skew; default the
 # synth default, 0 = uniform routing), PROMPTS (default 512,4096) and DEPTHS (default 0,8192)
-# override the matrix.
+# override the matrix. ARCH (default qwen3moe) and QUANT (default q4_k_m) pick another model,
+# e.g. ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4.
 #
 # Stock llama.cpp beside it: with dist/stock/llama.cpp.tar.xz carried (scripts/stock-llama-tarball.sh),
 # stock llama-bench is built first (scripts/device-stock-llama.sh, ~5.5 min, reused while the
@@ -24,11 +25,12 @@ OUTDIR="${1:?usage: scripts/device-bench.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PRESET="${PRESET:-qwen3-30b-a3b}"
-MODEL="/tmp/pmoe-models/$PRESET-q4_k_m${SKEW:+-skew$SKEW}.gguf"
+ARCH="${ARCH:-qwen3moe}"; QUANT="${QUANT:-q4_k_m}"
+MODEL="/tmp/pmoe-models/$PRESET-$QUANT${SKEW:+-skew$SKEW}.gguf"
 start=$(date +%s)
 if [ ! -s "$MODEL" ]; then
   mkdir -p "$(dirname "$MODEL")"
-  scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset "$PRESET" --quant q4_k_m \
+  scripts/device-run.sh pocketmoe synth --arch "$ARCH" --preset "$PRESET" --quant "$QUANT" \
     ${SKEW:+--routing-skew "$SKEW"} -o "$MODEL" || exit 1
 fi
 echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"

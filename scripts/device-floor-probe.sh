@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUTDIR="${1:?usage: scripts/device-floor-probe.sh OUTDIR}"; mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
-M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf
+M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf; mkdir -p /tmp/pmoe-models
 [ -s "$M" ] || scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" >/dev/null 2>&1 || exit 1
 rc=0
 b() { # LABEL ENV... -- ARGS...

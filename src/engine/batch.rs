@@ -308,7 +308,7 @@ impl Engine {
             })
             .max()
             .unwrap_or(0);
-        let n_kv = BatchInputs::padded_n_kv(top, 0, self.opts.n_ctx);
+        let n_kv = BatchInputs::padded_n_kv(top, 0, self.kv.n_ctx);
         let outs: Vec<i32> = (0..n as i32).filter(|&i| toks[i as usize].out).collect();
         let comp = if self.keeps_compressors() {
             // Each chunk's tokens are one run of the micro-batch (`forward_batch` lays them out

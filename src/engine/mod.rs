@@ -15,7 +15,7 @@ use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};
-use crate::graph::{dsv4, BatchInputs, GraphBuilder};
+use crate::graph::{dsv4, BatchInputs, GraphBuilder, KV_PAD};
 use crate::model::{validate::validate, Hparams};
 use std::path::Path;
 use std::rc::Rc;
@@ -202,6 +202,7 @@ impl Engine {
             .map(|_| (hp.k_dim() as usize, v_width))
             .collect();
         let kv_row = context::kv_row_bytes(&hp, opts.kv_type);
+        let kv_ctx = kv_rows_for(opts.n_ctx);
         // On a GPU without a budget: its free memory minus a margin.
         let gpu = match opts.device {
             Device::Cuda(i) => Some(Rc::new(Backend::cuda(i)?)),
@@ -214,7 +215,7 @@ impl Engine {
                 .and_then(|g| g.memory())
                 .map(|(free, total)| self::auto_budget(free as u64, total as u64));
         }
-        let kv_bytes = kv_row * opts.n_ctx as u64;
+        let kv_bytes = kv_row * kv_ctx as u64;
         // Offload when the budget is below the whole model (+ KV + a compute reserve).
         let offload = opts
             .gpu_mem
@@ -239,7 +240,7 @@ impl Engine {
         let kv = kv::KvCache::new(
             &main,
             &widths,
-            opts.n_ctx,
+            kv_ctx,
             opts.kv_type,
             rot,
             &(arch.kv.extra)(&hp, opts.n_ctx, opts.n_seq.max(1)),
@@ -323,7 +324,7 @@ impl Engine {
     /// the context (staging mode when offloading). Returns the compute buffer's size.
     fn reserve_largest(&mut self) -> Result<u64, EngineError> {
         let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
-        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.opts.n_ctx);
+        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.kv.n_ctx);
         let n_past = self.opts.n_ctx - n;
         let comp = self.comp_plans(&dsv4::single(n_past, n), n);
         let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
@@ -682,7 +683,7 @@ impl Engine {
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
         let n_past = self.n_past;
-        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.opts.n_ctx);
+        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
         // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
         // only in their inputs. Otherwise build, and let the scheduler allocate it.
         let comp = self.comp_plans(&dsv4::single(n_past, n), n);
@@ -730,6 +731,9 @@ impl Engine {
         let flat = g.tensor("logits").read_f32()?;
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
+        if flat.len() == n_vocab {
+            return Ok(vec![flat]); // one row (a decode step): no second copy
+        }
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
 }
@@ -829,6 +833,17 @@ pub(crate) fn run_graph(
     Ok(())
 }
 
+/// KV-cache rows for a context of `n_ctx` positions: a whole number of [`KV_PAD`] blocks, as
+/// libllama pads its cache. Every attention view is then a multiple of 256 positions, which
+/// ggml-cuda's vector flash-attention kernel (the batch-1 decode kernel) requires: with an
+/// unpadded cache a short context (a benchmark's, or `--ctx 1000`) sent each decode step's
+/// attention to the tensor-core kernel instead, 21 us per call against 8.5 (issue 30: the
+/// fresh-process tg128 at 0.77x stock, docs/bench-h200.md). Positions past `n_ctx` stay unused:
+/// `forward` still refuses them (`ContextFull`).
+pub fn kv_rows_for(n_ctx: usize) -> usize {
+    n_ctx.max(1).next_multiple_of(KV_PAD)
+}
+
 /// Compute-buffer reserve assumed when deciding whether a model fits a budget whole.
 const COMPUTE_RESERVE: u64 = 512 << 20;
 /// Device memory left for the CUDA backend's own workspace (cuBLAS, its memory pool) when
@@ -894,6 +909,23 @@ mod tests {
         assert_eq!(auto_budget(7 << 30, 8 << 30), 6 << 30);
         // Less free than the margin: 0 (then refused as too small, naming the smallest budget).
         assert_eq!(auto_budget(1 << 29, 8 << 30), 0);
+    }
+
+    #[test]
+    fn every_attention_view_is_whole_kv_blocks_even_in_a_short_context() {
+        // ggml-cuda's batch-1 flash-attention kernel (the vector kernel) needs the KV view to be
+        // a multiple of 256 positions; a context of 144 (a tg128 benchmark's) gave views of 144.
+        for n_ctx in [1, 100, 144, 256, 257, 1000, 4096] {
+            let rows = kv_rows_for(n_ctx);
+            assert!(rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD, "{n_ctx}: {rows}");
+            for n_past in 0..n_ctx {
+                for n in [1, 7].into_iter().filter(|n| n_past + n <= n_ctx) {
+                    let n_kv = BatchInputs::padded_n_kv(n_past, n, rows);
+                    assert_eq!(n_kv % KV_PAD, 0, "n_ctx {n_ctx}, n_past {n_past}, n {n}");
+                    assert!(n_kv >= n_past + n && n_kv <= rows);
+                }
+            }
+        }
     }
 
     #[test]

@@ -140,7 +140,8 @@ pub fn plan(
     let n_moe_layers_file = (0..hp.n_layer).filter(|&il| hp.is_moe_layer(il)).count() as u64;
     let n_experts_total = n_moe_layers_file * hp.n_expert;
     let expert_bytes_each = expert_bytes_total.checked_div(n_experts_total).unwrap_or(0);
-    let kv = kv_bytes(hp, n_ctx);
+    // The engine's cache holds whole 256-row blocks (`engine::kv_rows_for`).
+    let kv = kv_bytes(hp, crate::engine::kv_rows_for(n_ctx as usize) as u64);
     let compute = COMPUTE_RESERVE + hp.n_vocab * 4 * 512;
     let fixed = resident_bytes + kv + compute;
     let fits = fixed <= gpu_mem;
