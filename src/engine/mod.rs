@@ -149,6 +149,40 @@ pub struct Engine {
     /// Bytes of the model's tensors, and whether the budget was chosen automatically.
     model_bytes: u64,
     budget_auto: bool,
+    /// `POCKETMOE_STEP_PROFILE=1`: host time of single-token steps by phase, printed on drop.
+    profile: Option<StepProfile>,
+}
+
+/// Where a single-token step's wall time goes on the host (`POCKETMOE_STEP_PROFILE=1`; issue 30:
+/// the resident decode floor is host time between kernels once the kernels match libllama's).
+#[derive(Default)]
+struct StepProfile {
+    steps: u32,
+    /// From the previous step's return to this step's start (the caller: sampling, the bench).
+    between: f64,
+    /// Graph lookup and input writes.
+    inputs: f64,
+    /// The scheduler's compute, synchronised.
+    compute: f64,
+    /// Logits read-back into the returned vector.
+    logits: f64,
+    last_end: Option<std::time::Instant>,
+}
+
+impl Drop for StepProfile {
+    fn drop(&mut self) {
+        if self.steps > 0 {
+            let us = |x: f64| 1e6 * x / f64::from(self.steps);
+            eprintln!(
+                "step profile: {} single-token steps, per step: between steps {:.1} us, inputs {:.1} us, compute {:.1} us, logits {:.1} us",
+                self.steps,
+                us(self.between),
+                us(self.inputs),
+                us(self.compute),
+                us(self.logits)
+            );
+        }
+    }
 }
 
 impl Engine {
@@ -308,6 +342,9 @@ impl Engine {
             n_past: 0,
             model_bytes: total_bytes,
             budget_auto: auto_budget,
+            profile: std::env::var("POCKETMOE_STEP_PROFILE")
+                .is_ok_and(|v| v == "1")
+                .then(StepProfile::default),
         };
         // Resident models do not reserve the largest graph up front: tried for issue 30's
         // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
@@ -682,6 +719,7 @@ impl Engine {
         last_only: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
+        let t0 = std::time::Instant::now();
         let n_past = self.n_past;
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
         // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
@@ -727,8 +765,21 @@ impl Engine {
         for (r, p, n_comp) in &comp {
             dsv4::fill(|name| g.tensor(name), *r, p, *n_comp)?;
         }
+        let t1 = std::time::Instant::now();
         run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
+        let t2 = std::time::Instant::now();
         let flat = g.tensor("logits").read_f32()?;
+        if let (Some(p), 1) = (self.profile.as_mut(), n) {
+            let t3 = std::time::Instant::now();
+            if let Some(e) = p.last_end {
+                p.steps += 1;
+                p.between += (t0 - e).as_secs_f64();
+                p.inputs += (t1 - t0).as_secs_f64();
+                p.compute += (t2 - t1).as_secs_f64();
+                p.logits += (t3 - t2).as_secs_f64();
+            }
+            p.last_end = Some(t3);
+        }
         self.n_past = n_past + n;
         let n_vocab = self.hp.n_vocab as usize;
         if flat.len() == n_vocab {
