@@ -381,7 +381,7 @@ impl Engine {
         if outs.is_empty() {
             return Ok(Vec::new());
         }
-        let flat = g.tensor("logits").read_f32()?;
+        let flat = g.tensor("logits").read_f32_via(self.stage.as_ref())?;
         let n_vocab = self.hp.n_vocab as usize;
         Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }

@@ -151,6 +151,9 @@ pub struct Engine {
     budget_auto: bool,
     /// `POCKETMOE_STEP_PROFILE=1`: host time of single-token steps by phase, printed on drop.
     profile: Option<StepProfile>,
+    /// Page-locked memory the logits come back through, on a GPU (up to [`MAX_SLOT_TOKENS`]
+    /// rows; more are read directly).
+    stage: Option<crate::ggml::HostStage>,
 }
 
 /// Where a single-token step's wall time goes on the host (`POCKETMOE_STEP_PROFILE=1`; issue 30:
@@ -328,6 +331,13 @@ impl Engine {
             vec![main.clone(), cpu]
         };
         let sched = Sched::new(&backends, graph_size(&hp), false)?;
+        let stage = match &gpu {
+            Some(g) => Some(crate::ggml::HostStage::new(
+                g,
+                hp.n_vocab as usize * 4 * MAX_SLOT_TOKENS,
+            )?),
+            None => None,
+        };
         let mut eng = Self {
             hp,
             opts,
@@ -342,6 +352,7 @@ impl Engine {
             n_past: 0,
             model_bytes: total_bytes,
             budget_auto: auto_budget,
+            stage,
             profile: std::env::var("POCKETMOE_STEP_PROFILE")
                 .is_ok_and(|v| v == "1")
                 .then(StepProfile::default),
@@ -768,7 +779,7 @@ impl Engine {
         let t1 = std::time::Instant::now();
         run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         let t2 = std::time::Instant::now();
-        let flat = g.tensor("logits").read_f32()?;
+        let flat = g.tensor("logits").read_f32_via(self.stage.as_ref())?;
         if let (Some(p), 1) = (self.profile.as_mut(), n) {
             let t3 = std::time::Instant::now();
             if let Some(e) = p.last_end {

@@ -1073,6 +1073,24 @@ impl<'ctx> Tensor<'ctx> {
         Ok(out)
     }
 
+    /// [`Tensor::read_f32`] through `stage` (page-locked host memory) when it is given and the
+    /// tensor fits in it.
+    pub fn read_f32_via(self, stage: Option<&super::buffer::HostStage>) -> Result<Vec<f32>> {
+        let n = self.n_bytes();
+        let Some(stage) = stage.filter(|st| n <= st.size()) else {
+            return self.read_f32();
+        };
+        self.expect_type(GgmlType::F32)?;
+        self.check_io(n)?;
+        // SAFETY: the tensor has a live buffer of n bytes (check_io); the stage holds at least
+        // n bytes of host memory, alive while `stage` is borrowed, fully written by the copy
+        // before it is read as n / 4 f32s (every bit pattern is a valid f32).
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), stage.addr() as *mut std::ffi::c_void, 0, n);
+            Ok(std::slice::from_raw_parts(stage.addr() as *const f32, n / 4).to_vec())
+        }
+    }
+
     fn expect_type(&self, ty: GgmlType) -> Result<()> {
         if self.ty() != ty {
             return Err(self.err(format!("is {}, not {ty}", self.ty())));
