@@ -887,7 +887,7 @@ fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize, window: usize) -> Vec<u
 
 #[cfg(test)]
 mod tests {
-    use super::{auto_budget, Device};
+    use super::{auto_budget, kv_rows_for, BatchInputs, Device, KV_PAD};
 
     #[test]
     fn auto_device_is_the_cpu_without_a_gpu() {
