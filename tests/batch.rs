@@ -337,3 +337,44 @@ fn offloaded_batch_decode_matches_resident() {
         }
     }
 }
+
+/// Weights repacked for the CPU (the default with q4_k_m on an AVX2 CPU) are not batch-invariant
+/// (ggml's repacked kernels take rows four at a time): the engine refuses the switch then, and
+/// an engine loaded without repacking gives bit-identical logits batched and alone again.
+#[test]
+fn repacked_weights_refuse_batch_invariance() {
+    let path = common::synth_tiny("batch-repack", "qwen3moe", QuantMix::Q4KM, 1.0, 5);
+    let opts = EngineOptions {
+        n_ctx: 8 * KV_PAGE,
+        n_threads: 2,
+        n_seq: 4,
+        ..Default::default()
+    };
+    let mut eng = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
+    if eng.repacked().0 == 0 {
+        eprintln!("nothing repacked on this CPU: nothing to check");
+        return;
+    }
+    assert!(
+        !eng.set_batch_invariant(true),
+        "repacked weights took batch invariance"
+    );
+    drop(eng);
+    let plain = EngineOptions {
+        repack: false,
+        ..opts
+    };
+    let mut eng = Engine::load(&path, plain, &|_, _| {}).unwrap();
+    assert_eq!(eng.repacked().0, 0);
+    assert!(eng.set_batch_invariant(true));
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|i| (0..5 + 12 * i).map(|j| (j * 37 + i * 101) % 900).collect())
+        .collect();
+    let alone = run(&mut eng, &prompts, Layout::Alone);
+    let (d, same) = compare(&alone, &run(&mut eng, &prompts, Layout::Together));
+    assert_eq!(
+        d, 0.0,
+        "plain weights, batch-invariant kernels: batched logits differ"
+    );
+    assert!(same);
+}

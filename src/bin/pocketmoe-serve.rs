@@ -115,6 +115,11 @@ struct Args {
     /// the last bits of the logits). Slower CPU prompt processing; CUDA kernels are unaffected.
     #[arg(long)]
     batch_invariant: bool,
+    /// On the CPU: keep every weight in its file layout (llama.cpp's `--no-repack`). By default
+    /// the matrices the CPU's kernels take are repacked into interleaved blocks at load (not with
+    /// --batch-invariant: the repacked kernels take rows four at a time).
+    #[arg(long)]
+    no_repack: bool,
     /// Seconds running requests may go on after SIGINT/SIGTERM before they are ended;
     /// connections still open a second later are closed.
     #[arg(long, default_value_t = 10)]
@@ -197,6 +202,7 @@ fn run(args: Args) -> Result<i32> {
         n_ubatch: args.batch,
         gpu_mem: args.gpu_mem,
         kv_type: args.cache_type,
+        repack: !args.no_repack,
         ..Default::default()
     };
     engine_opts.n_ctx =

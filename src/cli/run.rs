@@ -66,6 +66,10 @@ pub struct RunArgs {
     /// Offloading: never compute missed experts on the CPU (every miss crosses PCIe).
     #[arg(long)]
     pub no_cpu_experts: bool,
+    /// On the CPU: keep every weight in its file layout (llama.cpp's `--no-repack`). By default
+    /// the matrices the CPU's kernels take are repacked into interleaved blocks at load.
+    #[arg(long)]
+    pub no_repack: bool,
     /// Print offload statistics (hit rate, PCIe bytes, waits) at the end.
     #[arg(long, short)]
     pub verbose: bool,
@@ -137,6 +141,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         policy: args.cache_policy.clone(),
         prefetch: !args.no_prefetch,
         cpu_experts: !args.no_cpu_experts,
+        repack: !args.no_repack,
         ..Default::default()
     };
     opts.n_ctx = super::context_for(args.ctx, &args.model, &opts, 1)?;

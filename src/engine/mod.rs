@@ -106,6 +106,11 @@ pub struct EngineOptions {
     /// state some architectures keep besides the KV rows (DeepSeek-V4's compressor rings) is
     /// sized for this many.
     pub n_seq: usize,
+    /// On the CPU (no GPU, no offload): weights read only as the matrix of a matrix product go
+    /// into the CPU's extra buffer types where its kernels take them (ggml-cpu's repack layout:
+    /// interleaved Q4_K/Q4_0/IQ4_NL/MXFP4 blocks, faster products), as llama.cpp does by default
+    /// (its `--no-repack` turns it off, as `false` here does). See `Engine::fill_weights`.
+    pub repack: bool,
 }
 
 impl Default for EngineOptions {
@@ -126,6 +131,7 @@ impl Default for EngineOptions {
             direct_decode: false,
             admit: crate::experts::Admit::Sync,
             direct_stop_every: 0,
+            repack: true,
         }
     }
 }
@@ -272,7 +278,14 @@ impl Engine {
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
         // it stays on the GPU: no CPU split and host round trip at every step.
         let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
-        let weights = weights::Weights::load(&file, &main, host, &keep, progress)?;
+        // CPU-only and resident: the weights are filled once the engine can build graphs on
+        // them, which decide what goes into the CPU's extra buffer types (`fill_weights`).
+        let repack = opts.repack && Rc::ptr_eq(&main, &cpu) && !offload;
+        let mut weights = weights::Weights::declare(&file, host.is_some(), &keep)?;
+        if !repack {
+            let none = weights::ExtraPlacement::new();
+            weights.fill(&file, &main, host, &none, progress)?;
+        }
         let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
         let kv = kv::KvCache::new(
             &main,
@@ -357,6 +370,9 @@ impl Engine {
                 .is_ok_and(|v| v == "1")
                 .then(StepProfile::default),
         };
+        if repack {
+            eng.fill_weights(progress)?;
+        }
         // Resident models do not reserve the largest graph up front: tried for issue 30's
         // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
         // docs/bench-h200.md, 2026-12-02).
@@ -366,6 +382,50 @@ impl Engine {
         // The server (and RUST_LOG=info) shows it at start; `pocketmoe run` prints it itself.
         tracing::info!("{}", eng.plan());
         Ok(eng)
+    }
+
+    /// Fills the declared weights of a CPU-only engine, each matrix that only ever is the
+    /// matrix of a product in one of the CPU device's extra buffer types where its kernels take
+    /// it (`Weights::extra_placement`). The uses are read from the graphs this engine builds:
+    /// a decode step at the start and at the end of the context, and the largest micro-batch
+    /// (at the end of the context, as `reserve_largest` builds it), so that shape-dependent
+    /// paths (DeepSeek-V4's compressors, the sparse-attention indexer) are present; a weight
+    /// none of them reads stays plain.
+    fn fill_weights(&mut self, progress: &dyn Fn(u64, u64)) -> Result<(), EngineError> {
+        let cpu = self._backends.last().expect("the CPU backend").clone();
+        let bufts = cpu.extra_buffer_types();
+        let place = if bufts.is_empty() {
+            weights::ExtraPlacement::new()
+        } else {
+            let n_ctx = self.opts.n_ctx;
+            let n = self.opts.n_ubatch.min(n_ctx).max(1);
+            let shapes = [(1, 0, false), (1, n_ctx - 1, false), (n, n_ctx - n, true)];
+            let mut graphs = Vec::new();
+            for (n, n_past, last_only) in shapes {
+                let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
+                let comp = self.comp_plans(&dsv4::single(n_past, n), n);
+                graphs.push(self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?.0);
+            }
+            let gs: Vec<_> = graphs.iter().map(|g| g.graph()).collect();
+            self.weights.extra_placement(&gs, &bufts)
+        };
+        self.weights
+            .fill(&self._file, &cpu, None, &place, progress)?;
+        let (n, bytes) = self.weights.extra();
+        tracing::info!(
+            "weights: {n} matrices ({bytes} B) in the CPU's extra buffer types ({})",
+            bufts
+                .iter()
+                .map(|b| b.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Ok(())
+    }
+
+    /// Weights in the CPU device's extra buffer types (repacked): (tensors, bytes).
+    pub fn repacked(&self) -> (usize, u64) {
+        self.weights.extra()
     }
 
     /// Reserves the scheduler's buffers for the largest graph: a full micro-batch at the end of
@@ -485,6 +545,13 @@ impl Engine {
                 );
                 if compute > 0 {
                     s += &format!("; compute buffer {}", gib(compute));
+                }
+                let (n, bytes) = self.weights.extra();
+                if n > 0 {
+                    s += &format!(
+                        "; {n} matrices ({}) repacked for the CPU's kernels",
+                        gib(bytes)
+                    );
                 }
             }
             Some(off) => {
@@ -979,7 +1046,10 @@ mod tests {
         // a multiple of 256 positions; a context of 144 (a tg128 benchmark's) gave views of 144.
         for n_ctx in [1, 100, 144, 256, 257, 1000, 4096] {
             let rows = kv_rows_for(n_ctx);
-            assert!(rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD, "{n_ctx}: {rows}");
+            assert!(
+                rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD,
+                "{n_ctx}: {rows}"
+            );
             for n_past in 0..n_ctx {
                 for n in [1, 7].into_iter().filter(|n| n_past + n <= n_ctx) {
                     let n_kv = BatchInputs::padded_n_kv(n_past, n, rows);

@@ -211,3 +211,123 @@ impl HostStage {
         self.size
     }
 }
+
+/// A ggml buffer type: a kind of memory with its own layout rules. ggml's buffer types are
+/// static singletons, so a handle is valid for the whole process.
+///
+/// The ones this crate names besides a backend's default are the CPU device's *extra* buffer
+/// types ([`Backend::extra_buffer_types`]): ggml-cpu's "repack" type re-lays quantised matrices
+/// (Q4_0, Q4_K, IQ4_NL, MXFP4, ... where the CPU has the kernels) into interleaved blocks as they
+/// are written, for faster matrix-vector and matrix-matrix products (llama.cpp's default).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BufType(sys::ggml_backend_buffer_type_t);
+
+// SAFETY: a buffer type is an immutable static singleton in ggml.
+unsafe impl Send for BufType {}
+// SAFETY: as above.
+unsafe impl Sync for BufType {}
+
+impl std::fmt::Debug for BufType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl BufType {
+    /// ggml's name for it (`CPU_REPACK`, `CPU`, ...).
+    pub fn name(&self) -> String {
+        // SAFETY: static buffer type; ggml returns a static C string.
+        super::cstr(unsafe { sys::ggml_backend_buft_name(self.0) })
+    }
+
+    /// Whether the op that produced `node` can run with `w` (one of its sources, not yet
+    /// allocated) in a buffer of this type, as the type's device judges it. This is llama.cpp's
+    /// `weight_buft_supported` asked of a real graph node instead of a dummy one: `w` is given a
+    /// zero-size buffer of this type for the question and none after it.
+    pub fn supports(&self, w: Tensor<'_>, node: Tensor<'_>) -> bool {
+        let t = w.raw();
+        // SAFETY: live tensors and a static buffer type. A zero-size request returns ggml's
+        // dummy buffer of this type (no memory, nothing of the type's own allocator runs); `w`
+        // had no buffer (asserted) and has none again before the dummy is freed.
+        unsafe {
+            assert!((*t).buffer.is_null(), "{} is already allocated", w.name());
+            let dev = sys::ggml_backend_buft_get_device(self.0);
+            if dev.is_null() {
+                return false;
+            }
+            let dummy = sys::ggml_backend_buft_alloc_buffer(self.0, 0);
+            if dummy.is_null() {
+                return false;
+            }
+            (*t).buffer = dummy;
+            let ok = sys::ggml_backend_dev_supports_op(dev, node.raw());
+            (*t).buffer = std::ptr::null_mut();
+            sys::ggml_backend_buffer_free(dummy);
+            ok
+        }
+    }
+
+    /// Bytes `t` takes in a buffer of this type (its data plus the type's padding).
+    pub fn alloc_size(&self, t: Tensor<'_>) -> usize {
+        // SAFETY: static buffer type, live tensor; a pure size query.
+        unsafe { sys::ggml_backend_buft_get_alloc_size(self.0, t.raw()) }
+    }
+}
+
+impl Backend {
+    /// The extra buffer types of this backend's device, in the order ggml prefers them (the
+    /// order llama.cpp tries them in), for a CPU backend; empty for any other (and for a CPU
+    /// build without them).
+    pub fn extra_buffer_types(&self) -> Vec<BufType> {
+        let mut out = Vec::new();
+        // SAFETY: live backend; device and registry handles are static; the proc address, when
+        // present, has the documented `ggml_backend_dev_get_extra_bufts_t` signature and returns
+        // a NULL-terminated static array.
+        unsafe {
+            if !sys::ggml_backend_is_cpu(self.raw()) {
+                return out;
+            }
+            let dev = sys::ggml_backend_get_device(self.raw());
+            if dev.is_null() {
+                return out;
+            }
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            let f = sys::ggml_backend_reg_get_proc_address(
+                reg,
+                c"ggml_backend_dev_get_extra_bufts".as_ptr(),
+            );
+            if f.is_null() {
+                return out;
+            }
+            let f: sys::ggml_backend_dev_get_extra_bufts_t = std::mem::transmute(f);
+            let Some(f) = f else { return out };
+            let mut p = f(dev);
+            while !p.is_null() && !(*p).is_null() {
+                out.push(BufType(*p));
+                p = p.add(1);
+            }
+        }
+        out
+    }
+}
+
+impl Context {
+    /// Allocates a `size`-byte buffer of type `buft`, owned by this context (tensors are put in
+    /// it with [`BufferRef::place`]).
+    pub fn new_buffer_of(&self, buft: BufType, size: usize) -> Result<BufferRef<'_>> {
+        // SAFETY: static buffer type; null on failure. ggml rounds a 0-byte request up.
+        let buf = unsafe { sys::ggml_backend_buft_alloc_buffer(buft.0, size.max(1)) };
+        if buf.is_null() {
+            return Err(GgmlError::Alloc {
+                backend: buft.name(),
+                what: "weights buffer".into(),
+                size,
+            });
+        }
+        self.adopt_buffer(buf);
+        Ok(BufferRef {
+            ptr: buf,
+            _ctx: PhantomData,
+        })
+    }
+}

@@ -835,6 +835,11 @@ impl TensorIndex {
         self.map.contains_key(name)
     }
 
+    /// The names indexed (in no particular order).
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.map.keys().map(String::as_str)
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -854,6 +859,23 @@ pub struct Tensor<'ctx> {
 impl<'ctx> Tensor<'ctx> {
     pub(crate) fn raw(self) -> *mut sys::ggml_tensor {
         self.ptr.as_ptr()
+    }
+
+    /// Wraps a tensor of a context that lives for 'ctx.
+    pub(crate) fn from_raw(ptr: NonNull<sys::ggml_tensor>) -> Self {
+        Self {
+            ptr,
+            _ctx: PhantomData,
+        }
+    }
+
+    /// Whether this tensor is a matrix product (`mul_mat` or `mul_mat_id`), whose source 0 is
+    /// the matrix.
+    pub fn is_matmul(&self) -> bool {
+        matches!(
+            self.get().op,
+            sys::GGML_OP_MUL_MAT | sys::GGML_OP_MUL_MAT_ID
+        )
     }
 
     fn get(&self) -> &sys::ggml_tensor {

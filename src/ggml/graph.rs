@@ -49,4 +49,25 @@ impl<'ctx> Graph<'ctx> {
         // SAFETY: pure query.
         unsafe { sys::ggml_graph_n_nodes(self.raw()) as usize }
     }
+
+    /// Every read of a tensor by a node of this graph: (node, source slot, the source's
+    /// [`Tensor::id`]). A view, reshape or permute of a tensor is a node that reads it, so a
+    /// tensor read through a view shows a read by a view node.
+    pub fn reads(&self) -> Vec<(Tensor<'ctx>, usize, usize)> {
+        let mut out = Vec::new();
+        for i in 0..self.n_nodes() {
+            // SAFETY: i < n_nodes; nodes and their sources live in contexts that outlive 'ctx
+            // (the graph's own, or the weights' and cache's, which the graph's builder borrowed).
+            unsafe {
+                let node = sys::ggml_graph_node(self.raw(), i as i32);
+                let node = Tensor::from_raw(NonNull::new(node).expect("graph node"));
+                for (slot, &src) in (*node.raw()).src.iter().enumerate() {
+                    if !src.is_null() {
+                        out.push((node, slot, src as usize));
+                    }
+                }
+            }
+        }
+        out
+    }
 }

@@ -83,6 +83,9 @@ pub struct LoadOptions {
     /// The one GPU to use (`--split-mode none --main-gpu N`); None = llama.cpp's default.
     pub main_gpu: Option<usize>,
     pub cpu_experts: CpuExperts,
+    /// CPU weights in the CPU's extra buffer types where its kernels take them (repacked:
+    /// llama.cpp's default; `false` is its `--no-repack`).
+    pub extra_bufts: bool,
 }
 
 /// Context settings beyond the defaults, as llama-bench exposes them.
@@ -145,6 +148,7 @@ impl LlamaModel {
         let ptr = unsafe {
             let mut p = sys::llama_model_default_params();
             p.n_gpu_layers = opts.n_gpu_layers;
+            p.use_extra_bufts = opts.extra_bufts;
             if let Some(g) = opts.main_gpu {
                 p.split_mode = sys::LLAMA_SPLIT_MODE_NONE;
                 p.main_gpu = g as i32;

@@ -25,7 +25,7 @@ pub use backend::{
     configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Event, Sched,
     ThreadPool,
 };
-pub use buffer::{BufferRef, HostStage, Memory};
+pub use buffer::{BufType, BufferRef, HostStage, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
 pub use graph::Graph;
 pub use types::{GgmlType, Kernels};

@@ -135,6 +135,8 @@ impl LocalEngine {
             let mut eopts = opts.engine.clone();
             // Whole pages for every slot's whole context (the scheduler's page pool).
             eopts.n_ctx = crate::engine::batch::rows_for(opts.parallel, opts.engine.n_ctx);
+            // Repacked CPU weights take a batch's rows four at a time: not batch-invariant.
+            eopts.repack &= !opts.batch_invariant;
             let path = opts.model.clone();
             let batch_invariant = opts.batch_invariant;
             std::thread::Builder::new()

@@ -316,6 +316,8 @@ pub struct LlamaRig {
     pub n_ctx: usize,
     pub threads: usize,
     pub reps: usize,
+    /// CPU weights repacked into the CPU's extra buffer types (llama.cpp's default).
+    pub repack: bool,
     model: Option<LlamaModel>,
     /// Device bytes in use before the loaded model.
     base: u64,
@@ -337,6 +339,7 @@ impl LlamaRig {
             n_ctx,
             threads,
             reps,
+            repack: true,
             model: None,
             base: 0,
         }
@@ -360,6 +363,7 @@ impl Rig for LlamaRig {
             n_gpu_layers: if self.gpu.is_some() { -1 } else { 0 },
             main_gpu: self.gpu,
             cpu_experts: self.cpu_experts(n_cpu),
+            extra_bufts: self.repack,
         };
         eprintln!(
             "llama.cpp: loading {}",
@@ -414,6 +418,7 @@ impl Rig for LlamaRig {
 
     fn label(&self, n_cpu: usize, ubatch: usize) -> String {
         let place = match self.cpu_experts(n_cpu) {
+            _ if self.gpu.is_none() && !self.repack => "-ngl 0 --no-repack".to_string(),
             _ if self.gpu.is_none() => "-ngl 0".to_string(),
             CpuExperts::None => "-ngl 99".to_string(),
             CpuExperts::All => "-ngl 99 -ot exps=CPU".to_string(),

@@ -89,6 +89,10 @@ pub struct BenchArgs {
     /// Skip the llama.cpp baseline.
     #[arg(long)]
     pub no_baseline: bool,
+    /// On the CPU: our engine keeps every weight in its file layout, and so does the llama.cpp
+    /// baseline (llama.cpp's `--no-repack`; both repack by default).
+    #[arg(long)]
+    pub no_repack: bool,
     /// Stock `llama-bench` (built as llama.cpp builds itself) to run beside the in-process
     /// baseline at each setting it chose; the comparison then uses the faster of the two and
     /// prints both (`scripts/device-stock-llama.sh` builds one on the H200 machine).
@@ -187,6 +191,7 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
         args.threads(),
         args.reps,
     );
+    rig.repack = !args.no_repack;
     let settings = sweep.run(&mut rig, &args.ubatches(), &tests, budget);
     println!("{}", serde_json::to_string(&settings)?);
     Ok(())
@@ -223,6 +228,9 @@ fn baseline_in_child(args: &BenchArgs, budget: Budget) -> Result<Vec<Setting>> {
     if let Some(g) = args.gpu {
         cmd.args(["--gpu", &g.to_string()]);
     }
+    if args.no_repack {
+        cmd.arg("--no-repack");
+    }
     // llama.cpp runs as it would for the user: without the switches our backend set.
     for var in crate::ggml::cuda_env_set_by_us() {
         cmd.env_remove(var);
@@ -252,12 +260,21 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         } else {
             RESIDENT_UBATCH
         },
+        repack: !args.no_repack,
         ..Default::default()
     };
     let mut s = Setting {
         engine: "pocketmoe".into(),
         budget: budget.0,
-        label: format!("pocketmoe -ub {}", opts.n_ubatch),
+        label: format!(
+            "pocketmoe -ub {}{}",
+            opts.n_ubatch,
+            if args.gpu.is_none() && args.no_repack {
+                " --no-repack"
+            } else {
+                ""
+            }
+        ),
         n_cpu_moe: None,
         n_ubatch: opts.n_ubatch,
         vram_bytes: None,
