@@ -968,7 +968,10 @@ mod tests {
         // a multiple of 256 positions; a context of 144 (a tg128 benchmark's) gave views of 144.
         for n_ctx in [1, 100, 144, 256, 257, 1000, 4096] {
             let rows = kv_rows_for(n_ctx);
-            assert!(rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD, "{n_ctx}: {rows}");
+            assert!(
+                rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD,
+                "{n_ctx}: {rows}"
+            );
             for n_past in 0..n_ctx {
                 for n in [1, 7].into_iter().filter(|n| n_past + n <= n_ctx) {
                     let n_kv = BatchInputs::padded_n_kv(n_past, n, rows);
