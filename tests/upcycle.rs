@@ -214,3 +214,24 @@ fn router_picks_vary_by_token() {
         picks.len()
     );
 }
+
+/// The dense model itself does not run, and the error says why and how to upcycle it.
+#[test]
+fn dense_model_says_how_to_upcycle() {
+    let err = Engine::load(
+        &common::smollm2(),
+        EngineOptions {
+            device: Device::Cpu,
+            n_ctx: 256,
+            ..Default::default()
+        },
+        &|_, _| {},
+    )
+    .err()
+    .expect("a dense model does not load")
+    .to_string();
+    assert!(
+        err.contains("a dense model") && err.contains("synth --upcycle"),
+        "{err}"
+    );
+}
