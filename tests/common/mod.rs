@@ -120,6 +120,14 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     ab / (aa.sqrt() * bb.sqrt())
 }
 
+/// The largest |a[i] - b[i]|.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 /// Index of the largest logit.
 pub fn argmax(v: &[f32]) -> u32 {
     pocketmoe::engine::sampling::argmax(v)
