@@ -40,7 +40,7 @@ pub struct SynthArgs {
     /// experts are copies of its FFN and whose router is random: it answers as the dense model
     /// does, and the router's choice (and the expert cache) is visible. Output default:
     /// SRC-moeN.gguf beside SRC.
-    #[arg(long, value_name = "SRC.gguf", conflicts_with_all = ["arch", "list", "header_only"])]
+    #[arg(long, value_name = "SRC.gguf", conflicts_with_all = ["arch", "list", "header_only", "preset", "quant", "routing_skew"])]
     pub upcycle: Option<PathBuf>,
     /// --upcycle: experts per block.
     #[arg(long, default_value_t = 8, requires = "upcycle")]
