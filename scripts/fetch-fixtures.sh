@@ -18,24 +18,8 @@ if [ -f "$DEST/vocab/.complete-$VERSION" ] && [ -f "$DEST/templates/.complete-$V
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# The sdist's address from PyPI's simple index (JSON form), fetched with the standard library only
-# (a bare Debian python3 has no pip), and checked against the index's sha256.
-python3 - "$VERSION" "$tmp" >&2 <<'PY'
-import hashlib, json, sys, urllib.request
-ver, out = sys.argv[1], sys.argv[2]
-req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
-                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-files = json.load(urllib.request.urlopen(req, timeout=120))["files"]
-sdist = next(f for f in files if f["filename"] == f"llama_cpp_python-{ver}.tar.gz")
-name = f"{out}/{sdist['filename']}"
-h = hashlib.sha256()
-with urllib.request.urlopen(sdist["url"], timeout=600) as r, open(name, "wb") as f:
-    while chunk := r.read(1 << 20):
-        h.update(chunk)
-        f.write(chunk)
-if h.hexdigest() != sdist["hashes"]["sha256"]:
-    sys.exit(f"{name}: sha256 {h.hexdigest()}, PyPI says {sdist['hashes']['sha256']}")
-PY
+python3 scripts/pypi-download.py llama-cpp-python "llama_cpp_python-$VERSION.tar.gz" \
+  "$tmp/llama_cpp_python-$VERSION.tar.gz" >&2
 models="llama_cpp_python-$VERSION/vendor/llama.cpp/models"
 tar -xzf "$tmp"/llama_cpp_python-$VERSION.tar.gz -C "$tmp" --wildcards \
   "*/vendor/llama.cpp/models/ggml-vocab-*" "*/vendor/llama.cpp/models/templates/*.jinja"

@@ -1,7 +1,7 @@
 //! PocketMoE: run large Mixture-of-Experts GGUF models on GPUs too small to hold them.
 //!
 //! ggml (through `ggml-sys`, from the one llama.cpp build of `llama-cpp-sys-4`) does the quantised
-//! math; this crate does the MoE-specific parts. See the README's architecture section for the
+//! math; this crate does the MoE-specific parts. See docs/usage.md's architecture section for the
 //! layout, and docs/design.md for the physics, the offload design as built and the invariants.
 pub mod arch;
 pub mod cli;

@@ -112,10 +112,10 @@ fn templates_libllama_can_render_match_it() {
         }
     }
     // Every (conversation, add_generation_prompt) the masks select was compared exactly, and the
-    // README's "23 real chat templates render exactly as llama_chat_apply_template" holds.
+    // docs/usage.md's "23 real chat templates render exactly as llama_chat_apply_template" holds.
     let selected: u32 = MATCHING.iter().map(|&(_, m)| m.count_ones()).sum();
     assert_eq!(compared, selected as usize);
-    assert_eq!(MATCHING.len(), 23, "the README states 23 templates");
+    assert_eq!(MATCHING.len(), 23, "docs/usage.md states 23 templates");
 }
 
 #[test]

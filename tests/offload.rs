@@ -252,7 +252,7 @@ fn offloaded_equals_resident_on_every_built_arch() {
 /// Prefill micro-batches far larger than the slot micro-batch (every used expert staged,
 /// stage-ahead on): a 600-token prompt in micro-batches of 512 matches the resident engine as
 /// exactly as the decode cases (cosine >= 0.99999: the same kernels on the same micro-batches;
-/// it was 0.999, looser than the README's "exact", issue 16 item 3).
+/// it was 0.999, looser than docs/usage.md's "exact", issue 16 item 3).
 #[test]
 fn long_prefill_micro_batches_match_resident() {
     let path = tiny("qwen3moe");

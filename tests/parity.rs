@@ -12,7 +12,7 @@
 //!   below [`tie_eps`] (1e-4 on the CPU, where both engines' logits are bitwise equal);
 //! - our greedy tokens are not degenerate (more than 3 distinct ones).
 mod common;
-use common::{argmax, cosine};
+use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::llama::{LlamaContext, LlamaModel};
 use pocketmoe::ggml::GgmlType;
@@ -308,13 +308,6 @@ fn repacks_q4_k() -> bool {
     {
         false
     }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
 }
 
 /// Every architecture with a graph (`pocketmoe::arch::built`).

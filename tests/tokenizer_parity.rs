@@ -308,7 +308,7 @@ fn every_supported_fixture_vocab_matches_libllama() {
         eprintln!("  unsupported {u}");
     }
     // The fixtures are pinned (llama-cpp-python 0.3.36's vocab files): 17 pass and 2 (BERT WPM)
-    // are unsupported, as the README states; a vocab file silently skipped must fail here.
+    // are unsupported, as docs/usage.md states; a vocab file silently skipped must fail here.
     assert_eq!(
         (passed.len(), unsupported.len()),
         (17, 2),

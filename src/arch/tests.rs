@@ -1089,7 +1089,7 @@ fn from_meta_refuses_bad_values_naming_the_key() {
         (
             "expert_count",
             V::U(0),
-            "expert_count = 0: not a Mixture-of-Experts model",
+            "expert_count = 0: a dense model, not a Mixture-of-Experts one",
         ),
         (
             "vocab_size",

@@ -99,12 +99,14 @@ pub fn device_for(
 ) -> (crate::engine::Device, Option<String>) {
     use crate::engine::Device;
     let Some(ngl) = ngl else {
-        let d = match (cpu, gpu) {
-            (true, _) => Device::Cpu,
-            (false, Some(i)) => Device::Cuda(i),
-            (false, None) => Device::Auto,
+        return match (cpu, gpu) {
+            (true, _) => (Device::Cpu, None),
+            (false, Some(i)) => (Device::Cuda(i), None),
+            (false, None) if Device::Auto.resolve() == Device::Cpu => {
+                (Device::Cpu, Some(no_gpu_note()))
+            }
+            (false, None) => (Device::Auto, None),
         };
-        return (d, None);
     };
     if ngl == GpuLayers::Count(0) {
         return (
@@ -127,6 +129,17 @@ pub fn device_for(
             )),
         ),
     }
+}
+
+/// What running on the CPU by default means here, and how to get a GPU build.
+fn no_gpu_note() -> String {
+    let why = if cfg!(feature = "cuda") {
+        "this CUDA build finds no GPU"
+    } else {
+        "this build has no CUDA (scripts/build-cuda.sh, or `cargo build --release --features \
+         cuda` with a toolkit, builds one)"
+    };
+    format!("note: running on the CPU: {why}; --cpu silences this note")
 }
 
 /// llama.cpp's multi-letter single-dash options (`-ngl 99`, `-np 4`) rewritten to the long

@@ -15,7 +15,7 @@ use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};
-use crate::graph::{dsv4, BatchInputs, GraphBuilder, KV_PAD};
+use crate::graph::{dsv4, BatchInputs, GraphBuilder};
 use crate::model::{validate::validate, Hparams};
 use std::path::Path;
 use std::rc::Rc;
@@ -962,16 +962,7 @@ pub(crate) fn run_graph(
     Ok(())
 }
 
-/// KV-cache rows for a context of `n_ctx` positions: a whole number of [`KV_PAD`] blocks, as
-/// libllama pads its cache. Every attention view is then a multiple of 256 positions, which
-/// ggml-cuda's vector flash-attention kernel (the batch-1 decode kernel) requires: with an
-/// unpadded cache a short context (a benchmark's, or `--ctx 1000`) sent each decode step's
-/// attention to the tensor-core kernel instead, 21 us per call against 8.5 (issue 30: the
-/// fresh-process tg128 at 0.77x stock, docs/bench-h200.md). Positions past `n_ctx` stay unused:
-/// `forward` still refuses them (`ContextFull`).
-pub fn kv_rows_for(n_ctx: usize) -> usize {
-    n_ctx.max(1).next_multiple_of(KV_PAD)
-}
+pub use crate::model::placement::kv_rows_for;
 
 /// Compute-buffer reserve assumed when deciding whether a model fits a budget whole.
 const COMPUTE_RESERVE: u64 = 512 << 20;
@@ -1016,7 +1007,8 @@ fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize, window: usize) -> Vec<u
 
 #[cfg(test)]
 mod tests {
-    use super::{auto_budget, kv_rows_for, BatchInputs, Device, KV_PAD};
+    use super::{auto_budget, kv_rows_for, BatchInputs, Device};
+    use crate::graph::KV_PAD;
 
     #[test]
     fn auto_device_is_the_cpu_without_a_gpu() {

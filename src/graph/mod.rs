@@ -44,8 +44,7 @@ pub struct BatchInputs<'a> {
     pub dsv4: Option<dsv4::Dsv4Inputs<'a>>,
 }
 
-/// Granularity of the attended cache length (llama.cpp pads the same way).
-pub const KV_PAD: usize = 256;
+pub use crate::model::placement::KV_PAD;
 
 impl BatchInputs<'_> {
     /// Cache positions attention reads (see the field).

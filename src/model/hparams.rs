@@ -270,6 +270,9 @@ impl Hparams {
     /// required keys are errors naming the key; optional ones take llama.cpp's defaults.
     pub fn from_meta(arch: &'static ArchSpec, meta: &dyn Metadata) -> Result<Self, String> {
         let k = |s: &str| format!("{arch}.{s}");
+        if arch.required_keys.contains(&"expert_count") && !meta.has(&k("expert_count")) {
+            return Err(format!("no {}: {}", k("expert_count"), dense_model(arch)));
+        }
         for key in COMMON_REQUIRED.iter().chain(arch.required_keys) {
             if !meta.has(&k(key)) {
                 return Err(format!("missing required metadata key {}", k(key)));
@@ -648,11 +651,7 @@ impl Hparams {
         let key = |s: &str| format!("{a}.{s}");
         let is = |s: &str, v: u64| format!("{} = {v}", key(s));
         if self.n_expert == 0 {
-            return Err(format!(
-                "{}: not a Mixture-of-Experts model (PocketMoE runs MoE models; the count must be \
-                 in 1..={MAX_DIM})",
-                is("expert_count", 0)
-            ));
+            return Err(format!("{}: {}", is("expert_count", 0), dense_model(a)));
         }
         range(&key("expert_count"), self.n_expert, 1, MAX_DIM, "")?;
         let experts = format!(" ({})", is("expert_count", self.n_expert));
@@ -801,6 +800,17 @@ impl Hparams {
 }
 
 /// `key = v` must lie in `lo..=hi`; `why` says where a bound comes from.
+/// Why a model without experts does not run, and, where there is one, the way to a MoE.
+fn dense_model(arch: &ArchSpec) -> String {
+    let hint = if arch.name == "llama" {
+        "; `pocketmoe synth --upcycle FILE --experts 8` turns a dense llama model into a MoE that \
+         answers exactly as it does"
+    } else {
+        ""
+    };
+    format!("a dense model, not a Mixture-of-Experts one (PocketMoE runs MoE models){hint}")
+}
+
 fn range(key: &str, v: u64, lo: u64, hi: u64, why: &str) -> Result<(), String> {
     if (lo..=hi).contains(&v) {
         Ok(())

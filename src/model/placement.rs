@@ -10,6 +10,20 @@ use super::{Hparams, Role};
 use crate::gguf::TensorInfo;
 use std::collections::HashMap;
 
+/// Granularity of the attended cache length (llama.cpp pads the same way).
+pub const KV_PAD: usize = 256;
+
+/// KV-cache rows for a context of `n_ctx` positions: a whole number of [`KV_PAD`] blocks, as
+/// libllama pads its cache. Every attention view is then a multiple of 256 positions, which
+/// ggml-cuda's vector flash-attention kernel (the batch-1 decode kernel) requires: with an
+/// unpadded cache a short context (a benchmark's, or `--ctx 1000`) sent each decode step's
+/// attention to the tensor-core kernel instead, 21 us per call against 8.5 (issue 30: the
+/// fresh-process tg128 at 0.77x stock, docs/bench-h200.md). Positions past `n_ctx` stay unused:
+/// `forward` still refuses them (`ContextFull`).
+pub fn kv_rows_for(n_ctx: usize) -> usize {
+    n_ctx.max(1).next_multiple_of(KV_PAD)
+}
+
 /// Bandwidths the bound uses, bytes/s. Defaults: measured on the H200 box (docs/design.md §1).
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Bandwidths {
@@ -141,7 +155,7 @@ pub fn plan(
     let n_experts_total = n_moe_layers_file * hp.n_expert;
     let expert_bytes_each = expert_bytes_total.checked_div(n_experts_total).unwrap_or(0);
     // The engine's cache holds whole 256-row blocks (`engine::kv_rows_for`).
-    let kv = kv_bytes(hp, crate::engine::kv_rows_for(n_ctx as usize) as u64);
+    let kv = kv_bytes(hp, kv_rows_for(n_ctx as usize) as u64);
     let compute = COMPUTE_RESERVE + hp.n_vocab * 4 * 512;
     let fixed = resident_bytes + kv + compute;
     let fits = fixed <= gpu_mem;

@@ -12,6 +12,7 @@
 pub mod presets;
 pub mod quantmix;
 pub mod routing;
+pub mod upcycle;
 pub mod vocab;
 
 use crate::ggml::{quant, GgmlType};
@@ -540,25 +541,34 @@ pub fn synth(
             })
             .collect::<Result<_, _>>()
     })?;
-    // Written under a temporary name in the same folder, then renamed over `out`: a process
-    // that has the old file open or mapped (a server, a test running beside this one) keeps
-    // reading the old file whole, never a half-written one.
+    let tmp = partial_path(&opts.out);
+    let bytes = w.write_with_progress(&tmp, progress, |i, buf| {
+        fill(&planned[i], &pools, buf).map_err(|e| std::io::Error::other(e.to_string()))
+    })?;
+    rename_into_place(&tmp, &opts.out)?;
+    Ok(report(opts, &planned, &w, bytes))
+}
+
+/// A temporary name for `out` in its folder. A model is written under it, then renamed over
+/// `out` ([`rename_into_place`]): a process that has the old file open or mapped (a server, a
+/// test running beside this one) keeps reading the old file whole, never a half-written one.
+fn partial_path(out: &Path) -> PathBuf {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut tmp_name = opts.out.file_name().unwrap_or_default().to_os_string();
+    let mut tmp_name = out.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(
         ".partial-{}-{}",
         std::process::id(),
         SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    let tmp = opts.out.with_file_name(tmp_name);
-    let bytes = w.write_with_progress(&tmp, progress, |i, buf| {
-        fill(&planned[i], &pools, buf).map_err(|e| std::io::Error::other(e.to_string()))
-    })?;
-    if let Err(e) = std::fs::rename(&tmp, &opts.out) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(crate::gguf::GgufError::io(&opts.out, "rename into place", e).into());
-    }
-    Ok(report(opts, &planned, &w, bytes))
+    out.with_file_name(tmp_name)
+}
+
+/// Renames the finished `tmp` over `out` (removing `tmp` if that fails).
+fn rename_into_place(tmp: &Path, out: &Path) -> Result<(), SynthError> {
+    std::fs::rename(tmp, out).map_err(|e| {
+        let _ = std::fs::remove_file(tmp);
+        crate::gguf::GgufError::io(out, "rename into place", e).into()
+    })
 }
 
 /// Bytes of tensor data a preset gives under `mix` (without writing anything).

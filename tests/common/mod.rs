@@ -120,6 +120,14 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     ab / (aa.sqrt() * bb.sqrt())
 }
 
+/// The largest |a[i] - b[i]|.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 /// Index of the largest logit.
 pub fn argmax(v: &[f32]) -> u32 {
     pocketmoe::engine::sampling::argmax(v)
@@ -209,4 +217,24 @@ pub fn write_with_key(
         Ok(())
     })
     .unwrap();
+}
+
+/// SmolLM2-135M-Instruct (a dense `llama` GGUF, Q4_1), fetched once from PyPI by
+/// scripts/fetch-smollm2.sh into ~/.cache/pocketmoe (or `POCKETMOE_CACHE`).
+pub fn smollm2() -> PathBuf {
+    static ONCE: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut done = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = done.as_ref() {
+        return p.clone();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/fetch-smollm2.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("running scripts/fetch-smollm2.sh");
+    assert!(out.status.success(), "scripts/fetch-smollm2.sh failed");
+    let p = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    *done = Some(p.clone());
+    p
 }
