@@ -293,7 +293,9 @@ impl Engine {
             kv_ctx,
             opts.kv_type,
             rot,
-            &(arch.kv.extra)(&hp, opts.n_ctx, opts.n_seq.max(1)),
+            // The architecture's own caches (DeepSeek-3.2's indexer keys, DeepSeek-V4's
+            // compressed rows) are read through the same padded views: the same rows.
+            &(arch.kv.extra)(&hp, kv_ctx, opts.n_seq.max(1)),
         )?;
         let off = if offload {
             let o = OffloadOptions {
@@ -673,7 +675,7 @@ impl Engine {
             spans,
             n,
             self.opts.n_seq.max(1),
-            self.opts.n_ctx,
+            self.kv.n_ctx, // the rows `arch.kv.extra` sized the compressed caches for
         )
     }
 
