@@ -26,13 +26,8 @@ mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PRESET="${PRESET:-qwen3-30b-a3b}"
 ARCH="${ARCH:-qwen3moe}"; QUANT="${QUANT:-q4_k_m}"
-MODEL="/tmp/pmoe-models/$PRESET-$QUANT${SKEW:+-skew$SKEW}.gguf"
 start=$(date +%s)
-if [ ! -s "$MODEL" ]; then
-  mkdir -p "$(dirname "$MODEL")"
-  scripts/device-run.sh pocketmoe synth --arch "$ARCH" --preset "$PRESET" --quant "$QUANT" \
-    ${SKEW:+--routing-skew "$SKEW"} -o "$MODEL" || exit 1
-fi
+MODEL=$(scripts/device-model.sh "$ARCH" "$PRESET" "$QUANT" "${SKEW:-}") || exit 1
 echo "synth done at $(( $(date +%s) - start )) s" | tee "$OUTDIR/bench.log"
 LLAMA_BENCH=
 if [ "${STOCK:-1}" != 0 ] && [ -s dist/stock/llama.cpp.tar.xz ]; then

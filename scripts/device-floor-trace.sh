@@ -8,8 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUTDIR="${1:?usage: scripts/device-floor-trace.sh OUTDIR}"; mkdir -p "$OUTDIR"; OUTDIR=$(cd "$OUTDIR" && pwd)
-M=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf; mkdir -p /tmp/pmoe-models
-[ -s "$M" ] || scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset qwen3-30b-a3b --quant q4_k_m -o "$M" >/dev/null 2>&1 || exit 1
+M=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m 2>/dev/null) || exit 1
 rc=0
 t() { # LABEL ENV... -- BENCH-ARGS...
   local label=$1; shift; local envs=(); while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift

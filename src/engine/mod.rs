@@ -410,12 +410,10 @@ impl Engine {
             let n_ctx = self.opts.n_ctx;
             let n = self.opts.n_ubatch.min(n_ctx).max(1);
             let shapes = [(1, 0, false), (1, n_ctx - 1, false), (n, n_ctx - n, true)];
-            let mut graphs = Vec::new();
-            for (n, n_past, last_only) in shapes {
-                let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
-                let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-                graphs.push(self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?.0);
-            }
+            let graphs = shapes
+                .into_iter()
+                .map(|(n, n_past, last_only)| self.graph_at(n, n_past, last_only))
+                .collect::<Result<Vec<_>, _>>()?;
             let gs: Vec<_> = graphs.iter().map(|g| g.graph()).collect();
             self.weights.extra_placement(&gs, &bufts)
         };
@@ -442,13 +440,23 @@ impl Engine {
     /// the context (staging mode when offloading). Returns the compute buffer's size.
     fn reserve_largest(&mut self) -> Result<u64, EngineError> {
         let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
-        let n_kv = BatchInputs::padded_n_kv(self.opts.n_ctx - n, n, self.kv.n_ctx);
-        let n_past = self.opts.n_ctx - n;
-        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-        let (g, _) = self.build_graph(n, n_past, n_kv, false, 0, &comp)?;
+        let g = self.graph_at(n, self.opts.n_ctx - n, false)?;
         self.sched.reserve(&g.graph())?;
         drop(g);
         Ok(self.sched.buffer_size(0) as u64)
+    }
+
+    /// The graph of a single-sequence micro-batch of `n` tokens at `n_past`, with its padded
+    /// KV view and compressor plans, built but not allocated (for sizing and inspection).
+    fn graph_at(
+        &self,
+        n: usize,
+        n_past: usize,
+        last_only: bool,
+    ) -> Result<OwnedGraph, EngineError> {
+        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
+        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
+        Ok(self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?.0)
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
