@@ -14,8 +14,15 @@
 # build), and ggml picks its kernels by the compiler's __AVX512F__ / __AMX_INT8__ ... macros. This
 # build is for the device, a Sapphire Rapids host, so it uses the ISA of ggml's own
 # `sapphirerapids` variant (the one a GGML_CPU_ALL_VARIANTS build of llama.cpp picks there at run
-# time: AVX-512 F/VBMI/VNNI/BF16 + AMX tile/int8). `pocketmoe self-check` prints the variant, and
-# refuses to run on a host without these instructions.
+# time: AVX-512 F/VBMI/VNNI/BF16 + AMX tile/int8) less AMX, which is ggml's `zen4` set (the name
+# `pocketmoe self-check` prints; it refuses to run on a host without these instructions).
+#
+# No AMX: with -mamx-* ggml-cpu adds its AMX buffer type first among the extra (repack) buffer
+# types, and on the device every CPU-only engine with repacked weights, ours and libllama's in
+# our test binaries, died of SIGILL at the first AMX `tilezero` (scripts/probe/sigill-where.c
+# named it; Firecracker guest, kernel 6.18, 2026-12-02). AMX serves only MUL_MAT (never the
+# experts' MUL_MAT_ID), and at the offload settings stock's AVX2 module was as fast as its AMX
+# one (docs/bench-h200.md), so the AVX-512 kernels lose nothing we measure.
 #
 # CMake options that llama-cpp-sys-4 does not forward (it takes only LLAMA_*) go in a toolchain
 # file, which the cmake crate passes from $CMAKE_TOOLCHAIN_FILE and CMake reads before ggml's own
@@ -40,10 +47,22 @@ case "${CPU_VARIANT:-sapphirerapids}" in
   icelake) isa="$isa -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vbmi -mavx512vnni" ;;
   sapphirerapids)
     isa="$isa -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw -mavx512vbmi -mavx512vnni"
-    isa="$isa -mavx512bf16 -mamx-tile -mamx-int8" ;;
+    isa="$isa -mavx512bf16" ;;
   *) echo "CPU_VARIANT must be haswell, icelake or sapphirerapids" >&2; exit 2 ;;
 esac
 export CFLAGS_x86_64_unknown_linux_gnu="$isa" CXXFLAGS_x86_64_unknown_linux_gnu="$isa"
+# llama-cpp-sys-4 keeps its CMake build in a cache keyed by crate features, not C flags, and skips
+# configuring when a CMakeCache.txt exists, and cargo does not rerun its build script when C flags
+# change: an ISA change would never reach ggml-cpu. Drop a cache configured with other flags and
+# the crate's build-script state (ninja then rebuilds only what the flags change).
+for c in "$CARGO_TARGET_DIR"/llama-cmake-cache/*/build/CMakeCache.txt; do
+  [ -f "$c" ] || continue
+  if [ "$(sed -n 's/^CMAKE_C_FLAGS:STRING=.*-march=/-march=/p' "$c")" != "$isa" ]; then
+    echo "ISA changed to '$isa': reconfiguring $c" >&2
+    rm -f "$c"
+    cargo clean --release -p llama-cpp-sys-4
+  fi
+done
 tc="$CARGO_TARGET_DIR/pocketmoe-cuda-toolchain.cmake"
 cat > "$tc.new" <<EOT
 set(CMAKE_CUDA_ARCHITECTURES "$CMAKE_CUDA_ARCHITECTURES")

@@ -90,8 +90,13 @@ pub struct EngineOptions {
     pub prefetch: bool,
     /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
     pub cpu_experts: bool,
-    /// Offload cost model: (PCIe, CPU-channel) bytes/s; `None`: measured defaults.
+    /// Offload cost model: (PCIe, CPU-channel) bytes/s; `None`: measured on the box at the
+    /// first decode step that may use the CPU channel.
     pub offload_bandwidths: Option<(f64, f64)>,
+    /// Offloading: balance each decode step's misses between the copy engine and the CPU
+    /// channel (its backlog counted, part of the predicted experts left to the CPU instead of
+    /// prefetched; docs/design.md §4.5). `false`: the planner before 2026-12-02.
+    pub miss_balance: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Offloading on a GPU: decode single tokens without graph stops (misses read in place
@@ -127,6 +132,7 @@ impl Default for EngineOptions {
             prefetch: true,
             cpu_experts: true,
             offload_bandwidths: None,
+            miss_balance: true,
             // Measured slower than the stopping path so far (docs/bench-h200.md, session 6).
             direct_decode: false,
             admit: crate::experts::Admit::Sync,
@@ -313,6 +319,7 @@ impl Engine {
                 n_ubatch: opts.n_ctx.max(1),
                 prefetch: opts.prefetch,
                 bandwidths: opts.offload_bandwidths,
+                balance: opts.miss_balance,
                 // Experiment switches (until the defaults are settled by measurement).
                 direct: std::env::var("POCKETMOE_DIRECT").map_or(opts.direct_decode, |v| v != "0"),
                 stop_every: match std::env::var("POCKETMOE_STOP_EVERY") {

@@ -287,6 +287,7 @@ pub(super) mod tests {
             prefetch: false,
             cpu_threads: 1,
             bandwidths: None,
+            balance: true,
             direct: false,
             admit: Admit::Sync,
             stop_every: 0,

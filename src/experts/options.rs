@@ -13,8 +13,13 @@ pub struct OffloadOptions {
     pub prefetch: bool,
     /// Threads of the CPU channel for misses (0: misses are always copied).
     pub cpu_threads: usize,
-    /// Cost-model bandwidths (PCIe copy, CPU channel), bytes/s; `None`: the defaults.
+    /// Cost-model bandwidths (PCIe copy, CPU channel), bytes/s; `None`: measured on the box at
+    /// the first decode stop that may use the CPU channel.
     pub bandwidths: Option<(f64, f64)>,
+    /// Balance a step's misses between the copy engine and the CPU channel, counting the copy
+    /// engine's backlog and leaving part of the predicted experts to the CPU instead of
+    /// prefetching them all (docs/design.md §4.5); `false`: the planner before 2026-12-02.
+    pub balance: bool,
     /// Single-token decode without graph stops where the device allows it ([`Mode::Direct`]);
     /// `false` keeps the stop after every offloaded router ([`Mode::Slots`]).
     pub direct: bool,

@@ -1,8 +1,8 @@
 //! Which CPU kernels this build's ggml-cpu was compiled for, and whether this host can run them.
 //!
-//! llama-cpp-sys-2 builds one ggml-cpu, statically, for the Rust target: x86-64-v3 (AVX2) by
-//! default (`.cargo/config.toml`), the `sapphirerapids` set (AVX-512 + AMX) in the device build
-//! (`scripts/build-cuda.sh`, through its GGML_* options). ggml's own runtime-dispatched variants
+//! llama-cpp-sys-4 builds one ggml-cpu for the Rust target: x86-64-v3 (AVX2) by default
+//! (`.cargo/config.toml`), AVX-512 F/VBMI/VNNI/BF16 without AMX (ggml's `zen4` set) in the device
+//! build (`scripts/build-cuda.sh`, through its C flags; why no AMX is said there). ggml's own runtime-dispatched variants
 //! (`GGML_BACKEND_DL` + `GGML_CPU_ALL_VARIANTS`) would move ggml-cpu into a dlopen'ed module that
 //! our code, which calls the CPU backend directly, cannot link against; so the variant is chosen
 //! at build time, named here like ggml's variants, and checked against the host at start-up

@@ -93,6 +93,11 @@ pub struct BenchArgs {
     /// baseline (llama.cpp's `--no-repack`; both repack by default).
     #[arg(long)]
     pub no_repack: bool,
+    /// Offloading: the miss planner before 2026-12-02 (each stop's misses split from an idle
+    /// copy engine, every predicted expert prefetched) instead of the balance of the copy
+    /// engine and the CPU channel, to measure one against the other.
+    #[arg(long)]
+    pub no_miss_balance: bool,
     /// Stock `llama-bench` (built as llama.cpp builds itself) to run beside the in-process
     /// baseline at each setting it chose; the comparison then uses the faster of the two and
     /// prints both (`scripts/device-stock-llama.sh` builds one on the H200 machine).
@@ -261,6 +266,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
             RESIDENT_UBATCH
         },
         repack: !args.no_repack,
+        miss_balance: !args.no_miss_balance,
         ..Default::default()
     };
     let mut s = Setting {
@@ -271,6 +277,8 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
             opts.n_ubatch,
             if args.gpu.is_none() && args.no_repack {
                 " --no-repack"
+            } else if budget.0.is_some() && args.no_miss_balance {
+                " --no-miss-balance"
             } else {
                 ""
             }

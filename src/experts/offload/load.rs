@@ -199,6 +199,7 @@ impl Offload {
         let store_idx = store.index();
         let dev_idx = dev.index();
         let bw = opts.bandwidths;
+        let balance = opts.balance;
         Ok(Self {
             n_expert,
             k,
@@ -231,8 +232,7 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             cpu_ok,
-            pcie_bw: bw.map_or(if backend.is_cuda() { 45e9 } else { 20e9 }, |b| b.0),
-            cpu_bw: bw.map_or(30e9, |b| b.1),
+            miss: MissModel::new(bw, backend.is_cuda(), balance),
         })
     }
 }

@@ -34,6 +34,7 @@ mod tensors;
 pub use super::mats::{ExpertMat, MATS};
 pub use super::options::{Admit, Mode, OffloadOptions};
 pub use hook::StepHook;
+pub use planner::MissModel;
 pub use readback::predicted_experts;
 pub use tensors::Ctl;
 
@@ -161,10 +162,8 @@ pub struct Offload {
     cpu: Option<CpuChannel>,
     cpu_ok: Vec<bool>,
     cpu_dirty: Vec<bool>,
-    /// Cost model, bytes/s: PCIe copies, and the CPU channel (fixed at load: the options or the
-    /// defaults; docs/design.md §4.5).
-    pcie_bw: f64,
-    cpu_bw: f64,
+    /// Cost model of a miss on each channel (docs/design.md §4.5).
+    miss: MissModel,
 }
 
 impl Drop for Offload {
@@ -218,6 +217,12 @@ impl Offload {
     /// Cache slots per layer.
     pub fn n_slots(&self) -> usize {
         self.n_slots
+    }
+
+    /// The misses' cost model: rates (measured at the first decode stop that may use the CPU
+    /// channel, or given) and whether the balance is on.
+    pub fn miss_model(&self) -> &MissModel {
+        &self.miss
     }
 }
 

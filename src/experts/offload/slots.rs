@@ -17,7 +17,7 @@ impl Offload {
         }
         // Decode: split the misses between the copy engine and the CPU channel.
         let on_cpu = if self.cpu_candidate(n, n_tokens) {
-            self.plan_cpu(il, &used)
+            self.plan_cpu(il, &used, n.act)
         } else {
             Vec::new()
         };
@@ -128,12 +128,14 @@ impl Offload {
             self.stats.cpu_bytes += addrs.expert_bytes() * on_cpu.len() as u64;
             let cpu = self.cpu.as_mut().expect("CPU channel enabled");
             cpu.start(il, n.act, routing.x.clone(), picks);
+            self.cpu_job_started(on_cpu.len(), addrs.expert_bytes());
         } else if self.cpu_dirty[il] {
             // The CPU-result tensor still holds an earlier step's share: zero it.
             self.cpu_dirty[il] = false;
             let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
             self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
         }
+        self.copies_queued(h2d);
         let ctl = self.ctl(il);
         let n = ids.len();
         let lay = ScratchLayout::new(self.scratch, n, routing.pred.len());
@@ -167,13 +169,20 @@ impl Offload {
         let addrs = self.addrs(next);
         let now = self.step;
         let k = self.k;
-        let layer = self.layers[next].as_mut().expect("offloaded layer");
+        let layer = self.layers[next].as_ref().expect("offloaded layer");
         let predicted = predicted_experts(pred, self.n_expert, k);
+        let cands = predicted.iter().filter(|&&e| layer.cache.slot(e).is_none()).count();
+        // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
+        let budget = self.prefetch_budget(next, cands);
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut h2d = 0u64;
         let mut fetched = Vec::new();
         for &e in &predicted {
             if layer.cache.slot(e).is_some() {
                 continue;
+            }
+            if fetched.len() == budget {
+                break;
             }
             // Evict only experts not predicted; stop when the cache has none left to give.
             let Some((slot, _)) = layer.cache.admit(e, &|r| predicted.contains(&r), now) else {
@@ -192,6 +201,7 @@ impl Offload {
         self.stats.h2d_bytes += h2d;
         layer.prefetched = fetched;
         layer.predicted = predicted;
+        self.copies_queued(h2d);
         Ok(())
     }
 }
