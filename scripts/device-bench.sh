@@ -13,7 +13,8 @@
 # qwen3-30b-a3b; `tiny` for a dry run of the plumbing) and SKEW (synth --routing-skew; default the
 # synth default, 0 = uniform routing), PROMPTS (default 512,4096) and DEPTHS (default 0,8192)
 # override the matrix. ARCH (default qwen3moe) and QUANT (default q4_k_m) pick another model,
-# e.g. ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4.
+# e.g. ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4. EXTRA adds arguments to `pocketmoe bench`
+# (e.g. EXTRA=--no-miss-balance; its label goes in the table's setting column).
 #
 # Stock llama.cpp beside it: with dist/stock/llama.cpp.tar.xz carried (scripts/stock-llama-tarball.sh),
 # stock llama-bench is built first (scripts/device-stock-llama.sh, ~5.5 min, reused while the
@@ -39,9 +40,9 @@ fi
 scripts/device-run.sh exec bash -c '
   timeout "$6" pocketmoe bench -m "$1" --gpu 0 --gpu-mem "$3" \
     -p "${PROMPTS:-512,4096}" -n 128 --depth "${DEPTHS:-0,8192}" --reps "$4" \
-    ${5:+--llama-bench "$5"} --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
+    ${5:+--llama-bench "$5"} $7 --json "$2/bench.json" --plot "$2/bench.png" > "$2/bench.md"
 ' _ "$MODEL" "$OUTDIR" "${BUDGETS:-resident,12GiB,8GiB}" "${REPS:-3}" "$LLAMA_BENCH" \
-  "$(( ${DEADLINE:-570} - ($(date +%s) - start) ))" 2>&1 | tee -a "$OUTDIR/bench.log"
+  "$(( ${DEADLINE:-570} - ($(date +%s) - start) ))" "${EXTRA:-}" 2>&1 | tee -a "$OUTDIR/bench.log"
 rc=${PIPESTATUS[0]}
 cat "$OUTDIR/bench.md"
 # The floor guard: every resident tg row against stock llama.cpp (the faster of in-process and
