@@ -93,9 +93,6 @@ fn run(eng: &mut Engine, prompt: &[u32], forced: Option<&[u32]>) -> (Vec<u32>, V
 fn check_arch(arch: &str) {
     let path = tiny(arch);
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
-    let file = pocketmoe::gguf::GgufModel::open(&path).unwrap();
-    let has_biases = file.tensors().any(|t| t.name.ends_with("_exps.bias"));
-    drop(file);
     let mut resident = engine(&path, None, PolicyKind::default());
     assert!(resident.expert_slots().is_none());
     let want_prompt = resident.forward(&prompt).unwrap();
@@ -139,9 +136,14 @@ fn check_arch(arch: &str) {
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
         // The prompt's last micro-batch (8 of 40 tokens) runs from the slots, so the CPU channel
-        // may take some of its experts: on a GPU build those round as the CPU does (see below),
-        // which can move a later layer's top-k at a position (measured on the H200: min cosine
-        // 0.999987 for qwen3moe, 0.99986 for deepseek2); otherwise the resident path's numbers.
+        // may take some of its experts: on a GPU build those round as the CPU does (see below).
+        // Rounding alone moves a position's logits by little (measured on the H200: min cosine
+        // 0.999987 for qwen3moe, 0.99986 for deepseek2); where it flips a near-tied top-k choice
+        // in a later layer, that one position moves by more (deepseek2, 3 slots: 0.970 at
+        // position 37, every other position >= 0.999). A wrong CPU result moves every position
+        // that used the channel (zeroed gpt-oss biases: all 8 of the micro-batch). So on a GPU
+        // build with CPU-channel experts, at most one position may be below 0.999, and not
+        // below 0.9; otherwise every position is the resident path's numbers.
         let prompt_cpu: u64 = eng
             .offload_stats()
             .unwrap()
@@ -149,10 +151,10 @@ fn check_arch(arch: &str) {
             .iter()
             .map(|l| l.cpu)
             .sum();
-        let prompt_min = if cfg!(feature = "cuda") && prompt_cpu > 0 {
-            0.999
+        let (prompt_min, flips) = if cfg!(feature = "cuda") && prompt_cpu > 0 {
+            (0.999, 1)
         } else {
-            0.99999
+            (0.99999, 0)
         };
         // Every position below the bound, so a failure says whether one position moved (a
         // near-tied routing choice) or many (a wrong expert result).
@@ -164,7 +166,7 @@ fn check_arch(arch: &str) {
             .filter(|&(_, c)| c < prompt_min)
             .collect();
         assert!(
-            low.is_empty(),
+            low.len() <= flips && low.iter().all(|&(_, c)| c >= 0.9),
             "{arch} {slots} slots {policy:?}: prompt cosine below {prompt_min} at {} of {} \
              positions (position, cosine): {low:?} ({prompt_cpu} CPU-channel experts)",
             low.len(),
@@ -237,13 +239,9 @@ fn check_arch(arch: &str) {
         assert!(st.h2d_bytes > 0);
         cpu_uses += case_cpu;
     }
-    // The CPU-heavy cost model sends misses to the CPU channel, so it ran — except for models
-    // with per-expert biases (gpt-oss), whose experts always run on the GPU.
-    assert_eq!(
-        cpu_uses > 0,
-        !has_biases,
-        "{arch}: CPU channel uses {cpu_uses}"
-    );
+    // The CPU-heavy cost model sends misses to the CPU channel, so it ran — also for models
+    // with per-expert biases (gpt-oss: the channel adds them as the GPU graph does).
+    assert!(cpu_uses > 0, "{arch}: CPU channel uses {cpu_uses}");
 }
 
 #[test]

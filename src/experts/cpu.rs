@@ -24,12 +24,28 @@ pub struct StoreMat {
     pub bytes: usize,
 }
 
+/// One matrix's per-expert bias (gpt-oss): type, [ne0, n_expert], its bytes (a copy: they are
+/// small, and the store holds only the expert matrices).
+#[derive(Debug, Clone)]
+pub struct HostBias {
+    pub ty: GgmlType,
+    pub ne: [i64; 2],
+    pub data: Vec<u8>,
+}
+
+/// One offloaded layer as the worker sees it, per matrix (up, gate, down).
+#[derive(Debug, Clone)]
+pub struct CpuLayer {
+    pub mats: [Option<StoreMat>; 3],
+    pub biases: [Option<HostBias>; 3],
+}
+
 /// What the worker needs to know about the model (plain data: it crosses threads).
 #[derive(Debug, Clone)]
 pub struct CpuModel {
     pub n_embd: usize,
-    /// Per layer, per matrix (up, gate, down).
-    pub layers: Vec<Option<[Option<StoreMat>; 3]>>,
+    /// Per layer: `None` where the CPU channel does not serve it.
+    pub layers: Vec<Option<CpuLayer>>,
 }
 
 struct Job {
@@ -158,7 +174,7 @@ fn run_job(
     model: &CpuModel,
     job: &Job,
 ) -> Result<Vec<f32>, crate::ggml::GgmlError> {
-    let mats = model.layers[job.il]
+    let layer = model.layers[job.il]
         .as_ref()
         .expect("CPU job for an offloaded layer");
     let nt = job.picks.len();
@@ -177,8 +193,15 @@ fn run_job(
     let (kc, nt) = (kc as i64, nt as i64);
     let ctx = Context::new(64, 64)?;
     let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
+    let mut biases: [Option<Tensor<'_>>; 3] = [None; 3];
     for m in ExpertMat::ALL {
-        let Some(sm) = &mats[m.index()] else { continue };
+        if let Some(b) = &layer.biases[m.index()] {
+            biases[m.index()] = Some(
+                ctx.new_tensor(b.ty, &b.ne)?
+                    .set_name(&format!("blk.{}.{}.bias", job.il, m.name())),
+            );
+        }
+        let Some(sm) = &layer.mats[m.index()] else { continue };
         let t =
             ctx.new_tensor(sm.ty, &sm.ne)?
                 .set_name(&format!("blk.{}.{}.weight", job.il, m.name()));
@@ -192,15 +215,17 @@ fn run_job(
     let x = ctx.new_tensor(GgmlType::F32, &[n_embd, nt])?;
     let ids = ctx.new_tensor(GgmlType::I32, &[kc, nt])?;
     let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, nt])?;
-    let t = ExpertTensors {
-        w,
-        biases: [None; 3],
-    };
+    let t = ExpertTensors { w, biases };
     let dims = FfnDims { n_embd, k: kc, nt };
     let out = expert_ffn(&ctx, &t, x, dims, [ids; 3], ids, wt, job.act, &|y, _| y);
     let graph = Graph::new(&ctx, 64);
     graph.build_forward(out);
     ctx.alloc_tensors(backend)?;
+    for (b, hb) in biases.iter().zip(&layer.biases) {
+        if let (Some(b), Some(hb)) = (b, hb) {
+            b.write_bytes_at(0, &hb.data)?;
+        }
+    }
     x.write_f32(&job.x)?;
     ids.write_i32(&id_data)?;
     wt.write_f32(&w_data)?;

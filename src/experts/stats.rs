@@ -28,9 +28,22 @@ pub struct LayerStats {
     pub used: u64,
 }
 
+/// The miss cost model's rates (docs/design.md §4.5): given, the defaults, or measured on the box
+/// at the first decode stop.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct ChannelRates {
+    pub pcie_gb_s: f64,
+    pub cpu_gb_s: f64,
+    pub cpu_start_us: f64,
+    pub measured: bool,
+}
+
 /// Counters for the whole model.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Stats {
+    /// The CPU/PCIe split's rates (`None` without a CPU channel).
+    #[serde(default)]
+    pub channels: Option<ChannelRates>,
     pub layers: Vec<LayerStats>,
     /// Bytes copied host -> GPU.
     pub h2d_bytes: u64,
@@ -142,6 +155,15 @@ impl Stats {
             if l.hits + l.misses > 0 {
                 s += &format!(" {:.2}", ratio(l.hits, l.hits + l.misses));
             }
+        }
+        if let Some(c) = self.channels {
+            s += &format!(
+                "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
+                if c.measured { "measured" } else { "not measured" },
+                c.pcie_gb_s,
+                c.cpu_gb_s,
+                c.cpu_start_us
+            );
         }
         s
     }

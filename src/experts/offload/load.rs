@@ -160,38 +160,45 @@ impl Offload {
             ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
             ctl_off += 2 * ctl_bytes + cpu_bytes;
         }
-        // The CPU channel reads the store directly; layers with expert biases stay on the GPU.
-        let cpu_ok: Vec<bool> = (0..n_layer)
+        // The CPU channel reads the expert matrices from the store in place and keeps a copy of
+        // their per-expert biases (gpt-oss: f32 [ne0, n_expert], a few KiB per layer); a layer
+        // whose biases are of another shape stays on the GPU.
+        use crate::experts::cpu::{CpuLayer, CpuModel, HostBias, StoreMat};
+        let cpu_layers: Vec<Option<CpuLayer>> = (0..n_layer)
             .map(|il| {
-                layers[il].is_some()
-                    && ExpertMat::ALL.iter().all(|m| {
-                        file.tensor(&format!("blk.{il}.{}.bias", m.name()))
-                            .is_none()
+                layers[il].as_ref()?;
+                let mut biases: [Option<HostBias>; 3] = Default::default();
+                for m in ExpertMat::ALL {
+                    let Some(t) = file.tensor(&format!("blk.{il}.{}.bias", m.name())) else {
+                        continue;
+                    };
+                    if t.ty != GgmlType::F32 || t.n_dims != 2 || t.ne[1] != n_expert as u64 {
+                        return None;
+                    }
+                    biases[m.index()] = Some(HostBias {
+                        ty: t.ty,
+                        ne: [t.ne[0] as i64, t.ne[1] as i64],
+                        data: file.tensor_data(t).to_vec(),
+                    });
+                }
+                let mats = ExpertMat::ALL.map(|m| {
+                    let t = store.get(&store.index(), &format!("blk.{il}.{}.weight", m.name()))?;
+                    let ne = t.ne();
+                    Some(StoreMat {
+                        ty: t.ty(),
+                        ne: [ne[0], ne[1], ne[2]],
+                        addr: t.data_addr(),
+                        bytes: t.n_bytes(),
                     })
+                });
+                Some(CpuLayer { mats, biases })
             })
             .collect();
+        let cpu_ok: Vec<bool> = cpu_layers.iter().map(Option::is_some).collect();
         let cpu = (opts.cpu_threads > 0 && cpu_ok.iter().any(|&b| b)).then(|| {
-            let model = crate::experts::cpu::CpuModel {
+            let model = CpuModel {
                 n_embd,
-                layers: (0..n_layer)
-                    .map(|il| {
-                        cpu_ok[il].then(|| {
-                            ExpertMat::ALL.map(|m| {
-                                let t = store.get(
-                                    &store.index(),
-                                    &format!("blk.{il}.{}.weight", m.name()),
-                                )?;
-                                let ne = t.ne();
-                                Some(crate::experts::cpu::StoreMat {
-                                    ty: t.ty(),
-                                    ne: [ne[0], ne[1], ne[2]],
-                                    addr: t.data_addr(),
-                                    bytes: t.n_bytes(),
-                                })
-                            })
-                        })
-                    })
-                    .collect(),
+                layers: cpu_layers,
             };
             crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads)
         });
@@ -200,6 +207,9 @@ impl Offload {
         let dev_idx = dev.index();
         let bw = opts.bandwidths;
         let balance = opts.balance;
+        let miss = MissModel::new(bw, backend.is_cuda(), balance);
+        let mut stats = Stats::new(n_layer);
+        stats.channels = cpu.as_ref().map(|_| miss.rates());
         Ok(Self {
             n_expert,
             k,
@@ -218,7 +228,7 @@ impl Offload {
             sel_rows_len,
             xfer: transfer::for_backend(backend)?,
             backend: backend.clone(),
-            stats: Stats::new(n_layer),
+            stats,
             step: 0,
             dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
             mirror,
@@ -232,7 +242,7 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             cpu_ok,
-            miss: MissModel::new(bw, backend.is_cuda(), balance),
+            miss,
         })
     }
 }

@@ -50,6 +50,16 @@ impl MissModel {
         }
     }
 
+    /// The rates, for the statistics.
+    pub fn rates(&self) -> crate::experts::stats::ChannelRates {
+        crate::experts::stats::ChannelRates {
+            pcie_gb_s: self.pcie_bw / 1e9,
+            cpu_gb_s: self.cpu_bw / 1e9,
+            cpu_start_us: self.cpu_start_s * 1e6,
+            measured: self.measured,
+        }
+    }
+
     /// Seconds until the copy engine has landed what is queued (0 without the balance).
     fn copy_backlog(&self, now: Instant) -> f64 {
         match (self.balance, self.copy_idle_at) {
@@ -169,6 +179,7 @@ impl Offload {
                 m.pcie_bw = pcie;
                 m.cpu_bw = cpu;
                 m.cpu_start_s = start + if self.backend.is_cuda() { SECOND_STOP_S } else { 0.0 };
+                self.stats.channels = Some(m.rates());
                 tracing::info!(
                     "miss channels measured: PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
                     pcie / 1e9,
@@ -199,19 +210,30 @@ impl Offload {
         Ok(n as f64 * addrs.expert_bytes() as f64 / best.max(1e-9))
     }
 
-    /// (start cost s, bytes/s) from CPU jobs of one and of k experts, best of three each.
+    /// (start cost s, bytes/s) from CPU jobs of one and of k experts, best of three each. Every
+    /// job reads experts no earlier job read (counting down from the last, away from the first
+    /// 16 that [`Offload::measure_pcie`] copied), as a decode step's misses come from DRAM: a
+    /// repeated expert is served from the last-level cache (on the H200's host, 105 MiB holds
+    /// k Qwen3-30B-A3B experts), which measured the rate at 126 GB/s, twice the DRAM's.
     fn measure_cpu(&mut self, il: usize, act: ExpertAct) -> Result<(f64, f64), GgmlError> {
         let bytes = self.addrs(il).expert_bytes() as f64;
+        let n_expert = self.n_expert.max(1) as u32;
         let k = self.k.clamp(2, self.n_expert.max(2)).min(self.n_expert) as u32;
         let x = vec![0.0f32; self.n_embd];
         let cpu = self.cpu.as_mut().ok_or_else(|| GgmlError::Tensor {
             name: "CPU channel".into(),
             msg: "not enabled".into(),
         })?;
+        let mut next = 0u32; // experts read so far, counting down from the last
         let mut time = |n: u32| -> Result<f64, GgmlError> {
             let mut best = f64::INFINITY;
             for _ in 0..3 {
-                let picks = vec![(0..n).map(|e| (e, 1.0)).collect()];
+                let picks = vec![(0..n)
+                    .map(|_| {
+                        next += 1;
+                        (n_expert - 1 - (next - 1) % n_expert, 1.0)
+                    })
+                    .collect()];
                 let t0 = Instant::now();
                 cpu.start(il, act, x.clone(), picks);
                 cpu.finish().map_err(|msg| GgmlError::Tensor {
