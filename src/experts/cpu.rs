@@ -12,8 +12,9 @@
 use super::mats::ExpertMat;
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Tensor};
 use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// One matrix of one layer in the host store: type, [ne0, ne1, n_expert], address.
 #[derive(Debug, Clone, Copy)]
@@ -66,14 +67,24 @@ pub struct CpuChannel {
     /// Joined on drop (see [`CpuChannel`]'s `Drop`).
     worker: Option<JoinHandle<()>>,
     pending: Option<usize>,
+    /// How long [`CpuChannel::finish`] polls before it sleeps.
+    finish_spin: Duration,
     /// Tests: slows the next jobs down and records what they saw (see `tests`).
     #[cfg(test)]
     probe: Option<std::sync::Arc<tests::Probe>>,
 }
 
 impl CpuChannel {
-    /// Starts the worker with `n_threads` ggml CPU threads. Fails when the OS gives no thread.
-    pub fn new(model: CpuModel, n_threads: usize) -> Result<Self, GgmlError> {
+    /// Starts the worker with `n_threads` ggml CPU threads. With `spin`, hand-overs poll before
+    /// they sleep ([`WORKER_SPIN`]): only where the cores are spare (a GPU does the step's other
+    /// work; on a CPU-only engine the spinning thread would take a core from the step). Fails
+    /// when the OS gives no thread.
+    pub fn new(model: CpuModel, n_threads: usize, spin: bool) -> Result<Self, GgmlError> {
+        let (worker_spin, finish_spin) = if spin {
+            (WORKER_SPIN, FINISH_SPIN)
+        } else {
+            (Duration::ZERO, Duration::ZERO)
+        };
         let (tx, job_rx) = channel::<Job>();
         let (res_tx, rx) = channel();
         let worker = std::thread::Builder::new()
@@ -86,7 +97,7 @@ impl CpuChannel {
                         return;
                     }
                 };
-                while let Ok(job) = job_rx.recv() {
+                while let Some(job) = spin_recv(&job_rx, worker_spin) {
                     #[cfg(test)]
                     if let Some(p) = &job.probe {
                         if !p.before_job() {
@@ -114,6 +125,7 @@ impl CpuChannel {
             rx,
             worker: Some(worker),
             pending: None,
+            finish_spin,
             #[cfg(test)]
             probe: None,
         })
@@ -150,9 +162,8 @@ impl CpuChannel {
     /// [n_embd * n_tokens].
     pub fn finish(&mut self) -> Result<Vec<f32>, String> {
         self.pending = None;
-        self.rx
-            .recv()
-            .unwrap_or_else(|_| Err("the CPU expert worker stopped".into()))
+        spin_recv(&self.rx, self.finish_spin)
+            .unwrap_or_else(|| Err("the CPU expert worker stopped".into()))
     }
 }
 
@@ -165,6 +176,31 @@ impl Drop for CpuChannel {
             // A worker that panicked has nothing left to read; its panic is not ours to raise
             // in a destructor.
             let _ = w.join();
+        }
+    }
+}
+
+/// How long the worker spins for the next job before it sleeps: decode sends one every few
+/// hundred microseconds, and a sleeping thread's wake-up (a futex, and in a VM an idle vCPU's
+/// halt exit) cost ~100 us per hand-over on the H200's host — measured as the CPU channel's
+/// per-job start cost of 190-320 us (docs/design.md §4.5). ggml's own pool spins the same way
+/// between graphs.
+const WORKER_SPIN: Duration = Duration::from_millis(5);
+
+/// How long [`CpuChannel::finish`] spins for the result before it sleeps (a job is a few hundred
+/// microseconds; the decode step waits for it either way).
+const FINISH_SPIN: Duration = Duration::from_millis(20);
+
+/// `rx.recv()`, polling for up to `spin` first (see [`WORKER_SPIN`]); `None` once the sender is
+/// gone.
+fn spin_recv<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
+    let t0 = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if t0.elapsed() < spin => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
 }

@@ -200,7 +200,14 @@ impl Offload {
                 n_embd,
                 layers: cpu_layers,
             };
-            crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads)
+            // Spinning hand-overs where a GPU runs the step and a core is left for this thread.
+            // POCKETMOE_CPU_SPIN=0 turns them off (an A/B switch for the H200 measurement of
+            // 2026-12-03, read once here; to go once measured, docs/design.md §4.5).
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let spin = backend.is_cuda()
+                && cores > opts.cpu_threads
+                && std::env::var("POCKETMOE_CPU_SPIN").map_or(true, |v| v != "0");
+            crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads, spin)
         });
         let cpu = cpu.transpose()?;
         let store_idx = store.index();
