@@ -232,12 +232,15 @@ fn run_job(
     let mut biases: [Option<Tensor<'_>>; 3] = [None; 3];
     for m in ExpertMat::ALL {
         if let Some(b) = &layer.biases[m.index()] {
-            biases[m.index()] = Some(
-                ctx.new_tensor(b.ty, &b.ne)?
-                    .set_name(&format!("blk.{}.{}.bias", job.il, m.name())),
-            );
+            biases[m.index()] = Some(ctx.new_tensor(b.ty, &b.ne)?.set_name(&format!(
+                "blk.{}.{}.bias",
+                job.il,
+                m.name()
+            )));
         }
-        let Some(sm) = &layer.mats[m.index()] else { continue };
+        let Some(sm) = &layer.mats[m.index()] else {
+            continue;
+        };
         let t =
             ctx.new_tensor(sm.ty, &sm.ne)?
                 .set_name(&format!("blk.{}.{}.weight", job.il, m.name()));

@@ -159,7 +159,11 @@ impl Stats {
         if let Some(c) = self.channels {
             s += &format!(
                 "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
-                if c.measured { "measured" } else { "not measured" },
+                if c.measured {
+                    "measured"
+                } else {
+                    "not measured"
+                },
                 c.pcie_gb_s,
                 c.cpu_gb_s,
                 c.cpu_start_us

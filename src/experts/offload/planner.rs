@@ -122,7 +122,13 @@ impl Offload {
         let forced = used.len().saturating_sub(layer.cache.n_slots());
         let m = &self.miss;
         let t_pcie = m.copy_backlog(Instant::now());
-        let split = m.split(misses.len(), layer.expert_bytes() as f64, t_pcie, m.cpu_start_s, forced);
+        let split = m.split(
+            misses.len(),
+            layer.expert_bytes() as f64,
+            t_pcie,
+            m.cpu_start_s,
+            forced,
+        );
         misses
             .into_iter()
             .zip(split)
@@ -160,7 +166,10 @@ impl Offload {
             .map_or(0.0, |t| t.saturating_duration_since(now).as_secs_f64());
         // The next stop: after this layer's copies and CPU job, then the GPU's work up to it.
         let t_stop = backlog.max(cpu_busy) + GPU_LAYER_S;
-        let bytes = self.layers[next].as_ref().expect("offloaded layer").expert_bytes() as f64;
+        let bytes = self.layers[next]
+            .as_ref()
+            .expect("offloaded layer")
+            .expert_bytes() as f64;
         let split = m.split(cands, bytes, backlog, t_stop + m.cpu_start_s, 0);
         split.iter().filter(|&&cpu| !cpu).count()
     }
@@ -171,14 +180,21 @@ impl Offload {
     /// On failure the defaults stay.
     fn measure_rates(&mut self, il: usize, act: ExpertAct) {
         self.miss.measured = true;
-        let r = self.measure_pcie(il).and_then(|p| Ok((p, self.measure_cpu(il, act)?)));
+        let r = self
+            .measure_pcie(il)
+            .and_then(|p| Ok((p, self.measure_cpu(il, act)?)));
         let sane = |x: f64| x.is_finite() && x > 0.0;
         match r {
             Ok((pcie, (start, cpu))) if sane(pcie) && sane(cpu) => {
                 let m = &mut self.miss;
                 m.pcie_bw = pcie;
                 m.cpu_bw = cpu;
-                m.cpu_start_s = start + if self.backend.is_cuda() { SECOND_STOP_S } else { 0.0 };
+                m.cpu_start_s = start
+                    + if self.backend.is_cuda() {
+                        SECOND_STOP_S
+                    } else {
+                        0.0
+                    };
                 self.stats.channels = Some(m.rates());
                 tracing::info!(
                     "miss channels measured: PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
@@ -201,7 +217,8 @@ impl Offload {
             let t0 = Instant::now();
             for e in 0..n {
                 for (_, a) in addrs.mats() {
-                    self.xfer.copy(a.in_staging(e), a.in_store(e), a.expert_bytes)?;
+                    self.xfer
+                        .copy(a.in_staging(e), a.in_store(e), a.expert_bytes)?;
                 }
             }
             self.xfer.wait()?;

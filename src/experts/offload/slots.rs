@@ -171,7 +171,10 @@ impl Offload {
         let k = self.k;
         let layer = self.layers[next].as_ref().expect("offloaded layer");
         let predicted = predicted_experts(pred, self.n_expert, k);
-        let cands = predicted.iter().filter(|&&e| layer.cache.slot(e).is_none()).count();
+        let cands = predicted
+            .iter()
+            .filter(|&&e| layer.cache.slot(e).is_none())
+            .count();
         // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
         let budget = self.prefetch_budget(next, cands);
         let layer = self.layers[next].as_mut().expect("offloaded layer");
