@@ -602,4 +602,43 @@ mod tests {
         assert_eq!(p.gen.max_tokens, Some(16));
         assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
     }
+
+    #[test]
+    fn constraints_from_the_body() {
+        let c = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#
+            ))
+            .map(|p| p.gen.constraint)
+        };
+        assert_eq!(c("").unwrap(), None);
+        assert_eq!(c(r#", "grammar": "", "response_format": {"type": "text"}"#).unwrap(), None);
+        assert!(matches!(
+            c(r#", "grammar": "root ::= \"a\"""#).unwrap(),
+            Some(Constraint::Lark { field: "grammar", .. })
+        ));
+        let Some(Constraint::JsonSchema { schema, field }) =
+            c(r#", "response_format": {"type": "json_object"}"#).unwrap()
+        else {
+            panic!("json_object");
+        };
+        assert_eq!((schema, field), (serde_json::json!({"type": "object"}), "response_format"));
+        let Some(Constraint::JsonSchema { schema, .. }) = c(
+            r#", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}"#,
+        )
+        .unwrap() else {
+            panic!("json_schema");
+        };
+        assert_eq!(schema, serde_json::json!({"type": "integer"}));
+        for (extra, field) in [
+            (r#", "grammar": "root ::= x""#, "grammar"),
+            (r#", "grammar": "root ::= \"a\"", "json_schema": {}"#, "grammar"),
+            (r#", "json_schema": 3"#, "json_schema"),
+            (r#", "response_format": {"type": "yaml"}"#, "response_format"),
+            (r#", "tool_choice": "required""#, "tool_choice"),
+            (r#", "tool_choice": "sometimes""#, "tool_choice"),
+        ] {
+            assert_eq!(param(c(extra).unwrap_err()).as_deref(), Some(field), "{extra}");
+        }
+    }
 }
