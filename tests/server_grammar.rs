@@ -51,7 +51,7 @@ impl Server {
     fn start(model: &Path) -> Self {
         let m = model.to_string_lossy().to_string();
         let args = [
-            "--model", &m, "--port", "0", "--threads", "2", "--parallel", "2", "--ctx", "512",
+            "--model", &m, "--port", "0", "--threads", "2", "--parallel", "2", "--ctx", "2048",
         ];
         let (child, addr) = common::spawn_serve(&args);
         Server { child, addr }
