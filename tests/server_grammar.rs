@@ -11,6 +11,8 @@
 //! - `never_finishing_grammar_stops_at_max_tokens`.
 //! - `tool_choice_required_gives_a_call`: a Hermes-template model answers with a parsed tool
 //!   call of one of the tools, arguments valid for its schema.
+//! - `tool_call_grammars_take_the_formats_syntax`: the Qwen3 and harmony call grammars take
+//!   their format's call and refuse others; EOS only once the call is complete.
 mod common;
 
 use pocketmoe::gguf::{GgufModel, GgufValue};
@@ -378,4 +380,69 @@ fn tool_choice_required_gives_a_call() {
     b["max_tokens"] = json!(200);
     let v = s.json("/v1/chat/completions", &b);
     assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "stop_now", "{v}");
+}
+
+/// Whether `m` takes the tokens of `text` (control-token texts parsed) one by one, each in the
+/// mask before it is consumed, and accepts at the end.
+fn takes(
+    m: &mut llguidance::Matcher,
+    tok: &pocketmoe::tokenizer::Tokenizer,
+    text: &str,
+) -> bool {
+    for id in tok.encode(text, false, true) {
+        let mask = m.compute_mask().unwrap();
+        if !mask.is_allowed(id) || m.consume_token(id).is_err() {
+            return false;
+        }
+    }
+    m.is_accepting().unwrap_or(false)
+}
+
+/// The tool-call grammars of both call syntaxes, on the synth vocabulary (which has harmony's
+/// control tokens): the format's call is taken, a call of another tool or with bad arguments
+/// is not, and an end-of-generation token is allowed only once the call is complete.
+#[test]
+fn tool_call_grammars_take_the_formats_syntax() {
+    use pocketmoe::server::grammar::{Constraint, Grammars};
+    use pocketmoe::server::OutputFormat;
+    let load = || {
+        pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap()
+    };
+    let tok = load();
+    let g = Grammars::new(std::sync::Arc::new(load()));
+    let c = Constraint::ToolCall {
+        tools: vec![json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"now": {"type": "boolean"}}, "required": ["now"]}}})],
+        parallel: false,
+    };
+    let run = |format, open, text: &str| {
+        let mut m = g.compile(&c, format, open).unwrap();
+        takes(&mut m, &tok, text)
+    };
+    let qwen = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"now\": true}}\n</tool_call>";
+    assert!(run(OutputFormat::Qwen3, false, qwen));
+    assert!(run(OutputFormat::Qwen3, true, &format!("</think>\n\n{qwen}")));
+    assert!(!run(OutputFormat::Qwen3, false, &qwen.replace("\"f\"", "\"g\"")));
+    assert!(!run(OutputFormat::Qwen3, false, &qwen.replace("true", "1")));
+    let harmony = "<|channel|>commentary to=functions.f json<|message|>{\"now\": false}";
+    assert!(run(OutputFormat::Harmony, false, harmony));
+    assert!(!run(OutputFormat::Harmony, false, "<|channel|>final<|message|>hi"));
+    // EOS only at the end.
+    let mut m = g.compile(&c, OutputFormat::Harmony, false).unwrap();
+    let eog = tok.eog_ids();
+    let ids = tok.encode(harmony, false, true);
+    for (k, &id) in ids.iter().enumerate() {
+        let mask = m.compute_mask().unwrap();
+        assert!(eog.iter().all(|&e| !mask.is_allowed(e)), "EOS allowed after {k} tokens");
+        m.consume_token(id).unwrap();
+    }
+    // Complete and nothing more possible: the matcher has stopped (the scheduler ends the
+    // request there), and only EOS remains.
+    assert!(m.is_stopped());
+    let mask = m.compute_mask_or_eos().unwrap();
+    assert!(eog.iter().any(|&e| mask.is_allowed(e)), "EOS refused at the end");
+    assert!(matches!(
+        g.compile(&c, OutputFormat::Plain, false),
+        Err(pocketmoe::server::ApiError::Invalid { .. })
+    ));
 }

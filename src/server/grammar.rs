@@ -113,10 +113,13 @@ pub fn tool_call_lark(
                         .cloned()
                         .unwrap_or_else(|| json!({"type": "object"}));
                     let params = serde_json::to_string(&compact(params)).ok()?;
-                    let head =
-                        serde_json::to_string(&format!("commentary to=functions.{name} json"))
-                            .ok()?;
-                    Some(format!("<|channel|> {head} <|message|> %json {params}"))
+                    // The markers as text: the tokenizer keeps harmony's markers user-defined
+                    // (rendered as text), so a literal matches the marker token.
+                    let head = serde_json::to_string(&format!(
+                        "<|channel|>commentary to=functions.{name} json<|message|>"
+                    ))
+                    .ok()?;
+                    Some(format!("{head} %json {params}"))
                 })
                 .collect();
             (!alts.is_empty()).then(|| format!("start: {}\n", alts.join(" | ")))
