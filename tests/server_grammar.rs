@@ -446,3 +446,56 @@ fn tool_call_grammars_take_the_formats_syntax() {
         Err(pocketmoe::server::ApiError::Invalid { .. })
     ));
 }
+
+/// llama.cpp's grammars/json.gbnf (multi-line rules, classes with escapes, `{m,n}`, an empty
+/// alternative) through the GBNF reader and llguidance: JSON is taken, near-JSON is not.
+#[test]
+fn llama_cpp_json_gbnf_takes_json() {
+    use pocketmoe::server::grammar::{Constraint, Grammars};
+    use pocketmoe::server::OutputFormat;
+    let json_gbnf = r#"root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::=
+  "{" ws (
+            string ":" ws value
+    ("," ws string ":" ws value)*
+  )? "}" ws
+
+array  ::=
+  "[" ws (
+            value
+    ("," ws value)*
+  )? "]" ws
+
+string ::=
+  "\"" (
+    [^"\\\x7F\x00-\x1F] |
+    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
+  )* "\"" ws
+
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+
+# Optional space: by convention, applied in this grammar after literal chars when allowed
+ws ::= | " " | "\n" [ \t]{0,20}
+"#;
+    let lark = pocketmoe::server::gbnf::to_lark(json_gbnf).unwrap();
+    let load = || {
+        pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap()
+    };
+    let tok = load();
+    let g = Grammars::new(std::sync::Arc::new(load()));
+    let c = Constraint::Lark {
+        lark,
+        field: "grammar",
+    };
+    let run = |text: &str| {
+        let mut m = g.compile(&c, OutputFormat::Plain, false).unwrap();
+        takes(&mut m, &tok, text)
+    };
+    assert!(run(r#"{"a": [1, -2.5e3, "x\n\u00e9"], "b": {"c": null}, "d": true}"#));
+    assert!(run("{\n  \"k\": \"v\"}"));
+    for bad in [r#"{"a": 01}"#, r#"{"a" 1}"#, r#"{'a': 1}"#, r#"["a"]"#, r#"{"a": "\q"}"#] {
+        assert!(!run(bad), "{bad}");
+    }
+}
