@@ -53,7 +53,16 @@ impl Server {
     fn start(model: &Path) -> Self {
         let m = model.to_string_lossy().to_string();
         let args = [
-            "--model", &m, "--port", "0", "--threads", "2", "--parallel", "2", "--ctx", "2048",
+            "--model",
+            &m,
+            "--port",
+            "0",
+            "--threads",
+            "2",
+            "--parallel",
+            "2",
+            "--ctx",
+            "2048",
         ];
         let (child, addr) = common::spawn_serve(&args);
         Server { child, addr }
@@ -149,13 +158,19 @@ fn gbnf_forces_yes_or_no() {
             b["seed"] = json!(seed);
             b["stream"] = json!(stream);
             let (text, finish) = s.generate("/v1/chat/completions", &b);
-            assert!(text == "yes" || text == "no", "chat seed {seed} stream {stream}: {text:?}");
+            assert!(
+                text == "yes" || text == "no",
+                "chat seed {seed} stream {stream}: {text:?}"
+            );
             assert_eq!(finish, "stop", "{text:?}");
             let mut b = completion(g.clone());
             b["seed"] = json!(seed);
             b["stream"] = json!(stream);
             let (text, finish) = s.generate("/v1/completions", &b);
-            assert!(text == "yes" || text == "no", "completion seed {seed}: {text:?}");
+            assert!(
+                text == "yes" || text == "no",
+                "completion seed {seed}: {text:?}"
+            );
             assert_eq!(finish, "stop");
         }
     }
@@ -163,8 +178,14 @@ fn gbnf_forces_yes_or_no() {
     let g = "root ::= num \"-\" word\nnum ::= [0-9]{3}\nword ::= [a-z] [a-z]? [a-z]?\n";
     let (text, _) = s.generate("/v1/completions", &completion(json!({"grammar": g})));
     let (num, word) = text.split_once('-').unwrap_or_else(|| panic!("{text:?}"));
-    assert!(num.len() == 3 && num.bytes().all(|b| b.is_ascii_digit()), "{text:?}");
-    assert!((1..=3).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+    assert!(
+        num.len() == 3 && num.bytes().all(|b| b.is_ascii_digit()),
+        "{text:?}"
+    );
+    assert!(
+        (1..=3).contains(&word.len()) && word.bytes().all(|b| b.is_ascii_lowercase()),
+        "{text:?}"
+    );
 }
 
 /// The schema the JSON tests use: finite choices only, so a random model ends the object.
@@ -187,7 +208,10 @@ fn check_instance(text: &str) {
     assert_eq!(o.len(), 3, "{text:?}");
     assert!(o["ok"].is_boolean(), "{text:?}");
     assert!(o["n"].as_u64().is_some_and(|n| n <= 99), "{text:?}");
-    assert!(["red", "green", "blue"].contains(&o["color"].as_str().unwrap()), "{text:?}");
+    assert!(
+        ["red", "green", "blue"].contains(&o["color"].as_str().unwrap()),
+        "{text:?}"
+    );
 }
 
 #[test]
@@ -216,7 +240,9 @@ fn json_schema_and_response_format() {
     // repeat) can only close the object the grammar opened.
     let tok = s.json("/tokenize", &json!({"content": "}"}));
     let close = tok["tokens"][0].as_u64().unwrap();
-    let mut c = chat(json!({"response_format": {"type": "json_object"}, "logit_bias": {close.to_string(): 50}}));
+    let mut c = chat(
+        json!({"response_format": {"type": "json_object"}, "logit_bias": {close.to_string(): 50}}),
+    );
     c["max_tokens"] = json!(100);
     let (text, finish) = s.generate("/v1/chat/completions", &c);
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
@@ -228,13 +254,41 @@ fn json_schema_and_response_format() {
 fn invalid_constraints_get_400() {
     let s = Server::start(model());
     let cases = [
-        (json!({"grammar": "root ::= foo\n"}), "grammar", "undefined rule \"foo\""),
-        (json!({"grammar": "root ::= \"abc\n"}), "grammar", "unterminated string"),
-        (json!({"grammar": "root ::= [a-z\n"}), "grammar", "character class"),
-        (json!({"json_schema": {"type": "nonsense"}}), "json_schema", "nonsense"),
-        (json!({"json_schema": "string"}), "json_schema", "JSON object"),
-        (json!({"response_format": {"type": "xml"}}), "response_format", "xml"),
-        (json!({"response_format": {"type": "json_schema"}}), "response_format", "json_schema"),
+        (
+            json!({"grammar": "root ::= foo\n"}),
+            "grammar",
+            "undefined rule \"foo\"",
+        ),
+        (
+            json!({"grammar": "root ::= \"abc\n"}),
+            "grammar",
+            "unterminated string",
+        ),
+        (
+            json!({"grammar": "root ::= [a-z\n"}),
+            "grammar",
+            "character class",
+        ),
+        (
+            json!({"json_schema": {"type": "nonsense"}}),
+            "json_schema",
+            "nonsense",
+        ),
+        (
+            json!({"json_schema": "string"}),
+            "json_schema",
+            "JSON object",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+            "xml",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format",
+            "json_schema",
+        ),
         (
             json!({"grammar": "root ::= \"a\"\n", "json_schema": {"type": "object"}}),
             "grammar",
@@ -258,7 +312,10 @@ fn invalid_constraints_get_400() {
         }
     }
     // tool_choice: required without tools, and on a template without a tool-call format.
-    let (status, text) = s.post("/v1/chat/completions", &chat(json!({"tool_choice": "required"})));
+    let (status, text) = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"tool_choice": "required"})),
+    );
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("tool_choice"), "{text}");
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
@@ -313,8 +370,14 @@ fn never_finishing_grammar_stops_at_max_tokens() {
     let v = s.json("/v1/completions", &b);
     let text = v["choices"][0]["text"].as_str().unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-    assert!(!text.is_empty() && text.bytes().all(|b| b == b'a'), "{text:?}");
-    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() == 12, "{v}");
+    assert!(
+        !text.is_empty() && text.bytes().all(|b| b == b'a'),
+        "{text:?}"
+    );
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() == 12,
+        "{v}"
+    );
 }
 
 #[test]
@@ -330,7 +393,9 @@ fn tool_choice_required_gives_a_call() {
     ]);
     for seed in 0..3 {
         for stream in [false, true] {
-            let mut b = chat(json!({"tools": tools, "tool_choice": "required", "seed": seed, "stream": stream}));
+            let mut b = chat(
+                json!({"tools": tools, "tool_choice": "required", "seed": seed, "stream": stream}),
+            );
             b["max_tokens"] = json!(200);
             let (status, text) = s.post("/v1/chat/completions", &b);
             assert_eq!(status, 200, "{text}");
@@ -358,7 +423,10 @@ fn tool_choice_required_gives_a_call() {
                 let c = &v["choices"][0];
                 let call = &c["message"]["tool_calls"][0]["function"];
                 (
-                    call["name"].as_str().unwrap_or_else(|| panic!("{v}")).to_string(),
+                    call["name"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("{v}"))
+                        .to_string(),
                     call["arguments"].as_str().unwrap().to_string(),
                     c["finish_reason"].as_str().unwrap().to_string(),
                 )
@@ -368,7 +436,10 @@ fn tool_choice_required_gives_a_call() {
             match name.as_str() {
                 "get_weather" => {
                     assert!(["c", "f"].contains(&a["unit"].as_str().unwrap()), "{a}");
-                    assert!(a["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)), "{a}");
+                    assert!(
+                        a["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)),
+                        "{a}"
+                    );
                 }
                 "stop_now" => assert!(a["now"].is_boolean(), "{a}"),
                 n => panic!("unknown tool {n:?}: {text}"),
@@ -376,19 +447,20 @@ fn tool_choice_required_gives_a_call() {
         }
     }
     // A named function: always that one.
-    let mut b = chat(json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "stop_now"}}}));
+    let mut b = chat(
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "stop_now"}}}),
+    );
     b["max_tokens"] = json!(200);
     let v = s.json("/v1/chat/completions", &b);
-    assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "stop_now", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "stop_now",
+        "{v}"
+    );
 }
 
 /// Whether `m` takes the tokens of `text` (control-token texts parsed) one by one, each in the
 /// mask before it is consumed, and accepts at the end.
-fn takes(
-    m: &mut llguidance::Matcher,
-    tok: &pocketmoe::tokenizer::Tokenizer,
-    text: &str,
-) -> bool {
+fn takes(m: &mut llguidance::Matcher, tok: &pocketmoe::tokenizer::Tokenizer, text: &str) -> bool {
     for id in tok.encode(text, false, true) {
         let mask = m.compute_mask().unwrap();
         if !mask.is_allowed(id) || m.consume_token(id).is_err() {
@@ -405,14 +477,15 @@ fn takes(
 fn tool_call_grammars_take_the_formats_syntax() {
     use pocketmoe::server::grammar::{Constraint, Grammars};
     use pocketmoe::server::OutputFormat;
-    let load = || {
-        pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap()
-    };
+    let load =
+        || pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
     let tok = load();
     let g = Grammars::new(std::sync::Arc::new(load()));
     let c = Constraint::ToolCall {
-        tools: vec![json!({"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"now": {"type": "boolean"}}, "required": ["now"]}}})],
+        tools: vec![
+            json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"now": {"type": "boolean"}}, "required": ["now"]}}}),
+        ],
         parallel: false,
     };
     let run = |format, open, text: &str| {
@@ -421,26 +494,44 @@ fn tool_call_grammars_take_the_formats_syntax() {
     };
     let qwen = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"now\": true}}\n</tool_call>";
     assert!(run(OutputFormat::Qwen3, false, qwen));
-    assert!(run(OutputFormat::Qwen3, true, &format!("</think>\n\n{qwen}")));
-    assert!(!run(OutputFormat::Qwen3, false, &qwen.replace("\"f\"", "\"g\"")));
+    assert!(run(
+        OutputFormat::Qwen3,
+        true,
+        &format!("</think>\n\n{qwen}")
+    ));
+    assert!(!run(
+        OutputFormat::Qwen3,
+        false,
+        &qwen.replace("\"f\"", "\"g\"")
+    ));
     assert!(!run(OutputFormat::Qwen3, false, &qwen.replace("true", "1")));
     let harmony = "<|channel|>commentary to=functions.f json<|message|>{\"now\": false}";
     assert!(run(OutputFormat::Harmony, false, harmony));
-    assert!(!run(OutputFormat::Harmony, false, "<|channel|>final<|message|>hi"));
+    assert!(!run(
+        OutputFormat::Harmony,
+        false,
+        "<|channel|>final<|message|>hi"
+    ));
     // EOS only at the end.
     let mut m = g.compile(&c, OutputFormat::Harmony, false).unwrap();
     let eog = tok.eog_ids();
     let ids = tok.encode(harmony, false, true);
     for (k, &id) in ids.iter().enumerate() {
         let mask = m.compute_mask().unwrap();
-        assert!(eog.iter().all(|&e| !mask.is_allowed(e)), "EOS allowed after {k} tokens");
+        assert!(
+            eog.iter().all(|&e| !mask.is_allowed(e)),
+            "EOS allowed after {k} tokens"
+        );
         m.consume_token(id).unwrap();
     }
     // Complete and nothing more possible: the matcher has stopped (the scheduler ends the
     // request there), and only EOS remains.
     assert!(m.is_stopped());
     let mask = m.compute_mask_or_eos().unwrap();
-    assert!(eog.iter().any(|&e| mask.is_allowed(e)), "EOS refused at the end");
+    assert!(
+        eog.iter().any(|&e| mask.is_allowed(e)),
+        "EOS refused at the end"
+    );
     assert!(matches!(
         g.compile(&c, OutputFormat::Plain, false),
         Err(pocketmoe::server::ApiError::Invalid { .. })
@@ -480,9 +571,8 @@ number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1
 ws ::= | " " | "\n" [ \t]{0,20}
 "#;
     let lark = pocketmoe::server::gbnf::to_lark(json_gbnf).unwrap();
-    let load = || {
-        pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap()
-    };
+    let load =
+        || pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
     let tok = load();
     let g = Grammars::new(std::sync::Arc::new(load()));
     let c = Constraint::Lark {
@@ -493,9 +583,17 @@ ws ::= | " " | "\n" [ \t]{0,20}
         let mut m = g.compile(&c, OutputFormat::Plain, false).unwrap();
         takes(&mut m, &tok, text)
     };
-    assert!(run(r#"{"a": [1, -2.5e3, "x\n\u00e9"], "b": {"c": null}, "d": true}"#));
+    assert!(run(
+        r#"{"a": [1, -2.5e3, "x\n\u00e9"], "b": {"c": null}, "d": true}"#
+    ));
     assert!(run("{\n  \"k\": \"v\"}"));
-    for bad in [r#"{"a": 01}"#, r#"{"a" 1}"#, r#"{'a': 1}"#, r#"["a"]"#, r#"{"a": "\q"}"#] {
+    for bad in [
+        r#"{"a": 01}"#,
+        r#"{"a" 1}"#,
+        r#"{'a': 1}"#,
+        r#"["a"]"#,
+        r#"{"a": "\q"}"#,
+    ] {
         assert!(!run(bad), "{bad}");
     }
 }

@@ -18,7 +18,10 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone, PartialEq)]
 enum Elem {
     Lit(String),
-    Class { negated: bool, ranges: Vec<(char, char)> },
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
     Any,
     Ref(String),
     Token(String),
@@ -111,7 +114,10 @@ impl<'a> Reader<'a> {
     fn hex(&mut self, digits: usize) -> Res<char> {
         let start = self.pos;
         let end = start + digits;
-        let h = self.src.get(start..end).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+        let h = self
+            .src
+            .get(start..end)
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
         let Some(h) = h else {
             return self.err(&format!("expected {digits} hex digits"));
         };
@@ -456,7 +462,10 @@ Upper_case ::= "x" |
 "#;
         let l = to_lark(g).unwrap();
         assert!(l.starts_with("start: g-root\n"), "{l}");
-        assert!(l.contains("g-_upper__case: \"x\" | \"A\u{e9}\\\"\" /(?s:.)/ /[^\\x{5d}]/"), "{l}");
+        assert!(
+            l.contains("g-_upper__case: \"x\" | \"A\u{e9}\\\"\" /(?s:.)/ /[^\\x{5d}]/"),
+            "{l}"
+        );
         assert!(l.contains("/[\\x{30}-\\x{39}]/{1,3}"), "{l}");
     }
 

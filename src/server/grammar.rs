@@ -46,8 +46,9 @@ impl Constraint {
 /// options win.
 fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance")
-            .or_insert_with(|| json!({"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "}));
+        o.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "key_separator": ": ", "item_separator": ", "}),
+        );
     }
     schema
 }

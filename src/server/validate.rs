@@ -293,7 +293,10 @@ fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
         if !s.is_object() && !s.is_boolean() {
             return Err(ApiError::invalid(
                 field,
-                format!("{field}: the schema must be a JSON object, not {}", kind_of(s)),
+                format!(
+                    "{field}: the schema must be a JSON object, not {}",
+                    kind_of(s)
+                ),
             ));
         }
     }
@@ -429,8 +432,12 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
                 return Err(ApiError::invalid(
                     "tool_choice",
                     match name {
-                        None => "tool_choice: \"required\" needs at least one tool in tools".to_string(),
-                        Some(n) => format!("tool_choice names the function {n:?}, which is not in tools"),
+                        None => {
+                            "tool_choice: \"required\" needs at least one tool in tools".to_string()
+                        }
+                        Some(n) => {
+                            format!("tool_choice names the function {n:?}, which is not in tools")
+                        }
                     },
                 ));
             }
@@ -470,7 +477,14 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         template_vars: vars,
     };
     let max = r.max_completion_tokens.or(c.max_tokens);
-    common_plan(c, card, prompt, max, logprobs.map(|n| n as usize), tool_call)
+    common_plan(
+        c,
+        card,
+        prompt,
+        max,
+        logprobs.map(|n| n as usize),
+        tool_call,
+    )
 }
 
 pub fn completion_plan(
@@ -612,17 +626,26 @@ mod tests {
             .map(|p| p.gen.constraint)
         };
         assert_eq!(c("").unwrap(), None);
-        assert_eq!(c(r#", "grammar": "", "response_format": {"type": "text"}"#).unwrap(), None);
+        assert_eq!(
+            c(r#", "grammar": "", "response_format": {"type": "text"}"#).unwrap(),
+            None
+        );
         assert!(matches!(
             c(r#", "grammar": "root ::= \"a\"""#).unwrap(),
-            Some(Constraint::Lark { field: "grammar", .. })
+            Some(Constraint::Lark {
+                field: "grammar",
+                ..
+            })
         ));
         let Some(Constraint::JsonSchema { schema, field }) =
             c(r#", "response_format": {"type": "json_object"}"#).unwrap()
         else {
             panic!("json_object");
         };
-        assert_eq!((schema, field), (serde_json::json!({"type": "object"}), "response_format"));
+        assert_eq!(
+            (schema, field),
+            (serde_json::json!({"type": "object"}), "response_format")
+        );
         let Some(Constraint::JsonSchema { schema, .. }) = c(
             r#", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}"#,
         )
@@ -632,13 +655,23 @@ mod tests {
         assert_eq!(schema, serde_json::json!({"type": "integer"}));
         for (extra, field) in [
             (r#", "grammar": "root ::= x""#, "grammar"),
-            (r#", "grammar": "root ::= \"a\"", "json_schema": {}"#, "grammar"),
+            (
+                r#", "grammar": "root ::= \"a\"", "json_schema": {}"#,
+                "grammar",
+            ),
             (r#", "json_schema": 3"#, "json_schema"),
-            (r#", "response_format": {"type": "yaml"}"#, "response_format"),
+            (
+                r#", "response_format": {"type": "yaml"}"#,
+                "response_format",
+            ),
             (r#", "tool_choice": "required""#, "tool_choice"),
             (r#", "tool_choice": "sometimes""#, "tool_choice"),
         ] {
-            assert_eq!(param(c(extra).unwrap_err()).as_deref(), Some(field), "{extra}");
+            assert_eq!(
+                param(c(extra).unwrap_err()).as_deref(),
+                Some(field),
+                "{extra}"
+            );
         }
     }
 }
