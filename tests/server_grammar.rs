@@ -597,3 +597,30 @@ ws ::= | " " | "\n" [ \t]{0,20}
         assert!(!run(bad), "{bad}");
     }
 }
+
+/// Schemas with local `$ref`s compile (llguidance without remote resolution) and constrain.
+#[test]
+fn json_schema_with_local_refs() {
+    use pocketmoe::server::grammar::{Constraint, Grammars};
+    use pocketmoe::server::OutputFormat;
+    let load =
+        || pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
+    let tok = load();
+    let g = Grammars::new(std::sync::Arc::new(load()));
+    let c = Constraint::JsonSchema {
+        schema: json!({
+            "$defs": {"small": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "type": "object",
+            "properties": {"x": {"$ref": "#/$defs/small"}},
+            "required": ["x"],
+        }),
+        field: "json_schema",
+    };
+    let run = |text: &str| {
+        let mut m = g.compile(&c, OutputFormat::Plain, false).unwrap();
+        takes(&mut m, &tok, text)
+    };
+    assert!(run(r#"{"x": 5}"#));
+    assert!(!run(r#"{"x": 12}"#));
+    assert!(!run(r#"{"y": 1}"#));
+}

@@ -12,7 +12,7 @@
 //! point): `root` becomes `g-root`, upper-case letters `_x`, underscores `__`, so distinct GBNF
 //! names stay distinct. Literals become JSON-escaped Lark strings, classes `/[...]/` regexes
 //! with every character as `\x{..}`, `.` becomes `/(?s:.)/`.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +47,7 @@ struct Reader<'a> {
 
 type Res<T> = Result<T, String>;
 
-impl<'a> Reader<'a> {
+impl Reader<'_> {
     fn peek(&self) -> Option<u8> {
         self.s.get(self.pos).copied()
     }
@@ -325,22 +325,22 @@ fn read(src: &str) -> Res<Vec<(String, Vec<Vec<Item>>)>> {
     if !defined.contains("root") {
         return Err("the grammar has no root rule (root ::= ...)".into());
     }
-    fn refs<'a>(alts: &'a [Vec<Item>], out: &mut BTreeMap<&'a str, ()>) {
+    fn refs<'a>(alts: &'a [Vec<Item>], out: &mut BTreeSet<&'a str>) {
         for i in alts.iter().flatten() {
             match &i.elem {
                 Elem::Ref(n) => {
-                    out.insert(n, ());
+                    out.insert(n);
                 }
                 Elem::Group(g) => refs(g, out),
                 _ => {}
             }
         }
     }
-    let mut used = BTreeMap::new();
+    let mut used = BTreeSet::new();
     for (_, alts) in &rules {
         refs(alts, &mut used);
     }
-    if let Some(u) = used.keys().find(|u| !defined.contains(*u)) {
+    if let Some(u) = used.iter().find(|u| !defined.contains(*u)) {
         return Err(format!("undefined rule {u:?}"));
     }
     Ok(rules)
