@@ -624,3 +624,33 @@ fn json_schema_with_local_refs() {
     assert!(!run(r#"{"x": 12}"#));
     assert!(!run(r#"{"y": 1}"#));
 }
+
+/// GBNF is character-level: literals that overlap across alternatives and classes beside
+/// literals still take every string the grammar describes.
+#[test]
+fn gbnf_overlapping_literals() {
+    use pocketmoe::server::grammar::{Constraint, Grammars};
+    use pocketmoe::server::OutputFormat;
+    let load =
+        || pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
+    let tok = load();
+    let g = Grammars::new(std::sync::Arc::new(load()));
+    let run = |gbnf: &str, text: &str| {
+        let c = Constraint::Lark {
+            lark: pocketmoe::server::gbnf::to_lark(gbnf).unwrap(),
+            field: "grammar",
+        };
+        let mut m = g.compile(&c, OutputFormat::Plain, false).unwrap();
+        takes(&mut m, &tok, text)
+    };
+    let g1 = "root ::= \"a\" \"bc\" | \"ab\" \"d\"\n";
+    assert!(run(g1, "abc"));
+    assert!(run(g1, "abd"));
+    assert!(!run(g1, "abx"));
+    let g2 = "root ::= [a-z]* \"x\"\n";
+    assert!(run(g2, "abx"));
+    assert!(run(g2, "xxx"));
+    let g3 = "root ::= (\"ab\" | \"a\") \"b\"\n";
+    assert!(run(g3, "ab"));
+    assert!(run(g3, "abb"));
+}

@@ -10,8 +10,9 @@
 //!
 //! The writer renames rules (Lark reads upper-case names as terminals, and `start` is its entry
 //! point): `root` becomes `g-root`, upper-case letters `_x`, underscores `__`, so distinct GBNF
-//! names stay distinct. Literals become JSON-escaped Lark strings, classes `/[...]/` regexes
-//! with every character as `\x{..}`, `.` becomes `/(?s:.)/`.
+//! names stay distinct. Literals become sequences of one-character JSON-escaped Lark strings
+//! (llguidance's lexemes are greedy; GBNF is character-level), classes `/[...]/` regexes with
+//! every character as `\x{..}`, `.` becomes `/(?s:.)/`.
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
@@ -391,7 +392,20 @@ fn write_alts(alts: &[Vec<Item>], o: &mut String) {
                 o.push(' ');
             }
             match &item.elem {
-                Elem::Lit(l) => o.push_str(&lark_string(l)),
+                // One lexeme per character: llguidance's lexemes are greedy, so whole-literal
+                // lexemes would refuse strings GBNF (character-level) takes, e.g. "abc" in
+                // `"a" "bc" | "ab" "d"`.
+                Elem::Lit(l) if l.chars().count() <= 1 => o.push_str(&lark_string(l)),
+                Elem::Lit(l) => {
+                    o.push('(');
+                    for (k, c) in l.chars().enumerate() {
+                        if k > 0 {
+                            o.push(' ');
+                        }
+                        o.push_str(&lark_string(c.encode_utf8(&mut [0; 4])));
+                    }
+                    o.push(')');
+                }
                 // `[^]`: any character.
                 Elem::Class { ranges, .. } if ranges.is_empty() => o.push_str("/(?s:.)/"),
                 Elem::Class { negated, ranges } => {
@@ -463,7 +477,7 @@ Upper_case ::= "x" |
         let l = to_lark(g).unwrap();
         assert!(l.starts_with("start: g-root\n"), "{l}");
         assert!(
-            l.contains("g-_upper__case: \"x\" | \"A\u{e9}\\\"\" /(?s:.)/ /[^\\x{5d}]/"),
+            l.contains("g-_upper__case: \"x\" | (\"A\" \"\u{e9}\" \"\\\"\") /(?s:.)/ /[^\\x{5d}]/"),
             "{l}"
         );
         assert!(l.contains("/[\\x{30}-\\x{39}]/{1,3}"), "{l}");
