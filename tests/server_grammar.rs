@@ -654,3 +654,29 @@ fn gbnf_overlapping_literals() {
     assert!(run(g3, "ab"));
     assert!(run(g3, "abb"));
 }
+
+/// Grammars that would be huge are refused quickly (reader bound, llguidance's size limits),
+/// not compiled for minutes.
+#[test]
+fn huge_grammars_are_refused() {
+    use pocketmoe::server::grammar::{Constraint, Grammars};
+    use pocketmoe::server::OutputFormat;
+    let e = pocketmoe::server::gbnf::to_lark("root ::= \"a\"{100000}\n").unwrap_err();
+    assert!(e.contains("above 10000"), "{e}");
+    let tok =
+        pocketmoe::tokenizer::Tokenizer::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
+    let g = Grammars::new(std::sync::Arc::new(tok));
+    let c = Constraint::Lark {
+        lark: pocketmoe::server::gbnf::to_lark("root ::= (\"ab\"{0,10000}){0,10000}\n").unwrap(),
+        field: "grammar",
+    };
+    let t = std::time::Instant::now();
+    let r = g.compile(&c, OutputFormat::Plain, false);
+    assert!(t.elapsed().as_secs() < 30, "{:?}", t.elapsed());
+    if let Err(e) = r {
+        assert!(
+            matches!(e, pocketmoe::server::ApiError::Invalid { .. }),
+            "{e:?}"
+        );
+    }
+}

@@ -204,10 +204,23 @@ impl Grammars {
                 TopLevelGrammar::from_lark(lark)
             }
         };
-        let parser = self
-            .factory()?
-            .create_parser(grammar)
-            .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))?;
+        let factory = self.factory()?;
+        // A compiler panic is this request's error, not the request thread's.
+        let parser = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            factory.create_parser(grammar)
+        }))
+        .map_err(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            ApiError::invalid(
+                field,
+                format!("{field}: the grammar compiler failed: {msg}"),
+            )
+        })?
+        .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))?;
         let m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
             return Err(ApiError::invalid(field, format!("{field}: {e}")));
