@@ -110,6 +110,10 @@ impl Sampler {
             .into_iter()
             .map(|i| (i as u32, l[i]))
             .collect();
+        // Tokens masked out (-inf: a grammar's) are never drawn, whatever the rounding.
+        if cand.first().is_some_and(|c| c.1 > f32::NEG_INFINITY) {
+            cand.retain(|c| c.1 > f32::NEG_INFINITY);
+        }
         let probs = softmax(&cand, 1.0);
         if self.p.top_p < 1.0 {
             let mut acc = 0.0;

@@ -98,6 +98,9 @@ pub struct GenRequest {
     /// Report each generated token's id (an [`Event::Id`] before its `Token`): the request's
     /// `return_token_ids`.
     pub token_ids: bool,
+    /// The output must match this (grammar, JSON schema, tool call); the engine compiles it
+    /// and answers 400 when it does not compile.
+    pub constraint: Option<super::grammar::Constraint>,
 }
 
 /// A token's log-probability and the most likely alternatives (from the raw logits).

@@ -13,6 +13,7 @@ use super::api::{
     Prompt, SlotState,
 };
 use super::error::ApiError;
+use super::grammar::Grammars;
 use super::parse::prompt_opens_reasoning;
 use super::worker::{self, Config, Job, Msg, Shared};
 use crate::engine::{Engine as Model, EngineOptions};
@@ -58,6 +59,7 @@ struct LoadState {
 pub struct LocalEngine {
     card: ModelCard,
     tok: Arc<Tokenizer>,
+    grammars: Grammars,
     template: Option<ChatTemplate>,
     tx: Mutex<Sender<Msg>>,
     shared: Arc<Shared>,
@@ -164,6 +166,7 @@ impl LocalEngine {
         };
         Ok(Self {
             card,
+            grammars: Grammars::new(tok.clone()),
             tok,
             template,
             tx: Mutex::new(tx),
@@ -371,6 +374,11 @@ impl Engine for LocalEngine {
             }
             Some(m) => m,
         };
+        // Compiled here, off the engine thread: a large schema may take a while.
+        let grammar = match &req.constraint {
+            Some(c) => Some(self.grammars.compile(c, format, opens_reasoning)?),
+            None => None,
+        };
         // Room for one more: a free slot, or a free place in the queue.
         let in_flight = self.shared.in_flight.fetch_add(1, Relaxed);
         if in_flight >= self.parallel + self.max_queue {
@@ -392,6 +400,7 @@ impl Engine for LocalEngine {
             logit_bias: req.logit_bias,
             special,
             token_ids: req.token_ids,
+            grammar,
             events: etx,
         };
         let sent = self

@@ -25,6 +25,8 @@ pub mod api;
 pub mod conn;
 pub mod error;
 mod extra;
+pub mod gbnf;
+pub mod grammar;
 mod local;
 pub mod metrics;
 pub mod parse;

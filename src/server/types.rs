@@ -64,6 +64,10 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub logit_bias: Option<Map<String, Value>>,
     pub response_format: Option<Value>,
+    /// llama-server: a GBNF grammar the output must match.
+    pub grammar: Option<String>,
+    /// llama-server: a JSON Schema the output must be an instance of.
+    pub json_schema: Option<Value>,
     /// Extension: add the generated tokens' ids to each choice (`token_ids`).
     pub return_token_ids: Option<bool>,
 }
@@ -76,6 +80,8 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u64>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// With `tool_choice: "required"`: one call or several (default one, as llama-server).
+    pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
     pub reasoning_effort: Option<String>,
 }

@@ -6,8 +6,10 @@
 //! then typed structs are read from it with `serde_path_to_error`, so a wrong type is reported
 //! as `temperature: invalid type: string "hot", expected f32`. Sampling defaults are
 //! llama.cpp's (`SamplerParams::default`), with a fresh random seed when none is given.
-use super::api::{GenRequest, ModelCard, Prompt};
+use super::api::{GenRequest, ModelCard, OutputFormat, Prompt};
 use super::error::ApiError;
+use super::gbnf;
+use super::grammar::Constraint;
 use super::types::{ChatRequest, Common, CompletionRequest, PromptInput, Seed, Stop};
 use crate::engine::sampling::SamplerParams;
 use crate::tokenizer::MessageContent;
@@ -175,6 +177,7 @@ fn common_plan(
     prompt: Prompt,
     max_tokens: Option<u64>,
     logprobs: Option<usize>,
+    tool_call: Option<Constraint>,
 ) -> Result<Plan, ApiError> {
     check_model(c, card)?;
     if let Some(n) = c.n.filter(|&n| n != 1) {
@@ -183,12 +186,16 @@ fn common_plan(
             format!("n = {n}: only n = 1 is supported; send {n} requests instead"),
         ));
     }
-    if !is_text_format(c) {
-        return Err(ApiError::invalid(
-            "response_format",
-            "only {\"type\": \"text\"} is supported (this server has no constrained decoding)",
-        ));
-    }
+    let constraint = match (tool_call, constraint(c)?) {
+        (Some(t), None) => Some(t),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice: \"required\" (or a named function) constrains the output to a tool call: send it without grammar, json_schema or a JSON response_format",
+            ))
+        }
+        (None, c) => c,
+    };
     if max_tokens == Some(0) {
         return Err(ApiError::invalid(
             "max_tokens",
@@ -226,6 +233,7 @@ fn common_plan(
             logprobs,
             logit_bias: logit_bias(c, card)?,
             token_ids: c.return_token_ids.unwrap_or(false),
+            constraint,
         },
         stream,
         include_usage,
@@ -233,10 +241,93 @@ fn common_plan(
     })
 }
 
-fn is_text_format(c: &Common) -> bool {
-    c.response_format
-        .as_ref()
-        .is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text"))
+/// The output constraint of `grammar` (GBNF), `json_schema` or `response_format` (llama-server's
+/// fields: `{"type": "json_object"}` with an optional `schema`, `{"type": "json_schema",
+/// "json_schema": {"schema": ...}}`); at most one of them.
+fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
+    let from_format = match &c.response_format {
+        None => None,
+        Some(f) => {
+            let ty = f.get("type").and_then(Value::as_str);
+            match ty {
+                Some("text") => None,
+                Some("json_object") => Some(
+                    f.get("schema")
+                        .cloned()
+                        .unwrap_or_else(|| serde_json::json!({"type": "object"})),
+                ),
+                Some("json_schema") => {
+                    let s = f.pointer("/json_schema/schema").or_else(|| f.get("schema"));
+                    let Some(s) = s else {
+                        return Err(ApiError::invalid(
+                            "response_format",
+                            "response_format: {\"type\": \"json_schema\"} needs {\"json_schema\": {\"schema\": {...}}}",
+                        ));
+                    };
+                    Some(s.clone())
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        format!(
+                            "response_format.type = {}: use \"text\", \"json_object\" or \"json_schema\"",
+                            f.get("type").map_or("none".to_string(), Value::to_string)
+                        ),
+                    ))
+                }
+            }
+        }
+    };
+    let schema = match (&c.json_schema, from_format) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "json_schema",
+                "json_schema and a JSON response_format both given: send one of them",
+            ))
+        }
+        (Some(s), None) => Some((s.clone(), "json_schema")),
+        (None, Some(s)) => Some((s, "response_format")),
+        (None, None) => None,
+    };
+    if let Some((s, field)) = &schema {
+        if !s.is_object() && !s.is_boolean() {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "{field}: the schema must be a JSON object, not {}",
+                    kind_of(s)
+                ),
+            ));
+        }
+    }
+    // An empty grammar is no grammar (llama-server).
+    let grammar = c.grammar.as_deref().filter(|g| !g.trim().is_empty());
+    match (grammar, schema) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "grammar",
+            "grammar and json_schema (or a JSON response_format) both given: send one of them",
+        )),
+        (Some(g), None) => {
+            let lark = gbnf::to_lark(g)
+                .map_err(|e| ApiError::invalid("grammar", format!("grammar: {e}")))?;
+            Ok(Some(Constraint::Lark {
+                lark,
+                field: "grammar",
+            }))
+        }
+        (None, s) => Ok(schema_constraint(s)),
+    }
+}
+
+fn schema_constraint(s: Option<(Value, &'static str)>) -> Option<Constraint> {
+    s.map(|(schema, field)| {
+        // `true` / `false` schemas: anything / nothing.
+        let schema = match schema {
+            Value::Bool(true) => serde_json::json!({}),
+            v => v,
+        };
+        Constraint::JsonSchema { schema, field }
+    })
 }
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -284,14 +375,30 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         }
     }
     let mut vars: Map<String, Value> = r.chat_template_kwargs.clone().unwrap_or_default();
+    // `required`, or one named function: the output is constrained to a call.
+    let mut forced: Option<Option<String>> = None;
     let tools_off = match &r.tool_choice {
         None => false,
         Some(Value::String(s)) if s == "auto" => false,
         Some(Value::String(s)) if s == "none" => true,
+        Some(Value::String(s)) if s == "required" => {
+            forced = Some(None);
+            false
+        }
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => {
+            let Some(name) = v.pointer("/function/name").and_then(Value::as_str) else {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice: a named choice is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            };
+            forced = Some(Some(name.to_string()));
+            false
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                "only \"auto\" and \"none\" are supported for tool_choice",
+                "tool_choice: use \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
             ))
         }
     };
@@ -310,6 +417,42 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
             vars.insert("tools".into(), Value::Array(tools.clone()));
         }
     }
+    let tool_call = match forced {
+        None => None,
+        Some(name) => {
+            let tools = r.tools.clone().unwrap_or_default();
+            let chosen: Vec<Value> = match &name {
+                None => tools,
+                Some(n) => tools
+                    .into_iter()
+                    .filter(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(n))
+                    .collect(),
+            };
+            if chosen.is_empty() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    match name {
+                        None => {
+                            "tool_choice: \"required\" needs at least one tool in tools".to_string()
+                        }
+                        Some(n) => {
+                            format!("tool_choice names the function {n:?}, which is not in tools")
+                        }
+                    },
+                ));
+            }
+            if !matches!(card.format, OutputFormat::Qwen3 | OutputFormat::Harmony) {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice: the model's chat template has no tool-call format this server parses (Qwen3/Hermes <tool_call>, harmony): use \"auto\" or \"none\"",
+                ));
+            }
+            Some(Constraint::ToolCall {
+                tools: chosen,
+                parallel: r.parallel_tool_calls.unwrap_or(false) && name.is_none(),
+            })
+        }
+    };
     if let Some(e) = &r.reasoning_effort {
         vars.insert("reasoning_effort".into(), Value::String(e.clone()));
     }
@@ -334,7 +477,14 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         template_vars: vars,
     };
     let max = r.max_completion_tokens.or(c.max_tokens);
-    common_plan(c, card, prompt, max, logprobs.map(|n| n as usize))
+    common_plan(
+        c,
+        card,
+        prompt,
+        max,
+        logprobs.map(|n| n as usize),
+        tool_call,
+    )
 }
 
 pub fn completion_plan(
@@ -383,13 +533,12 @@ pub fn completion_plan(
     }
     // OpenAI's default for the legacy endpoint.
     let max = Some(c.max_tokens.unwrap_or(16));
-    common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize))
+    common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize), None)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::api::OutputFormat;
 
     fn card() -> ModelCard {
         ModelCard {
@@ -466,5 +615,63 @@ mod tests {
         let p = completion_plan(&c, r, &card()).unwrap();
         assert_eq!(p.gen.max_tokens, Some(16));
         assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
+    }
+
+    #[test]
+    fn constraints_from_the_body() {
+        let c = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}}]{extra}}}"#
+            ))
+            .map(|p| p.gen.constraint)
+        };
+        assert_eq!(c("").unwrap(), None);
+        assert_eq!(
+            c(r#", "grammar": "", "response_format": {"type": "text"}"#).unwrap(),
+            None
+        );
+        assert!(matches!(
+            c(r#", "grammar": "root ::= \"a\"""#).unwrap(),
+            Some(Constraint::Lark {
+                field: "grammar",
+                ..
+            })
+        ));
+        let Some(Constraint::JsonSchema { schema, field }) =
+            c(r#", "response_format": {"type": "json_object"}"#).unwrap()
+        else {
+            panic!("json_object");
+        };
+        assert_eq!(
+            (schema, field),
+            (serde_json::json!({"type": "object"}), "response_format")
+        );
+        let Some(Constraint::JsonSchema { schema, .. }) = c(
+            r#", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}"#,
+        )
+        .unwrap() else {
+            panic!("json_schema");
+        };
+        assert_eq!(schema, serde_json::json!({"type": "integer"}));
+        for (extra, field) in [
+            (r#", "grammar": "root ::= x""#, "grammar"),
+            (
+                r#", "grammar": "root ::= \"a\"", "json_schema": {}"#,
+                "grammar",
+            ),
+            (r#", "json_schema": 3"#, "json_schema"),
+            (
+                r#", "response_format": {"type": "yaml"}"#,
+                "response_format",
+            ),
+            (r#", "tool_choice": "required""#, "tool_choice"),
+            (r#", "tool_choice": "sometimes""#, "tool_choice"),
+        ] {
+            assert_eq!(
+                param(c(extra).unwrap_err()).as_deref(),
+                Some(field),
+                "{extra}"
+            );
+        }
     }
 }

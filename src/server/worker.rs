@@ -58,6 +58,9 @@ pub struct Job {
     pub special: bool,
     /// Send each token's id (`Event::Id`) before its text.
     pub token_ids: bool,
+    /// The request's output constraint (`grammar`): masks the logits before each draw and
+    /// advances with each drawn token.
+    pub grammar: Option<llguidance::Matcher>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -411,9 +414,13 @@ fn step<M: BatchModel, V: Vocab>(
         let before = s.n_gen;
         let finished = sample(s, l, vocab, cfg.slot_len);
         generated += s.n_gen - before; // an end-of-generation token is not counted
-        if let Some(reason) = finished {
-            let tail = s.dec.finish();
-            vacate(slot, pool, shared, Some(Event::Done { reason, tail }));
+        match finished {
+            None => {}
+            Some(End::Finish(reason)) => {
+                let tail = s.dec.finish();
+                vacate(slot, pool, shared, Some(Event::Done { reason, tail }));
+            }
+            Some(End::Fail(e)) => vacate(slot, pool, shared, Some(Event::Error(e))),
         }
     }
     shared.generated.fetch_add(generated as u64, Relaxed);
@@ -443,15 +450,18 @@ fn fail(
     }
 }
 
+/// How a sequence ends.
+enum End {
+    Finish(FinishReason),
+    /// The constraint failed (an error event ends the request).
+    Fail(String),
+}
+
 /// Samples the next token of `s` from `logits`, emits it, and says whether `s` is finished.
-fn sample<V: Vocab>(
-    s: &mut Seq,
-    logits: Vec<f32>,
-    vocab: &V,
-    slot_len: usize,
-) -> Option<FinishReason> {
-    let next = if s.job.logit_bias.is_empty() {
-        s.sampler.sample(&logits)
+fn sample<V: Vocab>(s: &mut Seq, logits: Vec<f32>, vocab: &V, slot_len: usize) -> Option<End> {
+    let masked;
+    let logits_in = if s.job.logit_bias.is_empty() && s.job.grammar.is_none() {
+        &logits
     } else {
         let mut l = logits.clone();
         for &(id, b) in &s.job.logit_bias {
@@ -459,10 +469,25 @@ fn sample<V: Vocab>(
                 *x += b;
             }
         }
-        s.sampler.sample(&l)
+        // After the bias: a bias cannot bring back a token the grammar forbids.
+        if let Some(m) = s.job.grammar.as_mut() {
+            if let Err(e) = mask(m, &mut l) {
+                return Some(End::Fail(e));
+            }
+        }
+        masked = l;
+        &masked
     };
+    let next = s.sampler.sample(logits_in);
+    if let Some(m) = s.job.grammar.as_mut() {
+        if !vocab.is_eog(next) {
+            if let Err(e) = m.consume_token(next) {
+                return Some(End::Fail(format!("the grammar refused a token: {e}")));
+            }
+        }
+    }
     if vocab.is_eog(next) {
-        return Some(FinishReason::Stop);
+        return Some(End::Finish(FinishReason::Stop));
     }
     s.sampler.accept(next);
     s.all.push(next);
@@ -477,7 +502,35 @@ fn sample<V: Vocab>(
         .logprobs
         .map(|n| logprob(&logits, next, n, vocab, s.job.special));
     s.send(Event::Token { text, logprob });
-    (s.n_gen >= s.job.max_tokens || s.all.len() > slot_len).then_some(FinishReason::Length)
+    // The grammar is complete and allows nothing more: the output is finished.
+    if s.job.grammar.as_ref().is_some_and(|m| m.is_stopped()) {
+        return Some(End::Finish(FinishReason::Stop));
+    }
+    (s.n_gen >= s.job.max_tokens || s.all.len() > slot_len)
+        .then_some(End::Finish(FinishReason::Length))
+}
+
+/// Sets the logits of the tokens `m` forbids now to -inf (ids past the trie's vocabulary, the
+/// model's padding, included). End-of-generation tokens are allowed only where the grammar
+/// accepts.
+fn mask(m: &mut llguidance::Matcher, logits: &mut [f32]) -> Result<(), String> {
+    let allowed = m
+        .compute_mask()
+        .map_err(|e| format!("the grammar failed: {e}"))?;
+    let n = allowed.len().min(logits.len());
+    let mut any = false;
+    for (id, x) in logits.iter_mut().enumerate() {
+        if id < n && allowed.is_allowed(id as u32) {
+            any |= *x > f32::NEG_INFINITY;
+        } else {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    if any {
+        Ok(())
+    } else {
+        Err("the grammar allows no token here".into())
+    }
 }
 
 /// Log-probability of `id` under the model's distribution (raw logits, temperature 1), with
@@ -589,6 +642,7 @@ mod tests {
             logit_bias: Vec::new(),
             special: false,
             token_ids: false,
+            grammar: None,
             events: tx,
         }
     }

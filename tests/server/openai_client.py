@@ -186,7 +186,12 @@ def real(url, model, key):
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=[{"role": "wizard", "content": "x"}]), "role")
     expect_status(400, lambda: c.chat.completions.create(
         model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]), "image part")
-    expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, response_format={"type": "json_object"}), "response_format")
+    # JSON mode through the client: the output is an instance of the schema.
+    yn = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    r = c.chat.completions.create(model=model, messages=msgs, max_tokens=100,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "yn", "schema": yn}})
+    assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool), r
+    expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, response_format={"type": "xml"}), "response_format")
     expect_status(400, lambda: c.completions.create(model=model, prompt=["a", "b"]), "two prompts")
     expect_status(401, lambda: client(url, "wrong-key").models.list(), "wrong key", "invalid_api_key")
     status, text = get(url.replace("/v1", "/health"))
