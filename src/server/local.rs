@@ -44,7 +44,21 @@ pub struct LocalOptions {
     /// tokens, as llama.cpp's server does; off: content is plain text and only the template's
     /// own markers are control tokens ([`Tokenizer::encode_chat`]).
     pub parse_special_in_content: bool,
+    /// llama-server's `--chat-template`/`--chat-template-file`: replaces the GGUF's template.
+    pub chat_template: Option<TemplateChoice>,
 }
+
+/// A chat template chosen on the command line.
+#[derive(Debug, Clone)]
+pub enum TemplateChoice {
+    /// Jinja source (`--chat-template-file`, or `--chat-template` with `{%`/`{{` in it).
+    Source(String),
+    /// A template the GGUF carries (`tokenizer.chat_template.NAME`), or `chatml`.
+    Named(String),
+}
+
+/// ChatML, for `--chat-template chatml` on a model that does not carry one by that name.
+const CHATML: &str = "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 /// Load progress and outcome, shared with the loading thread.
 #[derive(Default)]
@@ -87,13 +101,9 @@ impl LocalEngine {
         let file = GgufModel::open(&opts.model)
             .with_context(|| format!("reading {}", opts.model.display()))?;
         let tok = Arc::new(Tokenizer::from_gguf(&file)?);
-        let template = match ChatTemplate::from_gguf(&file) {
-            Ok(t) => Some(t),
-            Err(e) if file.get_str("tokenizer.chat_template").is_none() => {
-                tracing::warn!("no chat template ({e}): /v1/chat/completions is off");
-                None
-            }
-            Err(e) => return Err(e.into()),
+        let template = match &opts.chat_template {
+            Some(choice) => Some(Self::chosen_template(&file, choice)?),
+            None => Self::gguf_template(&file)?,
         };
         drop(file);
         let stem = opts
@@ -175,6 +185,39 @@ impl LocalEngine {
             model_path: opts.model.display().to_string(),
             thread: Mutex::new(Some(thread)),
         })
+    }
+
+    /// The GGUF's default chat template; none (chat off) when it has no template at all.
+    fn gguf_template(file: &GgufModel) -> anyhow::Result<Option<ChatTemplate>> {
+        match ChatTemplate::from_gguf(file) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if file.get_str("tokenizer.chat_template").is_none() => {
+                tracing::warn!("no chat template ({e}): /v1/chat/completions is off");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The template `--chat-template`/`--chat-template-file` names, with the GGUF's BOS/EOS.
+    fn chosen_template(file: &GgufModel, choice: &TemplateChoice) -> anyhow::Result<ChatTemplate> {
+        let source = match choice {
+            TemplateChoice::Source(s) => s.clone(),
+            TemplateChoice::Named(name) => {
+                if ChatTemplate::names_in_gguf(file).contains(name) {
+                    return Ok(ChatTemplate::from_gguf_named(file, name)?);
+                }
+                anyhow::ensure!(
+                    name == "chatml",
+                    "--chat-template {name}: not a template this model carries ({}) nor chatml; pass Jinja source, or --chat-template-file FILE",
+                    ChatTemplate::names_in_gguf(file).join(", ")
+                );
+                CHATML.to_string()
+            }
+        };
+        let t = crate::tokenizer::vocab::template_tokens(file)?;
+        Ok(ChatTemplate::new("--chat-template", source, t.bos, t.eos)?
+            .with_tokenizer_flags(t.add_bos, t.add_eos))
     }
 
     fn context_error(msg: String, param: &str) -> ApiError {

@@ -39,7 +39,7 @@ pub use api::{
 };
 pub use api::{EngineInfo, OutputFormat, Prompt, SlotState, TokenLogprob};
 pub use error::ApiError;
-pub use local::{LocalEngine, LocalOptions};
+pub use local::{LocalEngine, LocalOptions, TemplateChoice};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -75,6 +75,11 @@ pub struct ServerConfig {
     pub cors: Option<String>,
     /// Serve the built-in chat page at `/` (`--no-webui`: off).
     pub webui: bool,
+    /// Serve `/slots` (`--no-slots`: 501, as llama-server).
+    pub slots: bool,
+    /// Sampling and length defaults for requests that do not set them (llama-server's
+    /// `--temp`, `--top-k`, ..., `-n`).
+    pub defaults: validate::Defaults,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +93,8 @@ impl Default for ServerConfig {
             max_connections: 512,
             cors: None,
             webui: true,
+            slots: true,
+            defaults: validate::Defaults::default(),
         }
     }
 }
@@ -366,7 +373,7 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::ChatRequest>(&bytes)?;
-        let plan = validate::chat_plan(&common, r, st.engine.card())?;
+        let plan = validate::chat_plan(&common, r, st.engine.card(), &st.cfg.defaults)?;
         start(&st, plan, Kind::Chat).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -376,7 +383,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::CompletionRequest>(&bytes)?;
-        let plan = validate::completion_plan(&common, r, st.engine.card())?;
+        let plan = validate::completion_plan(&common, r, st.engine.card(), &st.cfg.defaults)?;
         start(&st, plan, Kind::Completion).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
