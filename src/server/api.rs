@@ -204,12 +204,14 @@ pub trait Engine: Send + Sync + 'static {
     fn detokenize(&self, _ids: &[u32]) -> Result<String, ApiError> {
         Err(ApiError::bad("this engine does not detokenize"))
     }
-    /// `/apply-template`: the chat template rendered with the generation prompt, as a chat
-    /// request's prompt is rendered.
+    /// `/apply-template`: the chat template rendered as a chat request's prompt is rendered
+    /// (with the generation prompt when `add_generation_prompt`; a trailing assistant message is
+    /// continued, not closed).
     fn apply_template(
         &self,
         _messages: Vec<ChatMessage>,
         _template_vars: serde_json::Map<String, serde_json::Value>,
+        _add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
         Err(ApiError::bad("the model has no chat template"))
     }

@@ -220,6 +220,54 @@ impl LocalEngine {
             .with_tokenizer_flags(t.add_bos, t.add_eos))
     }
 
+    /// The chat prompt of `messages`, text and tokens. Message content is plain text unless
+    /// --parse-special-in-content. Assistant prefill (as llama-server): when the generation
+    /// prompt is asked for and the last message is the assistant's, the messages before it are
+    /// rendered with the generation prompt and its content follows, unclosed, so the model
+    /// continues it.
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        template_vars: serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<(String, Vec<u32>), ApiError> {
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::bad("the model has no chat template: use /v1/completions"))?;
+        let prefill = match messages.split_last() {
+            Some((last, rest))
+                if add_generation_prompt && last.role == "assistant" && !rest.is_empty() =>
+            {
+                Some((last.text(), rest))
+            }
+            _ => None,
+        };
+        let (head, gen) = match prefill {
+            Some((_, rest)) => (rest, true),
+            None => (messages, add_generation_prompt),
+        };
+        let chat = self
+            .tok
+            .encode_chat(
+                t,
+                head,
+                gen,
+                serde_json::Value::Object(template_vars),
+                self.parse_special_in_content,
+            )
+            .map_err(|e| ApiError::bad(format!("the chat template refused these messages: {e}")))?;
+        let (mut text, mut tokens) = (chat.text, chat.tokens);
+        if let Some((content, _)) = prefill {
+            text.push_str(&content);
+            tokens.extend(
+                self.tok
+                    .encode(&content, false, self.parse_special_in_content),
+            );
+        }
+        Ok((text, tokens))
+    }
+
     fn context_error(msg: String, param: &str) -> ApiError {
         ApiError::Invalid {
             msg,
@@ -265,22 +313,11 @@ impl Engine for LocalEngine {
         &self,
         messages: Vec<ChatMessage>,
         template_vars: serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
-        let t = self
-            .template
-            .as_ref()
-            .ok_or_else(|| ApiError::bad("the model has no chat template: use /v1/completions"))?;
-        let chat = self
-            .tok
-            .encode_chat(
-                t,
-                &messages,
-                true,
-                serde_json::Value::Object(template_vars),
-                self.parse_special_in_content,
-            )
-            .map_err(|e| ApiError::bad(format!("the chat template refused these messages: {e}")))?;
-        Ok(chat.text)
+        Ok(self
+            .render(&messages, template_vars, add_generation_prompt)?
+            .0)
     }
 
     fn info(&self) -> EngineInfo {
@@ -352,23 +389,7 @@ impl Engine for LocalEngine {
                 messages,
                 template_vars,
             } => {
-                let t = self.template.as_ref().ok_or_else(|| {
-                    ApiError::bad("the model has no chat template: use /v1/completions")
-                })?;
-                // Message content is plain text unless --parse-special-in-content.
-                let chat = self
-                    .tok
-                    .encode_chat(
-                        t,
-                        &messages,
-                        true,
-                        serde_json::Value::Object(template_vars),
-                        self.parse_special_in_content,
-                    )
-                    .map_err(|e| {
-                        ApiError::bad(format!("the chat template refused these messages: {e}"))
-                    })?;
-                let (text, toks) = (chat.text, chat.tokens);
+                let (text, toks) = self.render(&messages, template_vars, true)?;
                 let open = prompt_opens_reasoning(format, &text);
                 (toks, open, format.needs_special_tokens())
             }
@@ -392,13 +413,11 @@ impl Engine for LocalEngine {
         }
         let n_ctx = self.card.n_ctx;
         if prompt.len() >= n_ctx {
-            return Err(Self::context_error(
-                format!(
-                    "the prompt is {} tokens, but the context holds {n_ctx} per request (prompt and completion together): shorten the prompt, or restart the server with a larger --ctx",
-                    prompt.len()
-                ),
-                prompt_param,
-            ));
+            return Err(ApiError::ContextExceeded {
+                n_prompt_tokens: prompt.len(),
+                n_ctx,
+                param: prompt_param,
+            });
         }
         let room = n_ctx - prompt.len();
         let max_tokens = match req.max_tokens {

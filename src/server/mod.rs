@@ -24,7 +24,9 @@
 pub mod api;
 pub mod conn;
 pub mod error;
+mod anthropic;
 mod extra;
+mod native;
 mod local;
 pub mod metrics;
 pub mod parse;
@@ -70,8 +72,8 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Open connections at most (`conn`).
     pub max_connections: usize,
-    /// `--cors ORIGIN`: the `Access-Control-Allow-Origin` of every response; `None`: no CORS
-    /// headers, and `OPTIONS` is not answered.
+    /// `--cors ORIGINS` (comma-separated; `*`; `localhost`): the origins whose requests get
+    /// `Access-Control-Allow-Origin` (their own origin echoed); `None`: none ([`cors_allows`]).
     pub cors: Option<String>,
     /// Serve the built-in chat page at `/` (`--no-webui`: off).
     pub webui: bool,
@@ -103,7 +105,8 @@ pub(crate) struct AppState {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) cfg: ServerConfig,
     http: metrics::HttpMetrics,
-    next_id: AtomicU64,
+    pub(crate) totals: Arc<metrics::LlamaTotals>,
+    pub(crate) next_id: AtomicU64,
     conns: Option<Arc<conn::Conns>>,
 }
 
@@ -117,6 +120,7 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         engine,
         cfg,
         http: metrics::HttpMetrics::default(),
+        totals: Arc::new(metrics::LlamaTotals::default()),
         next_id: AtomicU64::new(1),
         conns,
     });
@@ -128,10 +132,17 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
     };
     routes
         .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
+        .route("/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
+        .route("/v1/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/tokenize", post(extra::tokenize))
         .route("/detokenize", post(extra::detokenize))
@@ -236,41 +247,86 @@ async fn track(req: Request, next: Next) -> Response {
     })
 }
 
-/// `--cors ORIGIN`: answers preflights, and names the origin on every response.
+/// Whether the request's `Origin` is one `--cors ORIGINS` allows: an exact match of one of the
+/// comma-separated origins (scheme, host and port, as browsers send them), `*` (any origin), or
+/// `localhost` (llama-server's special value: an origin whose host is localhost, 127.0.0.1 or
+/// [::1], any scheme and port).
+pub fn cors_allows(allowed: &str, origin: &str) -> bool {
+    let origin = origin.trim();
+    allowed.split(',').map(str::trim).any(|a| match a {
+        "" => false,
+        "*" => true,
+        "localhost" => {
+            let host = origin.split_once("://").map_or(origin, |(_, h)| h);
+            let host = host.strip_suffix('/').unwrap_or(host);
+            let host = if host.starts_with('[') {
+                host.split_once(']').map_or(host, |(h, _)| &h[1..])
+            } else {
+                host.split(':').next().unwrap_or(host)
+            };
+            matches!(host, "localhost" | "127.0.0.1" | "::1")
+        }
+        a => a.trim_end_matches('/').eq_ignore_ascii_case(origin.trim_end_matches('/')),
+    })
+}
+
+/// CORS. Preflights (`OPTIONS`) are answered here, before the API key check (browsers send no
+/// key on a preflight), with 204 and the allowed methods and headers; the request's `Origin` is
+/// echoed in `Access-Control-Allow-Origin` only when `--cors ORIGINS` allows it, so any other
+/// page's browser refuses to hand it the response.
+///
+/// Default (no `--cors`): no origin is allowed. llama-server allows `*` by default; we do not,
+/// because the server is often run on a workstation without `--api-key`, and `*` would let any
+/// web page the user opens read the model's answers (and spend its compute) through the
+/// user's browser. Pages served by this server itself (the chat page) are same-origin and need
+/// no CORS at all.
 async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(origin) = st.cfg.cors.as_deref() else {
-        return next.run(req).await;
-    };
-    let Ok(origin) = header::HeaderValue::from_str(origin) else {
-        return next.run(req).await;
-    };
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let allowed = st.cfg.cors.as_deref().unwrap_or("");
+    let allow = origin
+        .as_deref()
+        .filter(|o| cors_allows(allowed, o))
+        .and_then(|o| {
+            let value = if allowed.split(',').any(|a| a.trim() == "*") { "*" } else { o };
+            header::HeaderValue::from_str(value).ok()
+        });
     if req.method() == axum::http::Method::OPTIONS {
-        let asked = req
-            .headers()
-            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
-            .cloned()
-            .unwrap_or(header::HeaderValue::from_static(
-                "authorization, content-type",
-            ));
         let mut resp = StatusCode::NO_CONTENT.into_response();
         let h = resp.headers_mut();
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            header::HeaderValue::from_static("GET, POST, OPTIONS"),
-        );
-        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            header::HeaderValue::from_static("86400"),
-        );
         h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+        if let Some(allow) = allow {
+            let asked = req
+                .headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or(header::HeaderValue::from_static(
+                    "authorization, content-type",
+                ));
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                header::HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+            h.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                header::HeaderValue::from_static("86400"),
+            );
+        }
         return resp;
     }
     let mut resp = next.run(req).await;
-    let h = resp.headers_mut();
-    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    if st.cfg.cors.is_some() {
+        let h = resp.headers_mut();
+        if let Some(allow) = allow {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        }
+        h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    }
     resp
 }
 
@@ -297,7 +353,9 @@ fn bearer_token(v: &str) -> Option<&str> {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         let path = req.uri().path();
-        let open = path == "/health" || (st.cfg.webui && web::PATHS.contains(&path));
+        let open = path == "/health"
+            || path == "/v1/health"
+            || (st.cfg.webui && web::PATHS.contains(&path));
         if !open {
             let given = req
                 .headers()
@@ -383,43 +441,104 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::CompletionRequest>(&bytes)?;
-        let plan = validate::completion_plan(&common, r, st.engine.card(), &st.cfg.defaults)?;
-        start(&st, plan, Kind::Completion).await
+        let mut plans =
+            validate::completion_plans(&common, r, st.engine.card(), &st.cfg.defaults)?;
+        if plans.len() == 1 {
+            start(&st, plans.remove(0), Kind::Completion).await
+        } else {
+            start_many(&st, plans).await
+        }
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Submits a checked request (off the async runtime: rendering and tokenizing take time) and
-/// answers with JSON or SSE.
-async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Response, ApiError> {
+/// Submits a checked request (off the async runtime: rendering and tokenizing take time).
+pub(crate) async fn submit(
+    st: &AppState,
+    gen_req: GenRequest,
+) -> Result<(Generation, std::time::Instant), ApiError> {
     let engine = st.engine.clone();
-    let logprobs = plan.gen.logprobs.is_some();
-    let token_ids = plan.gen.token_ids;
-    let gen_req = plan.gen;
+    let t0 = std::time::Instant::now();
     let gen = tokio::task::spawn_blocking(move || engine.submit(gen_req))
         .await
         .map_err(|e| ApiError::Internal(format!("request task failed: {e}")))??;
-    let card = st.engine.card();
+    Ok((gen, t0))
+}
+
+/// The fixed parts of a response to `plan`.
+pub(crate) fn meta(st: &AppState, plan: &validate::Plan, kind: Kind, t0: std::time::Instant) -> Meta {
     let n = st.next_id.fetch_add(1, Relaxed);
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
     };
-    let meta = Meta {
+    let card = st.engine.card();
+    Meta {
         id: format!("{prefix}-{:x}{n:06x}", unix_now()),
         created: unix_now(),
         model: card.id.clone(),
         kind,
         format: card.format,
-        stops: plan.stops,
+        stops: plan.stops.clone(),
         include_usage: plan.include_usage,
-        token_ids,
-    };
+        token_ids: plan.gen.token_ids,
+        submitted: t0,
+        totals: Some(st.totals.clone()),
+    }
+}
+
+/// Submits a checked request and answers with JSON or SSE.
+async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Response, ApiError> {
+    let logprobs = plan.gen.logprobs.is_some();
+    let (gen, t0) = submit(st, plan.gen.clone()).await?;
+    let meta = meta(st, &plan, kind, t0);
     Ok(if plan.stream {
         respond::stream(meta, gen, logprobs)
     } else {
         respond::full(meta, gen, logprobs).await
     })
+}
+
+/// Several prompts in one `/v1/completions` request (llama-server): each is generated (together,
+/// in the batch), and the answer has one choice per prompt, `index` in the request's order, and
+/// the usage summed.
+async fn start_many(st: &AppState, plans: Vec<validate::Plan>) -> Result<Response, ApiError> {
+    if plans.iter().any(|p| p.stream) {
+        return Err(ApiError::invalid(
+            "prompt",
+            "stream: true takes one prompt per request here; send the prompts separately, or without stream",
+        ));
+    }
+    let mut gens = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        gens.push(submit(st, plan.gen.clone()).await?);
+    }
+    let runs = plans.iter().zip(gens).map(|(plan, (gen, t0))| {
+        let meta = meta(st, plan, Kind::Completion, t0);
+        respond::full_value(meta, gen, plan.gen.logprobs.is_some())
+    });
+    let results = futures_util::future::join_all(runs).await;
+    let mut out: Option<serde_json::Value> = None;
+    let (mut prompt, mut completion) = (0u64, 0u64);
+    let mut choices = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        let mut v = r?;
+        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        completion += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        if let Some(serde_json::Value::Array(cs)) = v.get_mut("choices").map(std::mem::take) {
+            for mut c in cs {
+                c["index"] = i.into();
+                choices.push(c);
+            }
+        }
+        out.get_or_insert(v);
+    }
+    let mut v = out.unwrap_or_default();
+    v["choices"] = choices.into();
+    v["usage"]["prompt_tokens"] = prompt.into();
+    v["usage"]["completion_tokens"] = completion.into();
+    v["usage"]["total_tokens"] = (prompt + completion).into();
+    Ok(Json(v).into_response())
 }
 
 fn model_object(card: &ModelCard) -> serde_json::Value {
@@ -472,12 +591,14 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.http.render(
+    let stats = st.engine.stats();
+    let mut text = st.http.render(
         st.engine.card(),
         &st.engine.health(),
-        &st.engine.stats(),
+        &stats,
         st.conns.as_deref(),
     );
+    text.push_str(&st.totals.render(st.engine.card(), &stats));
     (
         [(
             header::CONTENT_TYPE,

@@ -110,6 +110,15 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details` (OpenAI, llama-server).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV rows were reused from an earlier request: always 0 here (no
+    /// prompt cache; every prompt is evaluated whole).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -118,6 +127,7 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
         }
     }
 }
@@ -200,6 +210,9 @@ pub struct ChatResponse {
     pub choices: Vec<ChatChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (the whole response, or a stream's last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Value>,
 }
 
 /// Legacy completions' `logprobs`.
@@ -233,4 +246,7 @@ pub struct CompletionResponse {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (the whole response, or a stream's last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Value>,
 }

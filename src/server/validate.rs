@@ -420,33 +420,69 @@ pub fn chat_plan(
     common_plan(c, card, prompt, max, logprobs.map(|n| n as usize), defaults)
 }
 
-pub fn completion_plan(
+/// A plan for one prompt of llama.cpp's native `/completion`: the length is `n_predict` (or
+/// `max_tokens`), else the server's `-n`, else until the context is full.
+pub fn plan_for(
+    c: &Common,
+    card: &ModelCard,
+    prompt: Prompt,
+    logprobs: Option<usize>,
+    defaults: &Defaults,
+) -> Result<Plan, ApiError> {
+    let max = length(
+        &[("n_predict", c.n_predict), ("max_tokens", c.max_tokens)],
+        defaults,
+    )?;
+    common_plan(c, card, prompt, max, logprobs, defaults)
+}
+
+/// Prompts in one `/v1/completions` request at most.
+pub const MAX_PROMPTS: usize = 64;
+
+/// The prompts of a `/v1/completions` or `/completion` body: a string, token ids, or a list of
+/// either (one completion each, as llama-server).
+pub fn prompts(input: PromptInput, card: &ModelCard) -> Result<Vec<Prompt>, ApiError> {
+    let list = match input {
+        PromptInput::Text(s) => vec![Prompt::Text(s)],
+        PromptInput::Tokens(v) => vec![Prompt::Tokens(v)],
+        PromptInput::Texts(v) => v.into_iter().map(Prompt::Text).collect(),
+        PromptInput::TokenLists(v) => v.into_iter().map(Prompt::Tokens).collect(),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid("prompt", "prompt is an empty list: send at least one prompt"));
+    }
+    if list.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!("{} prompts in one request: send at most {MAX_PROMPTS}", list.len()),
+        ));
+    }
+    for (i, p) in list.iter().enumerate() {
+        if let Prompt::Tokens(t) = p {
+            if t.is_empty() {
+                return Err(ApiError::invalid("prompt", format!("prompt[{i}] is an empty list of token ids")));
+            }
+            if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {id} is outside the vocabulary (0..{})",
+                        card.n_vocab
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(list)
+}
+
+/// One plan per prompt of a `/v1/completions` body.
+pub fn completion_plans(
     c: &Common,
     r: CompletionRequest,
     card: &ModelCard,
     defaults: &Defaults,
-) -> Result<Plan, ApiError> {
-    let one = "send one prompt per request (a string, a list of one string, or token ids)";
-    let prompt = match r.prompt {
-        PromptInput::Text(s) => Prompt::Text(s),
-        PromptInput::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
-        PromptInput::Tokens(v) if !v.is_empty() => Prompt::Tokens(v),
-        PromptInput::TokenLists(mut v) if v.len() == 1 && !v[0].is_empty() => {
-            Prompt::Tokens(v.remove(0))
-        }
-        _ => return Err(ApiError::invalid("prompt", one)),
-    };
-    if let Prompt::Tokens(t) = &prompt {
-        if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "token id {id} is outside the vocabulary (0..{})",
-                    card.n_vocab
-                ),
-            ));
-        }
-    }
+) -> Result<Vec<Plan>, ApiError> {
     if r.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -473,7 +509,24 @@ pub fn completion_plan(
             ..defaults.clone()
         },
     )?;
-    common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize), defaults)
+    prompts(r.prompt, card)?
+        .into_iter()
+        .map(|p| common_plan(c, card, p, max, r.logprobs.map(|n| n as usize), defaults))
+        .collect()
+}
+
+/// A `/v1/completions` body with one prompt.
+pub fn completion_plan(
+    c: &Common,
+    r: CompletionRequest,
+    card: &ModelCard,
+    defaults: &Defaults,
+) -> Result<Plan, ApiError> {
+    let mut plans = completion_plans(c, r, card, defaults)?;
+    if plans.len() != 1 {
+        return Err(ApiError::invalid("prompt", "send one prompt"));
+    }
+    Ok(plans.remove(0))
 }
 
 #[cfg(test)]
