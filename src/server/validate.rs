@@ -239,7 +239,7 @@ fn length(
                     format!("{name} = {n}: send a count above 0, or -1 for no limit"),
                 ))
             }
-            Some(n) => return Ok(Some(n.min(usize::MAX as i64) as usize)),
+            Some(n) => return Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
         }
     }
     Ok(defaults.n_predict)

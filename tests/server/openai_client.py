@@ -169,7 +169,10 @@ def real(url, model, key):
     assert s == cut.choices[0].text
 
     # Errors, each with OpenAI's shape and a message.
-    expect_status(404, lambda: c.chat.completions.create(model="nope", messages=msgs), "unknown model", "model_not_found")
+    # Any model name is accepted, as llama-server does (clients hard-code names); the answer
+    # names the served model.
+    foreign = c.chat.completions.create(model="gpt-3.5-turbo", messages=msgs, max_tokens=2, temperature=0)
+    assert foreign.model == model, foreign.model
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, n=2), "n=2")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=[]), "no messages")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, max_tokens=CTX + 1),
@@ -177,8 +180,11 @@ def real(url, model, key):
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, max_tokens=CTX - 5),
                   "prompt + max_tokens beyond context", "context_length_exceeded")
     long = "lorem ipsum dolor sit amet " * 200
-    expect_status(400, lambda: c.completions.create(model=model, prompt=long, max_tokens=1),
-                  "prompt longer than context", "context_length_exceeded")
+    body = expect_status(400, lambda: c.completions.create(model=model, prompt=long, max_tokens=1),
+                         "prompt longer than context", "context_length_exceeded")
+    # llama-server's shape of that error: its type, the prompt's length and the context.
+    assert body.get("type") == "exceed_context_size_error", body
+    assert body.get("n_prompt_tokens", 0) > body.get("n_ctx", 1), body
     body = expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, temperature=-1), "temperature")
     assert body.get("param") == "temperature", body
     body = expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, extra_body={"top_k": "many"}), "top_k type")
