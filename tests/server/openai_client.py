@@ -193,7 +193,10 @@ def real(url, model, key):
     expect_status(400, lambda: c.chat.completions.create(
         model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]), "image part")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, response_format={"type": "json_object"}), "response_format")
-    expect_status(400, lambda: c.completions.create(model=model, prompt=["a", "b"]), "two prompts")
+    # Several prompts: one choice each (llama-server), in order.
+    two = c.completions.create(model=model, prompt=["a", "b"], max_tokens=2, temperature=0)
+    assert [ch.index for ch in two.choices] == [0, 1], two
+    expect_status(400, lambda: c.completions.create(model=model, prompt=["a", "b"], stream=True), "two prompts streamed")
     expect_status(401, lambda: client(url, "wrong-key").models.list(), "wrong key", "invalid_api_key")
     status, text = get(url.replace("/v1", "/health"))
     assert status == 200 and json.loads(text)["status"] == "ok", text
