@@ -19,7 +19,10 @@ use std::time::Duration;
     about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model",
     long_about = "OpenAI-compatible server for a Mixture-of-Experts GGUF model.\n\n\
         Endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE), \
-        GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), and a chat \
+        GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), \
+        llama-server's /chat/completions, /models, /v1/health, /completion, /tokenize, \
+        /detokenize, /apply-template, /props, /slots, Anthropic's /v1/messages and \
+        /v1/messages/count_tokens, and a chat \
         page at GET / (open without the API key; its API calls send the key entered on the \
         page; --no-webui turns it off).\n\n\
         Concurrency: up to --parallel requests are decoded together in one batch; further \
@@ -34,9 +37,11 @@ use std::time::Duration;
         closed.\n\n\
         SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, \
         close whatever is still open a second later, exit 0.\n\n\
-        llama-server's names work where they mean the same: -m, -c/--ctx-size, -t/--threads, \
-        -np/--parallel, -a/--alias, --host, --port, --api-key; -ngl/--n-gpu-layers only picks \
-        the device (see its help)."
+        llama-server's options are accepted: -m, -c/--ctx-size (the whole cache, split between \
+        the -np slots), -t/--threads, -np/--parallel, -a/--alias, --host, --port, --api-key, \
+        the sampling defaults (--temp, --top-k, ..., -s, -n) and the rest under \"llama-server \
+        options\" below; those with no effect here print a one-line note at start. \
+        -ngl/--n-gpu-layers only picks the device (see its help)."
 )]
 struct Args {
     /// The GGUF model (any shard of a split bundle).
@@ -69,8 +74,8 @@ struct Args {
     #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
     gpu_mem: Option<u64>,
     /// Context length of each request (prompt + completion); the KV cache holds
-    /// ctx × parallel positions (llama-server's -c/--ctx-size is the whole cache, shared by its
-    /// slots; here it is per request). Default, as llama.cpp's --fit: on a GPU, the model's
+    /// ctx × parallel positions (-c/--ctx-size gives the whole cache instead, as llama-server).
+    /// Default, as llama.cpp's --fit: on a GPU, the model's
     /// trained context when that many positions for every parallel request fit beside the whole
     /// model in the budget, else the most that does, down to 4096 (below that the routed experts
     /// are offloaded and the context stays at 4096); on the CPU, 4096. Capped by the trained
@@ -149,8 +154,11 @@ struct Args {
     /// (no request in progress); if every one is busy, it gets 503 and is closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
-    /// Allow browser pages from ORIGIN (e.g. http://localhost:3000, or *): responses carry
-    /// Access-Control-Allow-Origin and OPTIONS preflights are answered. Default: no CORS headers.
+    /// Allow browser pages from ORIGINS (comma-separated, e.g. http://localhost:3000; * for
+    /// any; localhost for any local origin; also --cors-origins): a request whose Origin matches
+    /// gets it back in Access-Control-Allow-Origin. OPTIONS preflights are answered (204)
+    /// without the API key either way. Default: no origin allowed (llama-server allows *; not
+    /// here, so that web pages cannot use a key-less local server through the browser).
     #[arg(long, visible_alias = "cors-origins", value_name = "ORIGINS")]
     cors: Option<String>,
     /// Do not serve the built-in chat page (GET /, /app.js, /app.css: they then answer 404).

@@ -1,10 +1,12 @@
 //! The OpenAI-compatible HTTP server (axum + tokio) in front of an [`Engine`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
-//! `stream: true`), `GET /v1/models[/{id}]`, `GET /health` (503 while loading), `GET /metrics`
-//! (Prometheus), and llama-server's `POST /tokenize`, `POST /detokenize`, `POST /apply-template`,
-//! `GET /props` and `GET /slots` (`extra`), and the built-in chat page at `GET /` (`web`; off
-//! with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! Routes: `POST /v1/chat/completions` (also `/chat/completions`), `POST /v1/completions`
+//! (JSON or SSE with `stream: true`), `GET /v1/models[/{id}]` (also `/models`), `GET /health`
+//! and `/v1/health` (503 while loading), `GET /metrics` (Prometheus, `llamacpp:*` included),
+//! llama.cpp's native `POST /completion` and `/completions` (`native`), Anthropic's
+//! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), and llama-server's
+//! `POST /tokenize`, `POST /detokenize`, `POST /apply-template`, `GET /props` and `GET /slots`
+//! (`extra`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -15,9 +17,9 @@
 //! so does a malformed request head (`conn`); a slow client is cut off (`--header-timeout` for
 //! the head, `--body-timeout` for the body: 408); at most `--max-connections` are open; the
 //! API key (when set, `Authorization: Bearer KEY`, the scheme in any case) guards everything but
-//! `/health` and the chat page's static files (the page's own API calls carry the key); with
-//! `--cors ORIGIN` every response carries `Access-Control-Allow-Origin: ORIGIN` and `OPTIONS`
-//! preflights are answered (before the key check: browsers send no key there);
+//! `/health` and the chat page's static files (the page's own API calls carry the key); `OPTIONS`
+//! preflights are answered before the key check (browsers send no key there), and a request's
+//! `Origin` is echoed in `Access-Control-Allow-Origin` only when `--cors ORIGINS` allows it;
 //! shutdown stops accepting, lets running requests finish within the grace period,
 //! then ends them, and closes what is still open one second later (a stalled connection
 //! included).
