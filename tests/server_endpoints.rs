@@ -798,3 +798,109 @@ fn assistant_prefill_and_generation_prompt() {
     let want = tok.encode(&format!("{open}My favourite is"), true, true).len();
     assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
 }
+
+/// `--chat-template-file` replaces the GGUF's template (what /apply-template and /props show
+/// and chat requests are rendered with); `--chat-template chatml` names a built-in one.
+#[test]
+fn chat_template_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("pocketmoe-tmpl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("t.jinja");
+    let src = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+    std::fs::write(&file, src).unwrap();
+    let s = Server::start(&["--chat-template-file", file.to_str().unwrap()]);
+    let (st, v) = post(
+        &s.addr,
+        "/apply-template",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["prompt"], "[user] Hi\n[assistant] ");
+    let (_, p) = get(&s.addr, "/props");
+    assert_eq!(p["chat_template"], src);
+    drop(s);
+    let s = Server::start(&["--chat-template", "chatml"]);
+    let (_, v) = post(
+        &s.addr,
+        "/apply-template",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}),
+    );
+    assert_eq!(v["prompt"], "<|im_start|>user\nHi<|im_end|>\n");
+    // Two assistant messages at the end are refused (llama-server); one is a prefill.
+    let (st, e) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+    );
+    assert_eq!(st, 400, "{e}");
+    assert_eq!(e["error"]["param"], "messages", "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// OpenAI's Responses API (`/v1/responses`): `instructions` + `input` rendered as the chat
+/// endpoint renders them, `max_output_tokens` honoured (status `incomplete`), the output as a
+/// message with `output_text`, and the `response.*` event stream adding up to the same text.
+#[test]
+fn responses_api() {
+    let s = Server::start(&[]);
+    let body = json!({"model": "gpt-4o", "instructions": "Be brief.", "input": "Hello there",
+                      "max_output_tokens": 3, "temperature": 0});
+    let (st, v) = post(&s.addr, "/v1/responses", &body);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["object"], "response", "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("resp_"), "{v}");
+    assert_eq!(v["status"], "incomplete", "{v}");
+    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens", "{v}");
+    assert_eq!(v["usage"]["output_tokens"], 3, "{v}");
+    let msg = &v["output"][0];
+    assert_eq!(msg["type"], "message", "{v}");
+    assert_eq!(msg["content"][0]["type"], "output_text", "{v}");
+    let text = msg["content"][0]["text"].as_str().unwrap().to_string();
+    let (_, chat) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+                "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(v["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{v} {chat}");
+    assert_eq!(text, chat["choices"][0]["message"]["content"].as_str().unwrap());
+    // A list of messages with input_text parts is the same request.
+    let (_, v2) = post(
+        &s.addr,
+        "/responses",
+        &json!({"instructions": "Be brief.", "max_output_tokens": 3, "temperature": 0,
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello there"}]}]}),
+    );
+    assert_eq!(v2["output"][0]["content"][0]["text"], text.as_str(), "{v2}");
+    // The stream.
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let b = sb.to_string();
+    let head = format!("POST /v1/responses HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
+    let (st, _, raw) = http(&s.addr, &head, b.as_bytes());
+    assert_eq!(st, 200, "{raw}");
+    let names: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(names.first(), Some(&"response.created"), "{raw}");
+    assert_eq!(names.last(), Some(&"response.incomplete"), "{raw}");
+    let datas: Vec<Value> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let streamed: String = datas
+        .iter()
+        .filter(|d| d["type"] == "response.output_text.delta")
+        .map(|d| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, text, "{raw}");
+    for (i, d) in datas.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i, "{d}");
+    }
+    // Bad input is named.
+    let (st, e) = post(&s.addr, "/v1/responses", &json!({"input": 5}));
+    assert_eq!(st, 400, "{e}");
+    assert_eq!(e["error"]["param"], "input", "{e}");
+    let (st, e) = post(&s.addr, "/v1/responses", &json!({"input": [{"type": "input_image"}]}));
+    assert_eq!(st, 400, "{e}");
+    assert_eq!(e["error"]["param"], "input[0]", "{e}");
+}

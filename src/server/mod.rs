@@ -4,7 +4,8 @@
 //! (JSON or SSE with `stream: true`), `GET /v1/models[/{id}]` (also `/models`), `GET /health`
 //! and `/v1/health` (503 while loading), `GET /metrics` (Prometheus, `llamacpp:*` included),
 //! llama.cpp's native `POST /completion` and `/completions` (`native`), Anthropic's
-//! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), and llama-server's
+//! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), OpenAI's Responses API
+//! `POST /v1/responses` and `/responses` (`responses`), and llama-server's
 //! `POST /tokenize`, `POST /detokenize`, `POST /apply-template`, `GET /props` and `GET /slots`
 //! (`extra`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
@@ -33,6 +34,7 @@ mod local;
 pub mod metrics;
 pub mod parse;
 mod respond;
+mod responses;
 pub mod types;
 pub mod validate;
 mod web;
@@ -139,6 +141,8 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/completion", post(native::completion))
         .route("/completions", post(native::completion))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/models", get(models))

@@ -330,6 +330,18 @@ pub fn chat_plan(
             "messages is empty: send at least one message",
         ));
     }
+    // As llama-server: one trailing assistant message is a prefill to continue; two are refused.
+    let n = r.messages.len();
+    if n >= 2 && r.messages[n - 2..].iter().all(|m| m.role == "assistant") {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "messages[{}] and messages[{}] are both assistant messages at the end: at most one (a prefill to continue) may end the list",
+                n - 2,
+                n - 1
+            ),
+        ));
+    }
     let mut r = r;
     for (i, m) in r.messages.iter_mut().enumerate() {
         if !ROLES.contains(&m.role.as_str()) {
@@ -574,6 +586,8 @@ mod tests {
             r#"{{"messages": [{{"role": "user", "content": "x"}}], "stop": "{long}"}}"#
         ));
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
+        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}"#);
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("messages"));
         // Any model name is accepted (llama-server ignores it).
         assert!(chat(r#"{"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "x"}]}"#).is_ok());
         let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#);
