@@ -573,6 +573,23 @@ fn llama_server_command_line_routes_and_shapes() {
     );
     assert_eq!(choices[1]["text"], one["choices"][0]["text"], "{v} vs {one}");
 
+    // The server's -n is shortened to what the prompt leaves (127 of 128 tokens: 1), not refused;
+    // a request's own max_tokens past it is still a 400.
+    let (st, v) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": vec![100; 127], "logit_bias": ban}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    let (st, v) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": vec![100; 127], "max_tokens": 3}),
+    );
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "max_tokens", "{v}");
     // The over-long prompt: llama-server's error type and fields.
     let (st, v) = post(
         &s.addr,

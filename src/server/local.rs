@@ -422,6 +422,7 @@ impl Engine for LocalEngine {
         let room = n_ctx - prompt.len();
         let max_tokens = match req.max_tokens {
             None => room,
+            Some(m) if m > room && req.max_tokens_soft => room,
             Some(m) if m > room => {
                 return Err(Self::context_error(
                     format!(

@@ -218,15 +218,17 @@ fn logit_bias(c: &Common, card: &ModelCard) -> Result<Vec<(u32, f32)>, ApiError>
 
 /// The completion length a request asks for: llama.cpp's `n_predict` first, then the
 /// endpoint's own field (`max_completion_tokens`, `max_tokens`), then the server's `-n`;
-/// -1 means no limit (until the context is full), as llama-server.
+/// -1 means no limit (until the context is full), as llama-server. The flag says the limit is
+/// the server's default (the request set none): then it is shortened to what the context
+/// leaves instead of refused.
 fn length(
     fields: &[(&str, Option<i64>)],
     defaults: &Defaults,
-) -> Result<Option<usize>, ApiError> {
+) -> Result<(Option<usize>, bool), ApiError> {
     for &(name, v) in fields {
         match v {
             None => continue,
-            Some(-1) => return Ok(None),
+            Some(-1) => return Ok((None, false)),
             Some(0) => {
                 return Err(ApiError::invalid(
                     name,
@@ -239,10 +241,10 @@ fn length(
                     format!("{name} = {n}: send a count above 0, or -1 for no limit"),
                 ))
             }
-            Some(n) => return Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            Some(n) => return Ok((Some(usize::try_from(n).unwrap_or(usize::MAX)), false)),
         }
     }
-    Ok(defaults.n_predict)
+    Ok((defaults.n_predict, true))
 }
 
 /// Checks and converts what both endpoints share.
@@ -250,7 +252,7 @@ fn common_plan(
     c: &Common,
     card: &ModelCard,
     prompt: Prompt,
-    max_tokens: Option<usize>,
+    (max_tokens, soft): (Option<usize>, bool),
     logprobs: Option<usize>,
     defaults: &Defaults,
 ) -> Result<Plan, ApiError> {
@@ -267,6 +269,10 @@ fn common_plan(
             "only {\"type\": \"text\"} is supported (this server has no constrained decoding)",
         ));
     }
+    let max_tokens = match max_tokens {
+        Some(m) if soft && m > card.n_ctx => Some(card.n_ctx),
+        m => m,
+    };
     if let Some(m) = max_tokens.filter(|&m| m > card.n_ctx) {
         return Err(ApiError::Invalid {
             msg: format!(
@@ -294,6 +300,7 @@ fn common_plan(
             prompt,
             sampling: sampling(c, defaults)?,
             max_tokens,
+            max_tokens_soft: soft,
             logprobs,
             logit_bias: logit_bias(c, card)?,
             token_ids: c.return_token_ids.unwrap_or(false),
