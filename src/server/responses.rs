@@ -165,6 +165,8 @@ fn response_obj(st: &State, out: &Out, status: &str, msg_id: &str) -> Value {
         "incomplete_details": if incomplete { json!({"reason": "max_output_tokens"}) } else { Value::Null },
         "error": null,
         "parallel_tool_calls": true,
+        "tool_choice": "auto",
+        "tools": [],
         "text": {"format": {"type": "text"}},
         "usage": {
             "input_tokens": st.prompt_tokens,

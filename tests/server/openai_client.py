@@ -193,6 +193,22 @@ def real(url, model, key):
     expect_status(400, lambda: c.chat.completions.create(
         model=model, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]), "image part")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, response_format={"type": "json_object"}), "response_format")
+    # The Responses API through the client, a foreign model name, JSON and streamed.
+    r = c.responses.create(model="gpt-4o-mini", input="Hi there", instructions="Be brief.",
+                           max_output_tokens=3, temperature=0)
+    assert r.object == "response" and r.model == model, r
+    assert r.usage.output_tokens <= 3 and r.usage.input_tokens > 0, r.usage
+    text = r.output_text
+    deltas, last = [], None
+    for ev in c.responses.create(model="gpt-4o-mini", input="Hi there", instructions="Be brief.",
+                                 max_output_tokens=3, temperature=0, stream=True):
+        if ev.type == "response.output_text.delta":
+            deltas.append(ev.delta)
+        last = ev
+    assert "".join(deltas) == text, (deltas, text)
+    assert last.type in ("response.completed", "response.incomplete"), last
+    assert last.response.output_text == text, last
+
     # Several prompts: one choice each (llama-server), in order.
     two = c.completions.create(model=model, prompt=["a", "b"], max_tokens=2, temperature=0)
     assert [ch.index for ch in two.choices] == [0, 1], two
