@@ -363,11 +363,19 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
             || path == "/v1/health"
             || (st.cfg.webui && web::PATHS.contains(&path));
         if !open {
+            // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (its clients send
+            // that; llama-server takes both).
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(bearer_token);
+                .and_then(bearer_token)
+                .or_else(|| {
+                    req.headers()
+                        .get("x-api-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::trim)
+                });
             if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
                 return ApiError::Unauthorized.into_response();
             }
