@@ -572,6 +572,24 @@ fn llama_server_command_line_routes_and_shapes() {
         &json!({"prompt": "The cat", "max_tokens": 2, "logit_bias": ban}),
     );
     assert_eq!(choices[1]["text"], one["choices"][0]["text"], "{v} vs {one}");
+    // Streamed: the chunks of both in one stream, by index, adding up to the same texts, one
+    // [DONE] at the end.
+    let b = json!({"prompt": ["Once upon", "The cat"], "max_tokens": 2, "logit_bias": ban, "stream": true}).to_string();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
+    let (st, _, raw) = http(&s.addr, &head, b.as_bytes());
+    assert_eq!(st, 200, "{raw}");
+    let datas: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(datas.iter().filter(|d| **d == "[DONE]").count(), 1, "{raw}");
+    assert_eq!(datas.last(), Some(&"[DONE]"), "{raw}");
+    let mut texts = [String::new(), String::new()];
+    for d in &datas[..datas.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        for ch in c["choices"].as_array().unwrap() {
+            texts[ch["index"].as_u64().unwrap() as usize].push_str(ch["text"].as_str().unwrap());
+        }
+    }
+    assert_eq!(texts[0], choices[0]["text"].as_str().unwrap(), "{raw}");
+    assert_eq!(texts[1], choices[1]["text"].as_str().unwrap(), "{raw}");
 
     // The server's -n is shortened to what the prompt leaves (127 of 128 tokens: 1), not refused;
     // a request's own max_tokens past it is still a 400.

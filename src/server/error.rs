@@ -17,7 +17,7 @@ pub enum ApiError {
         param: Option<String>,
         code: Option<&'static str>,
     },
-    #[error("invalid or missing API key: send `Authorization: Bearer <key>` with the key the server was started with")]
+    #[error("invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with the key the server was started with")]
     Unauthorized,
     #[error("the model `{asked}` does not exist: this server serves `{served}`")]
     UnknownModel { asked: String, served: String },

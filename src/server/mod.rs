@@ -63,7 +63,7 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Required as `Authorization: Bearer <key>` when set.
+    /// Required as `Authorization: Bearer <key>` (or `x-api-key: <key>`) when set.
     pub api_key: Option<String>,
     /// Largest request body accepted (bytes).
     pub max_body: usize,
@@ -498,6 +498,8 @@ pub(crate) fn meta(st: &AppState, plan: &validate::Plan, kind: Kind, t0: std::ti
         token_ids: plan.gen.token_ids,
         submitted: t0,
         totals: Some(st.totals.clone()),
+        index: 0,
+        done_marker: true,
     }
 }
 
@@ -515,17 +517,25 @@ async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Respon
 
 /// Several prompts in one `/v1/completions` request (llama-server): each is generated (together,
 /// in the batch), and the answer has one choice per prompt, `index` in the request's order, and
-/// the usage summed.
+/// the usage summed; streamed, the chunks of all of them come in one stream, each choice with
+/// its prompt's `index` (and, with `include_usage`, one usage chunk per prompt).
 async fn start_many(st: &AppState, plans: Vec<validate::Plan>) -> Result<Response, ApiError> {
-    if plans.iter().any(|p| p.stream) {
-        return Err(ApiError::invalid(
-            "prompt",
-            "stream: true takes one prompt per request here; send the prompts separately, or without stream",
-        ));
-    }
     let mut gens = Vec::with_capacity(plans.len());
     for plan in &plans {
         gens.push(submit(st, plan.gen.clone()).await?);
+    }
+    if plans.iter().any(|p| p.stream) {
+        let runs = plans
+            .iter()
+            .zip(gens)
+            .enumerate()
+            .map(|(i, (plan, (gen, t0)))| {
+                let mut m = meta(st, plan, Kind::Completion, t0);
+                m.index = i;
+                (m, gen, plan.gen.logprobs.is_some())
+            })
+            .collect();
+        return Ok(respond::stream_many(runs));
     }
     let runs = plans.iter().zip(gens).map(|(plan, (gen, t0))| {
         let meta = meta(st, plan, Kind::Completion, t0);

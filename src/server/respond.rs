@@ -44,6 +44,10 @@ pub struct Meta {
     pub submitted: Instant,
     /// Where finished requests add their prompt and generation time (`/metrics`' `llamacpp:*`).
     pub totals: Option<Arc<super::metrics::LlamaTotals>>,
+    /// The choice's `index` (several prompts in one request).
+    pub index: usize,
+    /// End the stream with `data: [DONE]` (not when several streams are merged into one).
+    pub done_marker: bool,
 }
 
 /// llama-server's `timings`, measured here: the prompt phase runs from the request's queueing
@@ -229,7 +233,7 @@ impl State {
             model: self.meta.model.clone(),
             system_fingerprint: FINGERPRINT.into(),
             choices: vec![ChatChoice {
-                index: 0,
+                index: self.meta.index,
                 message: None,
                 delta: Some(delta),
                 logprobs,
@@ -254,7 +258,7 @@ impl State {
             model: self.meta.model.clone(),
             system_fingerprint: FINGERPRINT.into(),
             choices: vec![CompletionChoice {
-                index: 0,
+                index: self.meta.index,
                 text,
                 logprobs,
                 finish_reason: finish,
@@ -483,7 +487,9 @@ impl Streamer {
             };
             self.queue.push_back(u);
         }
-        self.queue.push_back(Sse::default().data("[DONE]"));
+        if self.st.meta.done_marker {
+            self.queue.push_back(Sse::default().data("[DONE]"));
+        }
         self.done = true;
     }
 
@@ -538,6 +544,20 @@ fn sse_stream(
             s.advance().await;
         }
     })
+}
+
+/// Answers with one SSE stream of several generations' chunks (each choice's `index` is its
+/// prompt's), in the order they come, then `data: [DONE]`.
+pub fn stream_many(runs: Vec<(Meta, Generation, bool)>) -> Response {
+    use futures_util::StreamExt as _;
+    let streams = runs.into_iter().map(|(mut meta, gen, logprobs)| {
+        meta.done_marker = false;
+        Box::pin(sse_stream(meta, gen, logprobs))
+    });
+    let done = futures_util::stream::once(async { Ok(Sse::default().data("[DONE]")) });
+    axum::response::sse::Sse::new(futures_util::stream::select_all(streams).chain(done))
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// Answers with an SSE stream.
