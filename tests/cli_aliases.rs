@@ -306,7 +306,7 @@ fn serve_accepts_every_llama_server_flag() {
         &["--port", "0"],
     ];
     for f in flags {
-        let args = [&["-m", MISSING][..], f].concat();
+        let args = [&["-m", MISSING, "--port", "0"][..], f].concat();
         accepted(&serve(&args), &f.join(" "));
     }
     // All at once (no two of them conflict), and the notes are one line each.
@@ -331,15 +331,15 @@ fn serve_accepts_every_llama_server_flag() {
     ] {
         assert!(err.lines().any(|l| l.starts_with(want)), "no {want:?}: {err}");
     }
-    let err = accepted(&serve(&["-m", MISSING, "-fa", "off"]), "-fa off");
+    let err = accepted(&serve(&["-m", MISSING, "--port", "0", "-fa", "off"]), "-fa off");
     assert!(err.contains("note: -fa off: ignored"), "{err}");
     let err = accepted(
-        &serve(&["-m", MISSING, "-ctk", "q8_0", "-ctv", "f16"]),
+        &serve(&["-m", MISSING, "--port", "0", "-ctk", "q8_0", "-ctv", "f16"]),
         "-ctk q8_0 -ctv f16",
     );
     assert!(err.contains("K and V share one cache type here"), "{err}");
     // A bad value still gets clap's usage error, naming what the option takes.
-    let o = serve(&["-m", MISSING, "-fa", "maybe"]);
+    let o = serve(&["-m", MISSING, "--port", "0", "-fa", "maybe"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
 }
 
@@ -367,4 +367,32 @@ fn serve_hf_says_no_network_and_use_m() {
     let o = serve(&["--port", "0"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("--model"), "{}", text(&o).1);
+}
+
+/// llama-server's key and TLS options: --api-key-file is read (a missing file is named),
+/// TLS options fail with the reason, and `--cors '*'` without a key warns.
+#[test]
+fn serve_keys_tls_and_open_cors() {
+    let o = serve(&["-m", MISSING, "--port", "0", "--api-key-file", "/nonexistent/keys.txt"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--api-key-file /nonexistent/keys.txt"), "{err}");
+    let keys = std::env::temp_dir().join(format!("pocketmoe-keys-{}", std::process::id()));
+    std::fs::write(&keys, "k1\n\nk2\n").unwrap();
+    accepted(
+        &serve(&["-m", MISSING, "--port", "0", "--api-key", "a,b", "--api-key-file", keys.to_str().unwrap()]),
+        "--api-key-file",
+    );
+    let _ = std::fs::remove_file(&keys);
+    let o = serve(&["-m", MISSING, "--port", "0", "--ssl-key-file", "k.pem", "--ssl-cert-file", "c.pem"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not serve TLS"), "{err}");
+    let err = accepted(&serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*"]), "--cors *");
+    assert!(err.contains("warning: --cors '*' without --api-key"), "{err}");
+    let err = accepted(
+        &serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*", "--api-key", "k"]),
+        "--cors * with a key",
+    );
+    assert!(!err.contains("warning: --cors"), "{err}");
 }

@@ -939,3 +939,23 @@ fn responses_api() {
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "input[0]", "{e}");
 }
+
+/// Several keys (`--api-key a,b`, as llama-server): each is accepted, as a Bearer token or
+/// as Anthropic's `x-api-key`; anything else is 401.
+#[test]
+fn several_api_keys() {
+    let keys = format!("{KEY},second-key");
+    let s = Server::start(&["--api-key", &keys]);
+    for auth in [
+        format!("Authorization: Bearer {KEY}"),
+        "Authorization: Bearer second-key".to_string(),
+        "x-api-key: second-key".to_string(),
+    ] {
+        let (st, _, text) = http(&s.addr, &format!("GET /props HTTP/1.1\r\n{auth}"), b"");
+        assert_eq!(st, 200, "{auth}: {text}");
+    }
+    for auth in ["Authorization: Bearer second", "x-api-key: nope", "Authorization: Bearer endpoints-key,second-key"] {
+        let (st, _, text) = http(&s.addr, &format!("GET /props HTTP/1.1\r\n{auth}"), b"");
+        assert_eq!(st, 401, "{auth}: {text}");
+    }
+}

@@ -105,7 +105,8 @@ struct Args {
     /// a request is served only if a slot is free).
     #[arg(long, default_value_t = 64)]
     queue: usize,
-    /// Require `Authorization: Bearer KEY` (all routes but /health).
+    /// Require `Authorization: Bearer KEY` or `x-api-key: KEY` (all routes but /health);
+    /// several keys separated by commas, as llama-server.
     #[arg(long, env = "POCKETMOE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// The model name clients use and /v1/models reports (default: the file name without
@@ -343,6 +344,15 @@ struct LlamaServerArgs {
     /// Logging stays on here: no effect.
     #[arg(long)]
     log_disable: bool,
+    /// A file of API keys, one per line (with --api-key's, any of them is accepted).
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// TLS is not served here: an error says so (put a TLS proxy in front).
+    #[arg(long, value_name = "FILE")]
+    ssl_key_file: Option<PathBuf>,
+    /// See --ssl-key-file.
+    #[arg(long, value_name = "FILE")]
+    ssl_cert_file: Option<PathBuf>,
     /// The chat page is on by default here (--no-webui turns it off): no effect.
     #[arg(long)]
     webui: bool,
@@ -409,6 +419,12 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         anyhow::bail!(
             "--model-url {url}: pocketmoe-serve does not download models (no network access \
              here): download the GGUF yourself and pass it with -m PATH"
+        );
+    }
+    if a.ssl_key_file.is_some() || a.ssl_cert_file.is_some() {
+        anyhow::bail!(
+            "--ssl-key-file/--ssl-cert-file: pocketmoe-serve does not serve TLS; put a TLS \
+             proxy (caddy, nginx) in front, or serve on 127.0.0.1 only"
         );
     }
     if a.hf_file.is_some() {
@@ -553,6 +569,27 @@ fn run(args: Args) -> Result<i32> {
         eprintln!("{n}");
     }
     let defaults = sampling_defaults(&args.llama)?;
+    let mut keys: Vec<String> = args
+        .api_key
+        .iter()
+        .flat_map(|k| k.split(','))
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if let Some(f) = &args.llama.api_key_file {
+        let text = std::fs::read_to_string(f)
+            .with_context(|| format!("--api-key-file {}", f.display()))?;
+        keys.extend(
+            text.lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty()),
+        );
+    }
+    if keys.is_empty() && args.cors.as_deref().is_some_and(|c| c.split(',').any(|o| o.trim() == "*")) {
+        eprintln!(
+            "warning: --cors '*' without --api-key: any web page the user opens can use this server through the browser"
+        );
+    }
     let model = args
         .model
         .clone()
@@ -641,7 +678,8 @@ fn run(args: Args) -> Result<i32> {
         Box::new(move |done, _| pb2.set_position(done)),
     )?);
     let cfg = ServerConfig {
-        api_key: args.api_key.clone(),
+        api_key: keys.first().cloned(),
+        more_keys: keys.iter().skip(1).cloned().collect(),
         max_body: args.max_body.min(usize::MAX as u64) as usize,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         header_timeout: args.header_timeout,

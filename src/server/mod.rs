@@ -65,6 +65,9 @@ use std::time::Duration;
 pub struct ServerConfig {
     /// Required as `Authorization: Bearer <key>` (or `x-api-key: <key>`) when set.
     pub api_key: Option<String>,
+    /// More keys that are accepted as well (llama-server's comma-separated `--api-key` and
+    /// `--api-key-file`); only checked when `api_key` is set.
+    pub more_keys: Vec<String>,
     /// Largest request body accepted (bytes).
     pub max_body: usize,
     /// How long running requests may go on after a shutdown signal.
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             api_key: None,
+            more_keys: Vec::new(),
             max_body: 8 << 20,
             shutdown_grace: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
@@ -376,7 +380,12 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
                         .and_then(|v| v.to_str().ok())
                         .map(str::trim)
                 });
-            if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
+            let known = |g: &str| {
+                std::iter::once(key)
+                    .chain(&st.cfg.more_keys)
+                    .fold(false, |ok, k| ok | same_key(g.as_bytes(), k.as_bytes()))
+            };
+            if !given.is_some_and(known) {
                 return ApiError::Unauthorized.into_response();
             }
         }
