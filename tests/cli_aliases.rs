@@ -117,8 +117,10 @@ fn serve_help_names_the_aliases() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     for want in [
-        "-c, --ctx <CTX>",
-        "--ctx-size",
+        "-c, --ctx-size <N>",
+        "--ctx <CTX>",
+        "--temp",
+        "--cors-origins",
         "-t, --threads",
         "-a, --alias",
         "-np",
@@ -236,4 +238,221 @@ fn llama_flags_are_rewritten_only_where_they_are_options() {
             "-np"
         ]
     );
+}
+
+/// Every llama-server option of issue 29 parses (the run then fails on the missing model, exit
+/// 1), the multi-letter short ones included (`-ctk q8_0`, `-fa on`), and the ones with no effect
+/// here say so in a one-line note.
+#[test]
+fn serve_accepts_every_llama_server_flag() {
+    let flags: &[&[&str]] = &[
+        &["--temp", "0.7"],
+        &["--temperature", "0.7"],
+        &["--top-k", "20"],
+        &["--top-p", "0.9"],
+        &["--min-p", "0.1"],
+        &["--repeat-penalty", "1.1"],
+        &["--seed", "42"],
+        &["-s", "-1"],
+        &["-n", "64"],
+        &["--n-predict", "-1"],
+        &["-b", "2048"],
+        &["-ub", "256"],
+        &["--batch-size", "2048"],
+        &["--ubatch-size", "256"],
+        &["--jinja"],
+        &["--no-jinja"],
+        &["--chat-template", "chatml"],
+        &["--reasoning-format", "none"],
+        &["--metrics"],
+        &["--slots"],
+        &["--no-slots"],
+        &["--slot-save-path", "/tmp"],
+        &["--embedding"],
+        &["--embeddings"],
+        &["--pooling", "mean"],
+        &["--cont-batching"],
+        &["-fa", "on"],
+        &["--flash-attn", "auto"],
+        &["-fa", "off"],
+        &["-ctk", "q8_0"],
+        &["-ctv", "q8_0"],
+        &["--cache-type-k", "f16"],
+        &["--cache-type-v", "f16"],
+        &["--kv-unified"],
+        &["--swa-full"],
+        &["--context-shift"],
+        &["--lora", "/tmp/a.gguf"],
+        &["--verbose"],
+        &["-v"],
+        &["--offline"],
+        &["--cors-origins", "http://localhost:3000"],
+        &["--no-ui"],
+        &["--tags", "a,b"],
+        &["-np", "2"],
+        &["--parallel", "2"],
+        &["-c", "1024"],
+        &["--ctx-size", "1024"],
+        &["-a", "x"],
+        &["--alias", "x"],
+        &["-t", "2"],
+        &["--threads", "2"],
+        &["-ngl", "0"],
+        &["--n-gpu-layers", "0"],
+        &["--n-cpu-moe", "4"],
+        &["-ncmoe", "4"],
+        &["--api-key", "k"],
+        &["--host", "127.0.0.1"],
+        &["--port", "0"],
+    ];
+    for f in flags {
+        let args = [&["-m", MISSING, "--port", "0"][..], f].concat();
+        accepted(&serve(&args), &f.join(" "));
+    }
+    // All at once (no two of them conflict), and the notes are one line each.
+    let all: Vec<&str> = ["-m", MISSING]
+        .into_iter()
+        .chain(
+            flags
+                .iter()
+                .filter(|f| !["-fa", "--cache-type-k", "--cache-type-v", "--slots"].contains(&f[0]))
+                .flat_map(|f| f.iter().copied()),
+        )
+        .collect();
+    let err = accepted(&serve(&all), "all together");
+    for want in [
+        "note: --jinja: no effect here",
+        "note: --embedding/--pooling: no effect here",
+        "note: --lora: ignored",
+        "note: --reasoning-format none: ignored",
+        "note: --n-cpu-moe/--cpu-moe: ignored",
+        "note: -b/--batch-size: no effect here",
+        "note: --kv-unified",
+    ] {
+        assert!(
+            err.lines().any(|l| l.starts_with(want)),
+            "no {want:?}: {err}"
+        );
+    }
+    let err = accepted(
+        &serve(&["-m", MISSING, "--port", "0", "-fa", "off"]),
+        "-fa off",
+    );
+    assert!(err.contains("note: -fa off: ignored"), "{err}");
+    let err = accepted(
+        &serve(&["-m", MISSING, "--port", "0", "-ctk", "q8_0", "-ctv", "f16"]),
+        "-ctk q8_0 -ctv f16",
+    );
+    assert!(err.contains("K and V share one cache type here"), "{err}");
+    // A bad value still gets clap's usage error, naming what the option takes.
+    let o = serve(&["-m", MISSING, "--port", "0", "-fa", "maybe"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+}
+
+/// `-hf` has no network here: a clear error naming the repo and -m, exit 1 — never the help
+/// screen with exit 0, with or without -m.
+#[test]
+fn serve_hf_says_no_network_and_use_m() {
+    for args in [
+        &["-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
+        &["-m", MISSING, "-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
+        &[
+            "--hf-repo",
+            "ggml-org/gemma-3-1b-it-GGUF",
+            "--hf-file",
+            "x.gguf",
+        ][..],
+    ] {
+        let o = serve(args);
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {out}{err}");
+        assert!(err.contains("ggml-org/gemma-3-1b-it-GGUF"), "{err}");
+        assert!(
+            err.contains("no network") && err.contains("-m PATH"),
+            "{err}"
+        );
+        assert!(!out.contains("Usage"), "{out}");
+    }
+    let o = serve(&["--model-url", "https://example.com/m.gguf"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("https://example.com/m.gguf") && err.contains("-m PATH"),
+        "{err}"
+    );
+    // Neither -m nor -hf: clap says -m is required.
+    let o = serve(&["--port", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("--model"), "{}", text(&o).1);
+}
+
+/// llama-server's key and TLS options: --api-key-file is read (a missing file is named),
+/// TLS options fail with the reason, and `--cors '*'` without a key warns.
+#[test]
+fn serve_keys_tls_and_open_cors() {
+    let o = serve(&[
+        "-m",
+        MISSING,
+        "--port",
+        "0",
+        "--api-key-file",
+        "/nonexistent/keys.txt",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--api-key-file /nonexistent/keys.txt"),
+        "{err}"
+    );
+    let keys = std::env::temp_dir().join(format!("pocketmoe-keys-{}", std::process::id()));
+    std::fs::write(&keys, "k1\n\nk2\n").unwrap();
+    accepted(
+        &serve(&[
+            "-m",
+            MISSING,
+            "--port",
+            "0",
+            "--api-key",
+            "a,b",
+            "--api-key-file",
+            keys.to_str().unwrap(),
+        ]),
+        "--api-key-file",
+    );
+    let _ = std::fs::remove_file(&keys);
+    let o = serve(&[
+        "-m",
+        MISSING,
+        "--port",
+        "0",
+        "--ssl-key-file",
+        "k.pem",
+        "--ssl-cert-file",
+        "c.pem",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not serve TLS"), "{err}");
+    let err = accepted(
+        &serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*"]),
+        "--cors *",
+    );
+    assert!(
+        err.contains("warning: --cors '*' without --api-key"),
+        "{err}"
+    );
+    let err = accepted(
+        &serve(&[
+            "-m",
+            MISSING,
+            "--port",
+            "0",
+            "--cors-origins",
+            "*",
+            "--api-key",
+            "k",
+        ]),
+        "--cors * with a key",
+    );
+    assert!(!err.contains("warning: --cors"), "{err}");
 }

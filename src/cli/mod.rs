@@ -167,7 +167,33 @@ pub fn llama_flags<I: IntoIterator<Item = std::ffi::OsString>>(
 }
 
 /// The llama.cpp spellings `pocketmoe-serve` takes (llama-server's names).
-pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
+pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
+    ("-ngl", "--n-gpu-layers"),
+    ("-np", "--parallel"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
+    ("-fa", "--flash-attn"),
+    ("-ub", "--ubatch-size"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
+    ("-hf", "--hf-repo"),
+    ("-mu", "--model-url"),
+    ("-cb", "--cont-batching"),
+    ("-nocb", "--no-cont-batching"),
+    ("-kvu", "--kv-unified"),
+    ("-no-kvu", "--no-kv-unified"),
+    ("-ncmoe", "--n-cpu-moe"),
+    ("-cmoe", "--cpu-moe"),
+    ("-tb", "--threads-batch"),
+    ("-to", "--timeout"),
+    ("-dev", "--device"),
+    ("-sm", "--split-mode"),
+    ("-ts", "--tensor-split"),
+    ("-mg", "--main-gpu"),
+    ("-cram", "--cache-ram"),
+    ("-dt", "--defrag-thold"),
+    ("-sps", "--slot-prompt-similarity"),
+];
 /// The llama.cpp spellings `pocketmoe` subcommands take (llama-cli's names).
 pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers")];
 

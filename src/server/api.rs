@@ -91,6 +91,9 @@ pub struct GenRequest {
     pub sampling: SamplerParams,
     /// `None`: until the context is full.
     pub max_tokens: Option<usize>,
+    /// `max_tokens` is the server's default (`-n`, or the legacy endpoint's 16), not the
+    /// request's: shorten it to what the prompt leaves of the context instead of refusing.
+    pub max_tokens_soft: bool,
     /// `Some(n)`: report each token's log-probability and its `n` most likely alternatives.
     pub logprobs: Option<usize>,
     /// Added to the logits before sampling.
@@ -207,12 +210,14 @@ pub trait Engine: Send + Sync + 'static {
     fn detokenize(&self, _ids: &[u32]) -> Result<String, ApiError> {
         Err(ApiError::bad("this engine does not detokenize"))
     }
-    /// `/apply-template`: the chat template rendered with the generation prompt, as a chat
-    /// request's prompt is rendered.
+    /// `/apply-template`: the chat template rendered as a chat request's prompt is rendered
+    /// (with the generation prompt when `add_generation_prompt`; a trailing assistant message is
+    /// continued, not closed).
     fn apply_template(
         &self,
         _messages: Vec<ChatMessage>,
         _template_vars: serde_json::Map<String, serde_json::Value>,
+        _add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
         Err(ApiError::bad("the model has no chat template"))
     }

@@ -17,7 +17,7 @@ pub enum ApiError {
         param: Option<String>,
         code: Option<&'static str>,
     },
-    #[error("invalid or missing API key: send `Authorization: Bearer <key>` with the key the server was started with")]
+    #[error("invalid or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with the key the server was started with")]
     Unauthorized,
     #[error("the model `{asked}` does not exist: this server serves `{served}`")]
     UnknownModel { asked: String, served: String },
@@ -53,6 +53,14 @@ pub enum ApiError {
     ShuttingDown,
     #[error("internal error: {0}")]
     Internal(String),
+    /// The prompt does not fit the context (llama-server's `exceed_context_size_error`, with
+    /// its `n_prompt_tokens` and `n_ctx`).
+    #[error("the request exceeds the available context size, try increasing it: the prompt is {n_prompt_tokens} tokens and the context of a request holds {n_ctx} (prompt and completion together): shorten the prompt, or restart the server with a larger -c")]
+    ContextExceeded {
+        n_prompt_tokens: usize,
+        n_ctx: usize,
+        param: &'static str,
+    },
 }
 
 impl ApiError {
@@ -76,7 +84,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Invalid { .. } | ApiError::ContextExceeded { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::UnknownModel { .. } | ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,6 +106,7 @@ impl ApiError {
         match self {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
+            ApiError::ContextExceeded { .. } => "exceed_context_size_error",
             ApiError::Loading { .. }
             | ApiError::ShuttingDown
             | ApiError::TooManyConnections { .. }
@@ -111,6 +120,7 @@ impl ApiError {
             ApiError::Invalid { code, .. } => *code,
             ApiError::Unauthorized => Some("invalid_api_key"),
             ApiError::UnknownModel { .. } => Some("model_not_found"),
+            ApiError::ContextExceeded { .. } => Some("context_length_exceeded"),
             ApiError::QueueFull { .. } => Some("rate_limit_exceeded"),
             ApiError::Timeout(_) => Some("request_timeout"),
             _ => None,
@@ -121,6 +131,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { param, .. } => param.as_deref(),
             ApiError::UnknownModel { .. } => Some("model"),
+            ApiError::ContextExceeded { param, .. } => Some(param),
             _ => None,
         }
     }
@@ -133,6 +144,16 @@ impl ApiError {
                 kind: self.kind(),
                 param: self.param().map(str::to_string),
                 code: self.code(),
+                n_prompt_tokens: match self {
+                    ApiError::ContextExceeded {
+                        n_prompt_tokens, ..
+                    } => Some(*n_prompt_tokens),
+                    _ => None,
+                },
+                n_ctx: match self {
+                    ApiError::ContextExceeded { n_ctx, .. } => Some(*n_ctx),
+                    _ => None,
+                },
             },
         }
     }
@@ -193,6 +214,10 @@ pub struct ErrorDetail {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_prompt_tokens: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_ctx: Option<usize>,
 }
 
 impl IntoResponse for ApiError {

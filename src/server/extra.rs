@@ -40,6 +40,9 @@ struct TemplateBody {
     tools: Option<Value>,
     #[serde(default)]
     chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Open the assistant's turn at the end (llama-server's default: yes).
+    #[serde(default = "yes")]
+    add_generation_prompt: bool,
 }
 
 async fn body<T: serde::de::DeserializeOwned>(st: &AppState, req: Request) -> Result<T, ApiError> {
@@ -96,12 +99,38 @@ pub(super) async fn apply_template(State(st): State<Arc<AppState>>, req: Request
             vars.insert("tools".into(), tools);
         }
         let engine = st.engine.clone();
-        let prompt = tokio::task::spawn_blocking(move || engine.apply_template(b.messages, vars))
-            .await
-            .map_err(|e| ApiError::Internal(format!("template task failed: {e}")))??;
+        let gen = b.add_generation_prompt;
+        let prompt =
+            tokio::task::spawn_blocking(move || engine.apply_template(b.messages, vars, gen))
+                .await
+                .map_err(|e| ApiError::Internal(format!("template task failed: {e}")))??;
         Ok::<_, ApiError>(Json(json!({ "prompt": prompt })).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `default_generation_settings.params`: the sampling defaults requests get (llama-server's
+/// names).
+pub(super) fn default_params(st: &AppState) -> Value {
+    let d = &st.cfg.defaults;
+    let p = &d.sampling;
+    json!({
+        "n_predict": d.n_predict.map_or(-1, |n| n as i64),
+        "seed": d.seed.map_or(-1, |s| s as i64),
+        "temperature": p.temperature,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "repeat_penalty": p.repeat_penalty,
+        "repeat_last_n": p.penalty_last_n,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "n_probs": 0,
+        "stop": [],
+        "stream": false,
+        "cache_prompt": false,
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    })
 }
 
 pub(super) async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
@@ -112,6 +141,7 @@ pub(super) async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "model_alias": card.id,
         "model_path": info.model_path,
         "aliases": card.aliases,
+        // As llama-server: the context of one slot (-c / -np).
         "n_ctx": card.n_ctx,
         "n_vocab": card.n_vocab,
         "total_slots": total_slots,
@@ -119,10 +149,30 @@ pub(super) async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {
         "chat_template": info.chat_template.unwrap_or_default(),
         "build_info": crate::version(),
         "version": env!("CARGO_PKG_VERSION"),
-        "default_generation_settings": {"n_ctx": card.n_ctx, "model": card.id},
+        "endpoint_slots": st.cfg.slots,
+        "endpoint_metrics": true,
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": card.n_ctx,
+            "model": card.id,
+            "is_processing": false,
+            "params": default_params(&st),
+        },
     }))
 }
 
-pub(super) async fn slots(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!(st.engine.slots()))
+pub(super) async fn slots(State(st): State<Arc<AppState>>) -> Response {
+    if !st.cfg.slots {
+        // llama-server's answer with --no-slots.
+        return (
+            axum::http::StatusCode::NOT_IMPLEMENTED,
+            Json(json!({"error": {
+                "code": 501,
+                "message": "This server does not support slots endpoint: restart it without --no-slots",
+                "type": "not_supported_error",
+            }})),
+        )
+            .into_response();
+    }
+    Json(json!(st.engine.slots())).into_response()
 }

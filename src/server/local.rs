@@ -45,7 +45,21 @@ pub struct LocalOptions {
     /// tokens, as llama.cpp's server does; off: content is plain text and only the template's
     /// own markers are control tokens ([`Tokenizer::encode_chat`]).
     pub parse_special_in_content: bool,
+    /// llama-server's `--chat-template`/`--chat-template-file`: replaces the GGUF's template.
+    pub chat_template: Option<TemplateChoice>,
 }
+
+/// A chat template chosen on the command line.
+#[derive(Debug, Clone)]
+pub enum TemplateChoice {
+    /// Jinja source (`--chat-template-file`, or `--chat-template` with `{%`/`{{` in it).
+    Source(String),
+    /// A template the GGUF carries (`tokenizer.chat_template.NAME`), or `chatml`.
+    Named(String),
+}
+
+/// ChatML, for `--chat-template chatml` on a model that does not carry one by that name.
+const CHATML: &str = "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 /// Load progress and outcome, shared with the loading thread.
 #[derive(Default)]
@@ -89,13 +103,9 @@ impl LocalEngine {
         let file = GgufModel::open(&opts.model)
             .with_context(|| format!("reading {}", opts.model.display()))?;
         let tok = Arc::new(Tokenizer::from_gguf(&file)?);
-        let template = match ChatTemplate::from_gguf(&file) {
-            Ok(t) => Some(t),
-            Err(e) if file.get_str("tokenizer.chat_template").is_none() => {
-                tracing::warn!("no chat template ({e}): /v1/chat/completions is off");
-                None
-            }
-            Err(e) => return Err(e.into()),
+        let template = match &opts.chat_template {
+            Some(choice) => Some(Self::chosen_template(&file, choice)?),
+            None => Self::gguf_template(&file)?,
         };
         drop(file);
         let stem = opts
@@ -180,6 +190,87 @@ impl LocalEngine {
         })
     }
 
+    /// The GGUF's default chat template; none (chat off) when it has no template at all.
+    fn gguf_template(file: &GgufModel) -> anyhow::Result<Option<ChatTemplate>> {
+        match ChatTemplate::from_gguf(file) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if file.get_str("tokenizer.chat_template").is_none() => {
+                tracing::warn!("no chat template ({e}): /v1/chat/completions is off");
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The template `--chat-template`/`--chat-template-file` names, with the GGUF's BOS/EOS.
+    fn chosen_template(file: &GgufModel, choice: &TemplateChoice) -> anyhow::Result<ChatTemplate> {
+        let source = match choice {
+            TemplateChoice::Source(s) => s.clone(),
+            TemplateChoice::Named(name) => {
+                if ChatTemplate::names_in_gguf(file).contains(name) {
+                    return Ok(ChatTemplate::from_gguf_named(file, name)?);
+                }
+                anyhow::ensure!(
+                    name == "chatml",
+                    "--chat-template {name}: not a template this model carries ({}) nor chatml; pass Jinja source, or --chat-template-file FILE",
+                    ChatTemplate::names_in_gguf(file).join(", ")
+                );
+                CHATML.to_string()
+            }
+        };
+        let t = crate::tokenizer::vocab::template_tokens(file)?;
+        Ok(ChatTemplate::new("--chat-template", source, t.bos, t.eos)?
+            .with_tokenizer_flags(t.add_bos, t.add_eos))
+    }
+
+    /// The chat prompt of `messages`, text and tokens. Message content is plain text unless
+    /// --parse-special-in-content. Assistant prefill (as llama-server): when the generation
+    /// prompt is asked for and the last message is the assistant's, the messages before it are
+    /// rendered with the generation prompt and its content follows, unclosed, so the model
+    /// continues it.
+    fn render(
+        &self,
+        messages: &[ChatMessage],
+        template_vars: serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<(String, Vec<u32>), ApiError> {
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ApiError::bad("the model has no chat template: use /v1/completions"))?;
+        let prefill = match messages.split_last() {
+            Some((last, rest))
+                if add_generation_prompt && last.role == "assistant" && !rest.is_empty() =>
+            {
+                Some((last.text(), rest))
+            }
+            _ => None,
+        };
+        let (head, gen) = match prefill {
+            Some((_, rest)) => (rest, true),
+            None => (messages, add_generation_prompt),
+        };
+        let chat = self
+            .tok
+            .encode_chat(
+                t,
+                head,
+                gen,
+                serde_json::Value::Object(template_vars),
+                self.parse_special_in_content,
+            )
+            .map_err(|e| ApiError::bad(format!("the chat template refused these messages: {e}")))?;
+        let (mut text, mut tokens) = (chat.text, chat.tokens);
+        if let Some((content, _)) = prefill {
+            text.push_str(&content);
+            tokens.extend(
+                self.tok
+                    .encode(&content, false, self.parse_special_in_content),
+            );
+        }
+        Ok((text, tokens))
+    }
+
     fn context_error(msg: String, param: &str) -> ApiError {
         ApiError::Invalid {
             msg,
@@ -225,22 +316,11 @@ impl Engine for LocalEngine {
         &self,
         messages: Vec<ChatMessage>,
         template_vars: serde_json::Map<String, serde_json::Value>,
+        add_generation_prompt: bool,
     ) -> Result<String, ApiError> {
-        let t = self
-            .template
-            .as_ref()
-            .ok_or_else(|| ApiError::bad("the model has no chat template: use /v1/completions"))?;
-        let chat = self
-            .tok
-            .encode_chat(
-                t,
-                &messages,
-                true,
-                serde_json::Value::Object(template_vars),
-                self.parse_special_in_content,
-            )
-            .map_err(|e| ApiError::bad(format!("the chat template refused these messages: {e}")))?;
-        Ok(chat.text)
+        Ok(self
+            .render(&messages, template_vars, add_generation_prompt)?
+            .0)
     }
 
     fn info(&self) -> EngineInfo {
@@ -312,23 +392,7 @@ impl Engine for LocalEngine {
                 messages,
                 template_vars,
             } => {
-                let t = self.template.as_ref().ok_or_else(|| {
-                    ApiError::bad("the model has no chat template: use /v1/completions")
-                })?;
-                // Message content is plain text unless --parse-special-in-content.
-                let chat = self
-                    .tok
-                    .encode_chat(
-                        t,
-                        &messages,
-                        true,
-                        serde_json::Value::Object(template_vars),
-                        self.parse_special_in_content,
-                    )
-                    .map_err(|e| {
-                        ApiError::bad(format!("the chat template refused these messages: {e}"))
-                    })?;
-                let (text, toks) = (chat.text, chat.tokens);
+                let (text, toks) = self.render(&messages, template_vars, true)?;
                 let open = prompt_opens_reasoning(format, &text);
                 (toks, open, format.needs_special_tokens())
             }
@@ -352,17 +416,16 @@ impl Engine for LocalEngine {
         }
         let n_ctx = self.card.n_ctx;
         if prompt.len() >= n_ctx {
-            return Err(Self::context_error(
-                format!(
-                    "the prompt is {} tokens, but the context holds {n_ctx} per request (prompt and completion together): shorten the prompt, or restart the server with a larger --ctx",
-                    prompt.len()
-                ),
-                prompt_param,
-            ));
+            return Err(ApiError::ContextExceeded {
+                n_prompt_tokens: prompt.len(),
+                n_ctx,
+                param: prompt_param,
+            });
         }
         let room = n_ctx - prompt.len();
         let max_tokens = match req.max_tokens {
             None => room,
+            Some(m) if m > room && req.max_tokens_soft => room,
             Some(m) if m > room => {
                 return Err(Self::context_error(
                     format!(

@@ -283,6 +283,109 @@ impl HttpMetrics {
     }
 }
 
+/// The time finished requests spent in their prompt and generation phases (`respond::timings`),
+/// for llama-server's `llamacpp:prompt_seconds_total` / `llamacpp:tokens_predicted_seconds_total`.
+#[derive(Debug, Default)]
+pub struct LlamaTotals {
+    prompt_us: std::sync::atomic::AtomicU64,
+    predicted_us: std::sync::atomic::AtomicU64,
+}
+
+impl LlamaTotals {
+    pub fn add(&self, prompt_ms: f64, predicted_ms: f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.prompt_us
+            .fetch_add((prompt_ms * 1e3).max(0.0) as u64, Relaxed);
+        self.predicted_us
+            .fetch_add((predicted_ms * 1e3).max(0.0) as u64, Relaxed);
+    }
+
+    /// llama-server's `llamacpp:*` series (its names, types and meanings), from our counters, so
+    /// dashboards built for llama-server work unchanged beside the `pocketmoe_*` ones.
+    pub fn render(&self, card: &ModelCard, s: &EngineStats) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let prompt_s = self.prompt_us.load(Relaxed) as f64 / 1e6;
+        let predicted_s = self.predicted_us.load(Relaxed) as f64 / 1e6;
+        let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+        let capacity = (card.n_ctx * s.parallel).max(1) as f64;
+        let rows: [(&str, &str, &str, f64); 11] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time (from queueing to the first token).",
+                prompt_s,
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                s.generated_tokens as f64,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time.",
+                predicted_s,
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of llama_decode() calls (forward passes).",
+                s.steps as f64,
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "counter",
+                "Average number of busy slots per llama_decode() call.",
+                if s.steps == 0 { 0.0 } else { s.active as f64 },
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                rate(s.prompt_tokens, prompt_s),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                rate(s.generated_tokens, predicted_s),
+            ),
+            (
+                "kv_cache_usage_ratio",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                s.kv_tokens as f64 / capacity,
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                s.active as f64,
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                s.queued as f64,
+            ),
+        ];
+        let mut o = String::new();
+        for (name, kind, help, v) in rows {
+            let _ = writeln!(o, "# HELP llamacpp:{name} {help}");
+            let _ = writeln!(o, "# TYPE llamacpp:{name} {kind}");
+            let _ = writeln!(o, "llamacpp:{name} {v}");
+        }
+        o
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,13 @@
 //! The OpenAI-compatible HTTP server (axum + tokio) in front of an [`Engine`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (JSON or SSE with
-//! `stream: true`), `GET /v1/models[/{id}]`, `GET /health` (503 while loading), `GET /metrics`
-//! (Prometheus), and llama-server's `POST /tokenize`, `POST /detokenize`, `POST /apply-template`,
-//! `GET /props` and `GET /slots` (`extra`), and the built-in chat page at `GET /` (`web`; off
-//! with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! Routes: `POST /v1/chat/completions` (also `/chat/completions`), `POST /v1/completions`
+//! (JSON or SSE with `stream: true`), `GET /v1/models[/{id}]` (also `/models`), `GET /health`
+//! and `/v1/health` (503 while loading), `GET /metrics` (Prometheus, `llamacpp:*` included),
+//! llama.cpp's native `POST /completion` and `/completions` (`native`), Anthropic's
+//! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), OpenAI's Responses API
+//! `POST /v1/responses` and `/responses` (`responses`), and llama-server's
+//! `POST /tokenize`, `POST /detokenize`, `POST /apply-template`, `GET /props` and `GET /slots`
+//! (`extra`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -15,12 +18,13 @@
 //! so does a malformed request head (`conn`); a slow client is cut off (`--header-timeout` for
 //! the head, `--body-timeout` for the body: 408); at most `--max-connections` are open; the
 //! API key (when set, `Authorization: Bearer KEY`, the scheme in any case) guards everything but
-//! `/health` and the chat page's static files (the page's own API calls carry the key); with
-//! `--cors ORIGIN` every response carries `Access-Control-Allow-Origin: ORIGIN` and `OPTIONS`
-//! preflights are answered (before the key check: browsers send no key there);
+//! `/health` and the chat page's static files (the page's own API calls carry the key); `OPTIONS`
+//! preflights are answered before the key check (browsers send no key there), and a request's
+//! `Origin` is echoed in `Access-Control-Allow-Origin` only when `--cors ORIGINS` allows it;
 //! shutdown stops accepting, lets running requests finish within the grace period,
 //! then ends them, and closes what is still open one second later (a stalled connection
 //! included).
+mod anthropic;
 pub mod api;
 pub mod conn;
 pub mod error;
@@ -29,8 +33,10 @@ pub mod gbnf;
 pub mod grammar;
 mod local;
 pub mod metrics;
+mod native;
 pub mod parse;
 mod respond;
+mod responses;
 pub mod types;
 pub mod validate;
 mod web;
@@ -41,7 +47,7 @@ pub use api::{
 };
 pub use api::{EngineInfo, OutputFormat, Prompt, SlotState, TokenLogprob};
 pub use error::ApiError;
-pub use local::{LocalEngine, LocalOptions};
+pub use local::{LocalEngine, LocalOptions, TemplateChoice};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -59,8 +65,11 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Required as `Authorization: Bearer <key>` when set.
+    /// Required as `Authorization: Bearer <key>` (or `x-api-key: <key>`) when set.
     pub api_key: Option<String>,
+    /// More keys that are accepted as well (llama-server's comma-separated `--api-key` and
+    /// `--api-key-file`); only checked when `api_key` is set.
+    pub more_keys: Vec<String>,
     /// Largest request body accepted (bytes).
     pub max_body: usize,
     /// How long running requests may go on after a shutdown signal.
@@ -72,17 +81,23 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Open connections at most (`conn`).
     pub max_connections: usize,
-    /// `--cors ORIGIN`: the `Access-Control-Allow-Origin` of every response; `None`: no CORS
-    /// headers, and `OPTIONS` is not answered.
+    /// `--cors ORIGINS` (comma-separated; `*`; `localhost`): the origins whose requests get
+    /// `Access-Control-Allow-Origin` (their own origin echoed); `None`: none ([`cors_allows`]).
     pub cors: Option<String>,
     /// Serve the built-in chat page at `/` (`--no-webui`: off).
     pub webui: bool,
+    /// Serve `/slots` (`--no-slots`: 501, as llama-server).
+    pub slots: bool,
+    /// Sampling and length defaults for requests that do not set them (llama-server's
+    /// `--temp`, `--top-k`, ..., `-n`).
+    pub defaults: validate::Defaults,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             api_key: None,
+            more_keys: Vec::new(),
             max_body: 8 << 20,
             shutdown_grace: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
@@ -90,6 +105,8 @@ impl Default for ServerConfig {
             max_connections: 512,
             cors: None,
             webui: true,
+            slots: true,
+            defaults: validate::Defaults::default(),
         }
     }
 }
@@ -98,7 +115,8 @@ pub(crate) struct AppState {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) cfg: ServerConfig,
     http: metrics::HttpMetrics,
-    next_id: AtomicU64,
+    pub(crate) totals: Arc<metrics::LlamaTotals>,
+    pub(crate) next_id: AtomicU64,
     conns: Option<Arc<conn::Conns>>,
 }
 
@@ -112,6 +130,7 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         engine,
         cfg,
         http: metrics::HttpMetrics::default(),
+        totals: Arc::new(metrics::LlamaTotals::default()),
         next_id: AtomicU64::new(1),
         conns,
     });
@@ -123,10 +142,19 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
     };
     routes
         .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::responses))
+        .route("/responses", post(responses::responses))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
+        .route("/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
+        .route("/v1/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/tokenize", post(extra::tokenize))
         .route("/detokenize", post(extra::detokenize))
@@ -231,41 +259,92 @@ async fn track(req: Request, next: Next) -> Response {
     })
 }
 
-/// `--cors ORIGIN`: answers preflights, and names the origin on every response.
+/// Whether the request's `Origin` is one `--cors ORIGINS` allows: an exact match of one of the
+/// comma-separated origins (scheme, host and port, as browsers send them), `*` (any origin), or
+/// `localhost` (llama-server's special value: an origin whose host is localhost, 127.0.0.1 or
+/// [::1], any scheme and port).
+pub fn cors_allows(allowed: &str, origin: &str) -> bool {
+    let origin = origin.trim();
+    allowed.split(',').map(str::trim).any(|a| match a {
+        "" => false,
+        "*" => true,
+        "localhost" => {
+            let host = origin.split_once("://").map_or(origin, |(_, h)| h);
+            let host = host.strip_suffix('/').unwrap_or(host);
+            let host = if host.starts_with('[') {
+                host.split_once(']').map_or(host, |(h, _)| &h[1..])
+            } else {
+                host.split(':').next().unwrap_or(host)
+            };
+            matches!(host, "localhost" | "127.0.0.1" | "::1")
+        }
+        a => a
+            .trim_end_matches('/')
+            .eq_ignore_ascii_case(origin.trim_end_matches('/')),
+    })
+}
+
+/// CORS. Preflights (`OPTIONS`) are answered here, before the API key check (browsers send no
+/// key on a preflight), with 204 and the allowed methods and headers; the request's `Origin` is
+/// echoed in `Access-Control-Allow-Origin` only when `--cors ORIGINS` allows it, so any other
+/// page's browser refuses to hand it the response.
+///
+/// Default (no `--cors`): no origin is allowed. llama-server allows `*` by default; we do not,
+/// because the server is often run on a workstation without `--api-key`, and `*` would let any
+/// web page the user opens read the model's answers (and spend its compute) through the
+/// user's browser. Pages served by this server itself (the chat page) are same-origin and need
+/// no CORS at all.
 async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(origin) = st.cfg.cors.as_deref() else {
-        return next.run(req).await;
-    };
-    let Ok(origin) = header::HeaderValue::from_str(origin) else {
-        return next.run(req).await;
-    };
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let allowed = st.cfg.cors.as_deref().unwrap_or("");
+    let allow = origin
+        .as_deref()
+        .filter(|o| cors_allows(allowed, o))
+        .and_then(|o| {
+            let value = if allowed.split(',').any(|a| a.trim() == "*") {
+                "*"
+            } else {
+                o
+            };
+            header::HeaderValue::from_str(value).ok()
+        });
     if req.method() == axum::http::Method::OPTIONS {
-        let asked = req
-            .headers()
-            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
-            .cloned()
-            .unwrap_or(header::HeaderValue::from_static(
-                "authorization, content-type",
-            ));
         let mut resp = StatusCode::NO_CONTENT.into_response();
         let h = resp.headers_mut();
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            header::HeaderValue::from_static("GET, POST, OPTIONS"),
-        );
-        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            header::HeaderValue::from_static("86400"),
-        );
         h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+        if let Some(allow) = allow {
+            let asked = req
+                .headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or(header::HeaderValue::from_static(
+                    "authorization, content-type",
+                ));
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                header::HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+            h.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                header::HeaderValue::from_static("86400"),
+            );
+        }
         return resp;
     }
     let mut resp = next.run(req).await;
-    let h = resp.headers_mut();
-    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-    h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    if st.cfg.cors.is_some() {
+        let h = resp.headers_mut();
+        if let Some(allow) = allow {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        }
+        h.insert(header::VARY, header::HeaderValue::from_static("Origin"));
+    }
     resp
 }
 
@@ -292,14 +371,29 @@ fn bearer_token(v: &str) -> Option<&str> {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.cfg.api_key {
         let path = req.uri().path();
-        let open = path == "/health" || (st.cfg.webui && web::PATHS.contains(&path));
+        let open = path == "/health"
+            || path == "/v1/health"
+            || (st.cfg.webui && web::PATHS.contains(&path));
         if !open {
+            // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY` (its clients send
+            // that; llama-server takes both).
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(bearer_token);
-            if !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
+                .and_then(bearer_token)
+                .or_else(|| {
+                    req.headers()
+                        .get("x-api-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::trim)
+                });
+            let known = |g: &str| {
+                std::iter::once(key)
+                    .chain(&st.cfg.more_keys)
+                    .fold(false, |ok, k| ok | same_key(g.as_bytes(), k.as_bytes()))
+            };
+            if !given.is_some_and(known) {
                 return ApiError::Unauthorized.into_response();
             }
         }
@@ -368,7 +462,7 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::ChatRequest>(&bytes)?;
-        let plan = validate::chat_plan(&common, r, st.engine.card())?;
+        let plan = validate::chat_plan(&common, r, st.engine.card(), &st.cfg.defaults)?;
         start(&st, plan, Kind::Chat).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -378,43 +472,118 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::CompletionRequest>(&bytes)?;
-        let plan = validate::completion_plan(&common, r, st.engine.card())?;
-        start(&st, plan, Kind::Completion).await
+        let mut plans = validate::completion_plans(&common, r, st.engine.card(), &st.cfg.defaults)?;
+        if plans.len() == 1 {
+            start(&st, plans.remove(0), Kind::Completion).await
+        } else {
+            start_many(&st, plans).await
+        }
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Submits a checked request (off the async runtime: rendering and tokenizing take time) and
-/// answers with JSON or SSE.
-async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Response, ApiError> {
+/// Submits a checked request (off the async runtime: rendering and tokenizing take time).
+pub(crate) async fn submit(
+    st: &AppState,
+    gen_req: GenRequest,
+) -> Result<(Generation, std::time::Instant), ApiError> {
     let engine = st.engine.clone();
-    let logprobs = plan.gen.logprobs.is_some();
-    let token_ids = plan.gen.token_ids;
-    let gen_req = plan.gen;
+    let t0 = std::time::Instant::now();
     let gen = tokio::task::spawn_blocking(move || engine.submit(gen_req))
         .await
         .map_err(|e| ApiError::Internal(format!("request task failed: {e}")))??;
-    let card = st.engine.card();
+    Ok((gen, t0))
+}
+
+/// The fixed parts of a response to `plan`.
+pub(crate) fn meta(
+    st: &AppState,
+    plan: &validate::Plan,
+    kind: Kind,
+    t0: std::time::Instant,
+) -> Meta {
     let n = st.next_id.fetch_add(1, Relaxed);
     let prefix = match kind {
         Kind::Chat => "chatcmpl",
         Kind::Completion => "cmpl",
     };
-    let meta = Meta {
+    let card = st.engine.card();
+    Meta {
         id: format!("{prefix}-{:x}{n:06x}", unix_now()),
         created: unix_now(),
         model: card.id.clone(),
         kind,
         format: card.format,
-        stops: plan.stops,
+        stops: plan.stops.clone(),
         include_usage: plan.include_usage,
-        token_ids,
-    };
+        token_ids: plan.gen.token_ids,
+        submitted: t0,
+        totals: Some(st.totals.clone()),
+        index: 0,
+        done_marker: true,
+    }
+}
+
+/// Submits a checked request and answers with JSON or SSE.
+async fn start(st: &AppState, plan: validate::Plan, kind: Kind) -> Result<Response, ApiError> {
+    let logprobs = plan.gen.logprobs.is_some();
+    let (gen, t0) = submit(st, plan.gen.clone()).await?;
+    let meta = meta(st, &plan, kind, t0);
     Ok(if plan.stream {
         respond::stream(meta, gen, logprobs)
     } else {
         respond::full(meta, gen, logprobs).await
     })
+}
+
+/// Several prompts in one `/v1/completions` request (llama-server): each is generated (together,
+/// in the batch), and the answer has one choice per prompt, `index` in the request's order, and
+/// the usage summed; streamed, the chunks of all of them come in one stream, each choice with
+/// its prompt's `index` (and, with `include_usage`, one usage chunk per prompt).
+async fn start_many(st: &AppState, plans: Vec<validate::Plan>) -> Result<Response, ApiError> {
+    let mut gens = Vec::with_capacity(plans.len());
+    for plan in &plans {
+        gens.push(submit(st, plan.gen.clone()).await?);
+    }
+    if plans.iter().any(|p| p.stream) {
+        let runs = plans
+            .iter()
+            .zip(gens)
+            .enumerate()
+            .map(|(i, (plan, (gen, t0)))| {
+                let mut m = meta(st, plan, Kind::Completion, t0);
+                m.index = i;
+                (m, gen, plan.gen.logprobs.is_some())
+            })
+            .collect();
+        return Ok(respond::stream_many(runs));
+    }
+    let runs = plans.iter().zip(gens).map(|(plan, (gen, t0))| {
+        let meta = meta(st, plan, Kind::Completion, t0);
+        respond::full_value(meta, gen, plan.gen.logprobs.is_some())
+    });
+    let results = futures_util::future::join_all(runs).await;
+    let mut out: Option<serde_json::Value> = None;
+    let (mut prompt, mut completion) = (0u64, 0u64);
+    let mut choices = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        let mut v = r?;
+        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+        completion += v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        if let Some(serde_json::Value::Array(cs)) = v.get_mut("choices").map(std::mem::take) {
+            for mut c in cs {
+                c["index"] = i.into();
+                choices.push(c);
+            }
+        }
+        out.get_or_insert(v);
+    }
+    let mut v = out.unwrap_or_default();
+    v["choices"] = choices.into();
+    v["usage"]["prompt_tokens"] = prompt.into();
+    v["usage"]["completion_tokens"] = completion.into();
+    v["usage"]["total_tokens"] = (prompt + completion).into();
+    Ok(Json(v).into_response())
 }
 
 fn model_object(card: &ModelCard) -> serde_json::Value {
@@ -467,12 +636,14 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.http.render(
+    let stats = st.engine.stats();
+    let mut text = st.http.render(
         st.engine.card(),
         &st.engine.health(),
-        &st.engine.stats(),
+        &stats,
         st.conns.as_deref(),
     );
+    text.push_str(&st.totals.render(st.engine.card(), &stats));
     (
         [(
             header::CONTENT_TYPE,

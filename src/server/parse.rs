@@ -25,6 +25,8 @@ pub enum Piece {
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended the output, once one has.
+    pub hit: Option<String>,
 }
 
 impl StopMatcher {
@@ -33,6 +35,7 @@ impl StopMatcher {
         Self {
             stops,
             pending: String::new(),
+            hit: None,
         }
     }
 
@@ -40,7 +43,8 @@ impl StopMatcher {
     /// string and everything after it are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some((pos, _)) = find_first(&self.pending, &self.stops) {
+        if let Some((pos, word)) = find_first(&self.pending, &self.stops) {
+            self.hit = Some(word.to_string());
             let out = self.pending[..pos].to_string();
             self.pending.clear();
             return (out, true);

@@ -15,8 +15,11 @@ use super::types::*;
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
+use serde_json::Value;
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
 
 /// Which endpoint answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +40,33 @@ pub struct Meta {
     pub include_usage: bool,
     /// Add `token_ids` to the choices (`return_token_ids`).
     pub token_ids: bool,
+    /// When the request was queued (the start of `timings.prompt_ms`).
+    pub submitted: Instant,
+    /// Where finished requests add their prompt and generation time (`/metrics`' `llamacpp:*`).
+    pub totals: Option<Arc<super::metrics::LlamaTotals>>,
+    /// The choice's `index` (several prompts in one request).
+    pub index: usize,
+    /// End the stream with `data: [DONE]` (not when several streams are merged into one).
+    pub done_marker: bool,
+}
+
+/// llama-server's `timings`, measured here: the prompt phase runs from the request's queueing
+/// to its first generated token (so it includes any wait for a slot), the generation phase from
+/// the first token to the last.
+pub fn timings(prompt_n: usize, prompt_ms: f64, predicted_n: usize, predicted_ms: f64) -> Value {
+    let per = |n: usize, ms: f64| if n == 0 { 0.0 } else { ms / n as f64 };
+    let rate = |n: usize, ms: f64| if ms <= 0.0 { 0.0 } else { n as f64 * 1e3 / ms };
+    serde_json::json!({
+        "cache_n": 0,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": per(prompt_n, prompt_ms),
+        "prompt_per_second": rate(prompt_n, prompt_ms),
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": per(predicted_n, predicted_ms),
+        "predicted_per_second": rate(predicted_n, predicted_ms),
+    })
 }
 
 const FINGERPRINT: &str = concat!("pocketmoe-", env!("CARGO_PKG_VERSION"));
@@ -71,24 +101,27 @@ fn chat_logprob(lp: &TokenLogprob) -> ChatLogprob {
 }
 
 /// The state of one response: text pipeline, counters, what is not sent yet.
-struct State {
-    meta: Meta,
+pub(super) struct State {
+    pub(super) meta: Meta,
     gen: Option<Generation>,
-    prompt_tokens: usize,
-    stop: StopMatcher,
+    pub(super) prompt_tokens: usize,
+    pub(super) stop: StopMatcher,
     parser: OutputParser,
-    n_tokens: usize,
+    pub(super) n_tokens: usize,
+    /// When the first token came, and when the output ended.
+    t_first: Option<Instant>,
+    t_end: Option<Instant>,
     n_calls: usize,
     /// Logprobs not yet attached to a chunk, and the text length they start at (completions).
-    logprobs: Vec<TokenLogprob>,
+    pub(super) logprobs: Vec<TokenLogprob>,
     /// Token ids not yet attached to a chunk.
-    ids: Vec<u32>,
+    pub(super) ids: Vec<u32>,
     text_len: usize,
-    finish: Option<FinishReason>,
+    pub(super) finish: Option<FinishReason>,
 }
 
 impl State {
-    fn new(meta: Meta, gen: Generation) -> Self {
+    pub(super) fn new(meta: Meta, gen: Generation) -> Self {
         let format = match meta.kind {
             Kind::Chat => meta.format,
             Kind::Completion => OutputFormat::Plain,
@@ -100,6 +133,8 @@ impl State {
             gen: Some(gen),
             meta,
             n_tokens: 0,
+            t_first: None,
+            t_end: None,
             n_calls: 0,
             logprobs: Vec::new(),
             ids: Vec::new(),
@@ -110,7 +145,7 @@ impl State {
 
     /// Waits for the next engine event; returns the parsed pieces, or the error that ended it.
     /// `self.finish` is set when the output is complete.
-    async fn next(&mut self) -> Result<Vec<Piece>, ApiError> {
+    pub(super) async fn next(&mut self) -> Result<Vec<Piece>, ApiError> {
         let Some(gen) = self.gen.as_mut() else {
             return Ok(Vec::new());
         };
@@ -122,6 +157,7 @@ impl State {
             }
             Some(Event::Token { text, logprob }) => {
                 self.n_tokens += 1;
+                self.t_first.get_or_insert_with(Instant::now);
                 self.logprobs.extend(logprob);
                 (text, None)
             }
@@ -149,6 +185,11 @@ impl State {
             }
             pieces.extend(self.parser.finish());
             self.finish = Some(reason);
+            self.t_end = Some(Instant::now());
+            if let Some(t) = &self.meta.totals {
+                let (p, g) = self.phase_ms();
+                t.add(p, g);
+            }
             self.gen = None; // frees the engine's sequence now if it was still running
         }
         Ok(pieces)
@@ -159,8 +200,24 @@ impl State {
         self.meta.token_ids.then(|| std::mem::take(&mut self.ids))
     }
 
-    fn usage(&self) -> Usage {
+    pub(super) fn usage(&self) -> Usage {
         Usage::new(self.prompt_tokens, self.n_tokens)
+    }
+
+    /// Milliseconds of the prompt phase and of the generation phase (see [`timings`]).
+    fn phase_ms(&self) -> (f64, f64) {
+        let end = self.t_end.unwrap_or_else(Instant::now);
+        let first = self.t_first.unwrap_or(end);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        (
+            ms(first.saturating_duration_since(self.meta.submitted)),
+            ms(end.saturating_duration_since(first)),
+        )
+    }
+
+    pub(super) fn timings(&self) -> Value {
+        let (p, g) = self.phase_ms();
+        timings(self.prompt_tokens, p, self.n_tokens, g)
     }
 
     fn chat_chunk(
@@ -176,7 +233,7 @@ impl State {
             model: self.meta.model.clone(),
             system_fingerprint: FINGERPRINT.into(),
             choices: vec![ChatChoice {
-                index: 0,
+                index: self.meta.index,
                 message: None,
                 delta: Some(delta),
                 logprobs,
@@ -184,6 +241,7 @@ impl State {
                 token_ids: None,
             }],
             usage: None,
+            timings: None,
         }
     }
 
@@ -200,13 +258,14 @@ impl State {
             model: self.meta.model.clone(),
             system_fingerprint: FINGERPRINT.into(),
             choices: vec![CompletionChoice {
-                index: 0,
+                index: self.meta.index,
                 text,
                 logprobs,
                 finish_reason: finish,
                 token_ids: None,
             }],
             usage: None,
+            timings: None,
         }
     }
 
@@ -229,7 +288,7 @@ impl State {
         out
     }
 
-    fn new_call_id(&mut self) -> (usize, String) {
+    pub(super) fn new_call_id(&mut self) -> (usize, String) {
         let i = self.n_calls;
         self.n_calls += 1;
         (
@@ -244,14 +303,19 @@ impl State {
 
 /// Runs the generation to its end and answers with one object.
 pub async fn full(meta: Meta, gen: Generation, logprobs: bool) -> Response {
+    match full_value(meta, gen, logprobs).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs the generation to its end; the response object.
+pub async fn full_value(meta: Meta, gen: Generation, logprobs: bool) -> Result<Value, ApiError> {
     let mut st = State::new(meta, gen);
     let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
     let mut text = String::new();
     while st.finish.is_none() {
-        let pieces = match st.next().await {
-            Ok(p) => p,
-            Err(e) => return e.into_response(),
-        };
+        let pieces = st.next().await?;
         for p in pieces {
             match p {
                 Piece::Content(s) => {
@@ -284,6 +348,7 @@ pub async fn full(meta: Meta, gen: Generation, logprobs: bool) -> Response {
             let mut r = st.chat_chunk(ChatOut::default(), lp, Some(finish));
             r.object = "chat.completion";
             r.usage = Some(usage);
+            r.timings = Some(st.timings());
             r.choices[0].token_ids = st.take_ids();
             let c = &mut r.choices[0];
             c.delta = None;
@@ -293,14 +358,15 @@ pub async fn full(meta: Meta, gen: Generation, logprobs: bool) -> Response {
                 reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
                 tool_calls: (!calls.is_empty()).then_some(calls),
             });
-            axum::Json(r).into_response()
+            Ok(serde_json::to_value(r).unwrap_or_default())
         }
         Kind::Completion => {
             let lp = logprobs.then(|| st.take_completion_logprobs());
             let mut r = st.completion_obj(text, lp, Some(finish));
             r.usage = Some(usage);
+            r.timings = Some(st.timings());
             r.choices[0].token_ids = st.take_ids();
-            axum::Json(r).into_response()
+            Ok(serde_json::to_value(r).unwrap_or_default())
         }
     }
 }
@@ -391,12 +457,14 @@ impl Streamer {
                 let lp = self.chat_lp();
                 let mut c = self.st.chat_chunk(ChatOut::default(), lp, finish);
                 c.choices[0].token_ids = ids;
+                c.timings = Some(self.st.timings());
                 data(&c)
             }
             Kind::Completion => {
                 let lp = self.logprobs.then(|| self.st.take_completion_logprobs());
                 let mut c = self.st.completion_obj(String::new(), lp, finish);
                 c.choices[0].token_ids = ids;
+                c.timings = Some(self.st.timings());
                 data(&c)
             }
         };
@@ -419,7 +487,9 @@ impl Streamer {
             };
             self.queue.push_back(u);
         }
-        self.queue.push_back(Sse::default().data("[DONE]"));
+        if self.st.meta.done_marker {
+            self.queue.push_back(Sse::default().data("[DONE]"));
+        }
         self.done = true;
     }
 
@@ -474,6 +544,20 @@ fn sse_stream(
             s.advance().await;
         }
     })
+}
+
+/// Answers with one SSE stream of several generations' chunks (each choice's `index` is its
+/// prompt's), in the order they come, then `data: [DONE]`.
+pub fn stream_many(runs: Vec<(Meta, Generation, bool)>) -> Response {
+    use futures_util::StreamExt as _;
+    let streams = runs.into_iter().map(|(mut meta, gen, logprobs)| {
+        meta.done_marker = false;
+        Box::pin(sse_stream(meta, gen, logprobs))
+    });
+    let done = futures_util::stream::once(async { Ok(Sse::default().data("[DONE]")) });
+    axum::response::sse::Sse::new(futures_util::stream::select_all(streams).chain(done))
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// Answers with an SSE stream.

@@ -48,8 +48,12 @@ pub struct StreamOptions {
 /// endpoint's own struct; no `#[serde(flatten)]`, which would lose the field names in errors).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Common {
+    /// Accepted and ignored, as llama-server does (clients hard-code names).
     pub model: Option<String>,
-    pub max_tokens: Option<u64>,
+    /// -1: no limit (until the context is full), as llama-server.
+    pub max_tokens: Option<i64>,
+    /// llama.cpp's name for the completion length (wins over `max_tokens`); -1: no limit.
+    pub n_predict: Option<i64>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<u64>,
@@ -62,7 +66,8 @@ pub struct Common {
     pub n: Option<u64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    pub logit_bias: Option<Map<String, Value>>,
+    /// OpenAI's `{"id": bias}` or llama.cpp's `[[id, bias]]` (`false` = never).
+    pub logit_bias: Option<Value>,
     pub response_format: Option<Value>,
     /// llama-server: a GBNF grammar the output must match.
     pub grammar: Option<String>,
@@ -75,7 +80,7 @@ pub struct Common {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
-    pub max_completion_tokens: Option<u64>,
+    pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u64>,
     pub tools: Option<Vec<Value>>,
@@ -86,7 +91,7 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
 }
 
-/// `prompt`: a string, a list of one string, or token ids.
+/// `prompt`: a string, a list of strings (one completion each), token ids, or lists of them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum PromptInput {
@@ -111,6 +116,15 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details` (OpenAI, llama-server).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose KV rows were reused from an earlier request: always 0 here (no
+    /// prompt cache; every prompt is evaluated whole).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -119,6 +133,7 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
         }
     }
 }
@@ -201,6 +216,9 @@ pub struct ChatResponse {
     pub choices: Vec<ChatChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (the whole response, or a stream's last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Value>,
 }
 
 /// Legacy completions' `logprobs`.
@@ -234,4 +252,7 @@ pub struct CompletionResponse {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// llama-server's `timings` (the whole response, or a stream's last chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Value>,
 }

@@ -25,6 +25,17 @@ pub struct Plan {
     pub stops: Vec<String>,
 }
 
+/// The server's defaults for what a request leaves out (llama-server's `--temp`, `--top-k`, ...,
+/// `--seed`, `-n`).
+#[derive(Debug, Clone, Default)]
+pub struct Defaults {
+    pub sampling: SamplerParams,
+    /// `None`: a fresh random seed per request.
+    pub seed: Option<u64>,
+    /// Tokens to generate when a request sets no limit (`None`: until the context is full).
+    pub n_predict: Option<usize>,
+}
+
 /// Parses `bytes` as a JSON object and reads the shared fields and the endpoint's own.
 pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<(Common, T), ApiError> {
     let v: Value = serde_json::from_slice(bytes)
@@ -71,15 +82,10 @@ fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
     })
 }
 
-/// Checks `model` names the served model (absent is accepted, as llama.cpp does).
-pub fn check_model(common: &Common, card: &ModelCard) -> Result<(), ApiError> {
-    match &common.model {
-        Some(m) if *m != card.id && !card.aliases.contains(m) => Err(ApiError::UnknownModel {
-            asked: m.clone(),
-            served: card.id.clone(),
-        }),
-        _ => Ok(()),
-    }
+/// `model` is accepted whatever it names, as llama-server does: clients hard-code names like
+/// `gpt-3.5-turbo`, and there is one model here. Responses report the served name.
+pub fn check_model(_common: &Common, _card: &ModelCard) -> Result<(), ApiError> {
+    Ok(())
 }
 
 fn random_seed() -> u64 {
@@ -93,8 +99,8 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-fn sampling(c: &Common) -> Result<SamplerParams, ApiError> {
-    let d = SamplerParams::default();
+fn sampling(c: &Common, defaults: &Defaults) -> Result<SamplerParams, ApiError> {
+    let d = defaults.sampling.clone();
     let p = SamplerParams {
         temperature: c.temperature.unwrap_or(d.temperature),
         top_k: c.top_k.map_or(d.top_k, |k| k.min(u32::MAX as u64) as usize),
@@ -103,7 +109,12 @@ fn sampling(c: &Common) -> Result<SamplerParams, ApiError> {
         repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty),
         presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
-        seed: c.seed.as_ref().map_or_else(random_seed, Seed::as_u64),
+        seed: match &c.seed {
+            // llama.cpp: -1 = a random seed.
+            Some(Seed::Signed(-1)) => defaults.seed.unwrap_or_else(random_seed),
+            Some(s) => s.as_u64(),
+            None => defaults.seed.unwrap_or_else(random_seed),
+        },
         ..d
     };
     p.validate().map_err(|msg| {
@@ -137,37 +148,105 @@ fn stops(c: &Common) -> Result<Vec<String>, ApiError> {
     Ok(v)
 }
 
+/// One `logit_bias` entry: a number in -100..=100, or `false` (the token is never picked, as
+/// llama.cpp).
+fn bias_value(v: &Value, at: &str) -> Result<f32, ApiError> {
+    match v {
+        Value::Bool(false) => Ok(f32::NEG_INFINITY),
+        v => v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .map(|b| b as f32)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias{at} = {v} must be a number in -100..=100 or false"),
+                )
+            }),
+    }
+}
+
 fn logit_bias(c: &Common, card: &ModelCard) -> Result<Vec<(u32, f32)>, ApiError> {
-    let Some(map) = &c.logit_bias else {
-        return Ok(Vec::new());
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (k, v) in map {
-        let id = k
-            .parse::<u32>()
-            .ok()
-            .filter(|&id| (id as usize) < card.n_vocab);
-        let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b));
-        match (id, bias) {
-            (Some(id), Some(b)) => out.push((id, b as f32)),
-            (None, _) => {
-                return Err(ApiError::invalid(
+    let token = |k: &Value, at: &str| -> Result<u32, ApiError> {
+        let id = match k {
+            Value::String(s) => s.parse::<u64>().ok(),
+            v => v.as_u64(),
+        };
+        id.filter(|&id| (id as usize) < card.n_vocab)
+            .map(|id| id as u32)
+            .ok_or_else(|| {
+                ApiError::invalid(
                     "logit_bias",
                     format!(
-                        "logit_bias key {k:?} is not a token id (0..{})",
+                        "logit_bias{at}: {k} is not a token id (0..{})",
                         card.n_vocab
                     ),
-                ))
-            }
-            (_, None) => {
+                )
+            })
+    };
+    match &c.logit_bias {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| {
+                let at = format!("[{k:?}]");
+                Ok((token(&Value::String(k.clone()), &at)?, bias_value(v, &at)?))
+            })
+            .collect(),
+        // llama.cpp's form: [[id, bias], ...].
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, pair)| {
+                let at = format!("[{i}]");
+                match pair.as_array().map(Vec::as_slice) {
+                    Some([k, v]) => Ok((token(k, &at)?, bias_value(v, &at)?)),
+                    _ => Err(ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias{at} = {pair}: send [token_id, bias]"),
+                    )),
+                }
+            })
+            .collect(),
+        Some(v) => Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias is {}: send {{\"token_id\": bias}} or [[token_id, bias], ...]",
+                kind_of(v)
+            ),
+        )),
+    }
+}
+
+/// The completion length a request asks for: llama.cpp's `n_predict` first, then the
+/// endpoint's own field (`max_completion_tokens`, `max_tokens`), then the server's `-n`;
+/// -1 means no limit (until the context is full), as llama-server. The flag says the limit is
+/// the server's default (the request set none): then it is shortened to what the context
+/// leaves instead of refused.
+fn length(
+    fields: &[(&str, Option<i64>)],
+    defaults: &Defaults,
+) -> Result<(Option<usize>, bool), ApiError> {
+    for &(name, v) in fields {
+        match v {
+            None => continue,
+            Some(-1) => return Ok((None, false)),
+            Some(0) => {
                 return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!("logit_bias[{k:?}] = {v} must be a number in -100..=100"),
+                    name,
+                    format!("{name} = 0: ask for at least 1 token (or -1 for no limit)"),
                 ))
             }
+            Some(n) if n < 0 => {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name} = {n}: send a count above 0, or -1 for no limit"),
+                ))
+            }
+            Some(n) => return Ok((Some(usize::try_from(n).unwrap_or(usize::MAX)), false)),
         }
     }
-    Ok(out)
+    Ok((defaults.n_predict, true))
 }
 
 /// Checks and converts what both endpoints share.
@@ -175,9 +254,10 @@ fn common_plan(
     c: &Common,
     card: &ModelCard,
     prompt: Prompt,
-    max_tokens: Option<u64>,
+    (max_tokens, soft): (Option<usize>, bool),
     logprobs: Option<usize>,
     tool_call: Option<Constraint>,
+    defaults: &Defaults,
 ) -> Result<Plan, ApiError> {
     check_model(c, card)?;
     if let Some(n) = c.n.filter(|&n| n != 1) {
@@ -196,13 +276,10 @@ fn common_plan(
         }
         (None, c) => c,
     };
-    if max_tokens == Some(0) {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            "max_tokens = 0: ask for at least 1 token",
-        ));
-    }
-    let max_tokens = max_tokens.map(|m| m.min(usize::MAX as u64) as usize);
+    let max_tokens = match max_tokens {
+        Some(m) if soft && m > card.n_ctx => Some(card.n_ctx),
+        m => m,
+    };
     if let Some(m) = max_tokens.filter(|&m| m > card.n_ctx) {
         return Err(ApiError::Invalid {
             msg: format!(
@@ -228,8 +305,9 @@ fn common_plan(
     Ok(Plan {
         gen: GenRequest {
             prompt,
-            sampling: sampling(c)?,
+            sampling: sampling(c, defaults)?,
             max_tokens,
+            max_tokens_soft: soft,
             logprobs,
             logit_bias: logit_bias(c, card)?,
             token_ids: c.return_token_ids.unwrap_or(false),
@@ -332,7 +410,12 @@ fn schema_constraint(s: Option<(Value, &'static str)>) -> Option<Constraint> {
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, ApiError> {
+pub fn chat_plan(
+    c: &Common,
+    r: ChatRequest,
+    card: &ModelCard,
+    defaults: &Defaults,
+) -> Result<Plan, ApiError> {
     check_model(c, card)?;
     if !card.has_chat_template {
         return Err(ApiError::bad(
@@ -343,6 +426,18 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         return Err(ApiError::invalid(
             "messages",
             "messages is empty: send at least one message",
+        ));
+    }
+    // As llama-server: one trailing assistant message is a prefill to continue; two are refused.
+    let n = r.messages.len();
+    if n >= 2 && r.messages[n - 2..].iter().all(|m| m.role == "assistant") {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "messages[{}] and messages[{}] are both assistant messages at the end: at most one (a prefill to continue) may end the list",
+                n - 2,
+                n - 1
+            ),
         ));
     }
     let mut r = r;
@@ -476,7 +571,14 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         messages: r.messages,
         template_vars: vars,
     };
-    let max = r.max_completion_tokens.or(c.max_tokens);
+    let max = length(
+        &[
+            ("n_predict", c.n_predict),
+            ("max_completion_tokens", r.max_completion_tokens),
+            ("max_tokens", c.max_tokens),
+        ],
+        defaults,
+    )?;
     common_plan(
         c,
         card,
@@ -484,35 +586,82 @@ pub fn chat_plan(c: &Common, r: ChatRequest, card: &ModelCard) -> Result<Plan, A
         max,
         logprobs.map(|n| n as usize),
         tool_call,
+        defaults,
     )
 }
 
-pub fn completion_plan(
+/// A plan for one prompt of llama.cpp's native `/completion`: the length is `n_predict` (or
+/// `max_tokens`), else the server's `-n`, else until the context is full.
+pub fn plan_for(
+    c: &Common,
+    card: &ModelCard,
+    prompt: Prompt,
+    logprobs: Option<usize>,
+    defaults: &Defaults,
+) -> Result<Plan, ApiError> {
+    let max = length(
+        &[("n_predict", c.n_predict), ("max_tokens", c.max_tokens)],
+        defaults,
+    )?;
+    common_plan(c, card, prompt, max, logprobs, None, defaults)
+}
+
+/// Prompts in one `/v1/completions` request at most.
+pub const MAX_PROMPTS: usize = 64;
+
+/// The prompts of a `/v1/completions` or `/completion` body: a string, token ids, or a list of
+/// either (one completion each, as llama-server).
+pub fn prompts(input: PromptInput, card: &ModelCard) -> Result<Vec<Prompt>, ApiError> {
+    let list = match input {
+        PromptInput::Text(s) => vec![Prompt::Text(s)],
+        PromptInput::Tokens(v) => vec![Prompt::Tokens(v)],
+        PromptInput::Texts(v) => v.into_iter().map(Prompt::Text).collect(),
+        PromptInput::TokenLists(v) => v.into_iter().map(Prompt::Tokens).collect(),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "prompt is an empty list: send at least one prompt",
+        ));
+    }
+    if list.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "{} prompts in one request: send at most {MAX_PROMPTS}",
+                list.len()
+            ),
+        ));
+    }
+    for (i, p) in list.iter().enumerate() {
+        if let Prompt::Tokens(t) = p {
+            if t.is_empty() {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("prompt[{i}] is an empty list of token ids"),
+                ));
+            }
+            if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {id} is outside the vocabulary (0..{})",
+                        card.n_vocab
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(list)
+}
+
+/// One plan per prompt of a `/v1/completions` body.
+pub fn completion_plans(
     c: &Common,
     r: CompletionRequest,
     card: &ModelCard,
-) -> Result<Plan, ApiError> {
-    let one = "send one prompt per request (a string, a list of one string, or token ids)";
-    let prompt = match r.prompt {
-        PromptInput::Text(s) => Prompt::Text(s),
-        PromptInput::Texts(mut v) if v.len() == 1 => Prompt::Text(v.remove(0)),
-        PromptInput::Tokens(v) if !v.is_empty() => Prompt::Tokens(v),
-        PromptInput::TokenLists(mut v) if v.len() == 1 && !v[0].is_empty() => {
-            Prompt::Tokens(v.remove(0))
-        }
-        _ => return Err(ApiError::invalid("prompt", one)),
-    };
-    if let Prompt::Tokens(t) = &prompt {
-        if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
-            return Err(ApiError::invalid(
-                "prompt",
-                format!(
-                    "token id {id} is outside the vocabulary (0..{})",
-                    card.n_vocab
-                ),
-            ));
-        }
-    }
+    defaults: &Defaults,
+) -> Result<Vec<Plan>, ApiError> {
     if r.echo == Some(true) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -531,9 +680,42 @@ pub fn completion_plan(
             format!("logprobs = {n}: use 0..=5"),
         ));
     }
-    // OpenAI's default for the legacy endpoint.
-    let max = Some(c.max_tokens.unwrap_or(16));
-    common_plan(c, card, prompt, max, r.logprobs.map(|n| n as usize), None)
+    // OpenAI's default for the legacy endpoint is 16 (the server's -n, when given, instead).
+    let max = length(
+        &[("n_predict", c.n_predict), ("max_tokens", c.max_tokens)],
+        &Defaults {
+            n_predict: defaults.n_predict.or(Some(16)),
+            ..defaults.clone()
+        },
+    )?;
+    prompts(r.prompt, card)?
+        .into_iter()
+        .map(|p| {
+            common_plan(
+                c,
+                card,
+                p,
+                max,
+                r.logprobs.map(|n| n as usize),
+                None,
+                defaults,
+            )
+        })
+        .collect()
+}
+
+/// A `/v1/completions` body with one prompt.
+pub fn completion_plan(
+    c: &Common,
+    r: CompletionRequest,
+    card: &ModelCard,
+    defaults: &Defaults,
+) -> Result<Plan, ApiError> {
+    let mut plans = completion_plans(c, r, card, defaults)?;
+    if plans.len() != 1 {
+        return Err(ApiError::invalid("prompt", "send one prompt"));
+    }
+    Ok(plans.remove(0))
 }
 
 #[cfg(test)]
@@ -554,7 +736,7 @@ mod tests {
 
     fn chat(body: &str) -> Result<Plan, ApiError> {
         let (c, r) = parse_body::<ChatRequest>(body.as_bytes())?;
-        chat_plan(&c, r, &card())
+        chat_plan(&c, r, &card(), &Defaults::default())
     }
 
     fn param(e: ApiError) -> Option<String> {
@@ -580,8 +762,15 @@ mod tests {
             r#"{{"messages": [{{"role": "user", "content": "x"}}], "stop": "{long}"}}"#
         ));
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
-        let e = chat(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#);
-        assert!(matches!(e.unwrap_err(), ApiError::UnknownModel { .. }));
+        let e = chat(
+            r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}"#,
+        );
+        assert_eq!(param(e.unwrap_err()).as_deref(), Some("messages"));
+        // Any model name is accepted (llama-server ignores it).
+        assert!(chat(
+            r#"{"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "x"}]}"#
+        )
+        .is_ok());
         let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#);
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("max_tokens"));
     }
@@ -612,7 +801,7 @@ mod tests {
             template_vars.contains_key("tools") && template_vars.contains_key("enable_thinking")
         );
         let (c, r) = parse_body::<CompletionRequest>(br#"{"prompt": ["hi"]}"#).unwrap();
-        let p = completion_plan(&c, r, &card()).unwrap();
+        let p = completion_plan(&c, r, &card(), &Defaults::default()).unwrap();
         assert_eq!(p.gen.max_tokens, Some(16));
         assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
     }

@@ -414,6 +414,11 @@ fn step<M: BatchModel, V: Vocab>(
         let before = s.n_gen;
         let finished = sample(s, l, vocab, cfg.slot_len);
         generated += s.n_gen - before; // an end-of-generation token is not counted
+                                       // Counted before the request's end is sent: a client that reads /metrics right after
+                                       // its response must find its tokens there.
+        shared
+            .generated
+            .fetch_add((s.n_gen - before) as u64, Relaxed);
         match finished {
             None => {}
             Some(End::Finish(reason)) => {
@@ -423,7 +428,6 @@ fn step<M: BatchModel, V: Vocab>(
             Some(End::Fail(e)) => vacate(slot, pool, shared, Some(Event::Error(e))),
         }
     }
-    shared.generated.fetch_add(generated as u64, Relaxed);
     let mut r = shared.recent.lock().unwrap_or_else(|e| e.into_inner());
     r.push_back((Instant::now(), generated));
     if r.len() > 100_000 {

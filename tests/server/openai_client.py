@@ -169,7 +169,10 @@ def real(url, model, key):
     assert s == cut.choices[0].text
 
     # Errors, each with OpenAI's shape and a message.
-    expect_status(404, lambda: c.chat.completions.create(model="nope", messages=msgs), "unknown model", "model_not_found")
+    # Any model name is accepted, as llama-server does (clients hard-code names); the answer
+    # names the served model.
+    foreign = c.chat.completions.create(model="gpt-3.5-turbo", messages=msgs, max_tokens=2, temperature=0)
+    assert foreign.model == model, foreign.model
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, n=2), "n=2")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=[]), "no messages")
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, max_tokens=CTX + 1),
@@ -177,8 +180,11 @@ def real(url, model, key):
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, max_tokens=CTX - 5),
                   "prompt + max_tokens beyond context", "context_length_exceeded")
     long = "lorem ipsum dolor sit amet " * 200
-    expect_status(400, lambda: c.completions.create(model=model, prompt=long, max_tokens=1),
-                  "prompt longer than context", "context_length_exceeded")
+    body = expect_status(400, lambda: c.completions.create(model=model, prompt=long, max_tokens=1),
+                         "prompt longer than context", "context_length_exceeded")
+    # llama-server's shape of that error: its type, the prompt's length and the context.
+    assert body.get("type") == "exceed_context_size_error", body
+    assert body.get("n_prompt_tokens", 0) > body.get("n_ctx", 1), body
     body = expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, temperature=-1), "temperature")
     assert body.get("param") == "temperature", body
     body = expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, extra_body={"top_k": "many"}), "top_k type")
@@ -192,7 +198,30 @@ def real(url, model, key):
                                   response_format={"type": "json_schema", "json_schema": {"name": "yn", "schema": yn}})
     assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool), r
     expect_status(400, lambda: c.chat.completions.create(model=model, messages=msgs, response_format={"type": "xml"}), "response_format")
-    expect_status(400, lambda: c.completions.create(model=model, prompt=["a", "b"]), "two prompts")
+    # The Responses API through the client, a foreign model name, JSON and streamed.
+    r = c.responses.create(model="gpt-4o-mini", input="Hi there", instructions="Be brief.",
+                           max_output_tokens=3, temperature=0)
+    assert r.object == "response" and r.model == model, r
+    assert r.usage.output_tokens <= 3 and r.usage.input_tokens > 0, r.usage
+    text = r.output_text
+    deltas, last = [], None
+    for ev in c.responses.create(model="gpt-4o-mini", input="Hi there", instructions="Be brief.",
+                                 max_output_tokens=3, temperature=0, stream=True):
+        if ev.type == "response.output_text.delta":
+            deltas.append(ev.delta)
+        last = ev
+    assert "".join(deltas) == text, (deltas, text)
+    assert last.type in ("response.completed", "response.incomplete"), last
+    assert last.response.output_text == text, last
+
+    # Several prompts: one choice each (llama-server), in order.
+    two = c.completions.create(model=model, prompt=["a", "b"], max_tokens=2, temperature=0)
+    assert [ch.index for ch in two.choices] == [0, 1], two
+    by_index = {0: "", 1: ""}
+    for ch in c.completions.create(model=model, prompt=["a", "b"], max_tokens=2, temperature=0, stream=True):
+        for choice in ch.choices:
+            by_index[choice.index] += choice.text
+    assert [by_index[0], by_index[1]] == [ch.text for ch in two.choices], (by_index, two)
     expect_status(401, lambda: client(url, "wrong-key").models.list(), "wrong key", "invalid_api_key")
     status, text = get(url.replace("/v1", "/health"))
     assert status == 200 and json.loads(text)["status"] == "ok", text
