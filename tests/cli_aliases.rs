@@ -340,9 +340,15 @@ fn serve_accepts_every_llama_server_flag() {
         "note: --mirostat: ignored",
         "note: --ignore-eos: ignored",
     ] {
-        assert!(err.lines().any(|l| l.starts_with(want)), "no {want:?}: {err}");
+        assert!(
+            err.lines().any(|l| l.starts_with(want)),
+            "no {want:?}: {err}"
+        );
     }
-    let err = accepted(&serve(&["-m", MISSING, "--port", "0", "-fa", "off"]), "-fa off");
+    let err = accepted(
+        &serve(&["-m", MISSING, "--port", "0", "-fa", "off"]),
+        "-fa off",
+    );
     assert!(err.contains("note: -fa off: ignored"), "{err}");
     let err = accepted(
         &serve(&["-m", MISSING, "--port", "0", "-ctk", "q8_0", "-ctv", "f16"]),
@@ -361,19 +367,30 @@ fn serve_hf_says_no_network_and_use_m() {
     for args in [
         &["-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
         &["-m", MISSING, "-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
-        &["--hf-repo", "ggml-org/gemma-3-1b-it-GGUF", "--hf-file", "x.gguf"][..],
+        &[
+            "--hf-repo",
+            "ggml-org/gemma-3-1b-it-GGUF",
+            "--hf-file",
+            "x.gguf",
+        ][..],
     ] {
         let o = serve(args);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {out}{err}");
         assert!(err.contains("ggml-org/gemma-3-1b-it-GGUF"), "{err}");
-        assert!(err.contains("no network") && err.contains("-m PATH"), "{err}");
+        assert!(
+            err.contains("no network") && err.contains("-m PATH"),
+            "{err}"
+        );
         assert!(!out.contains("Usage"), "{out}");
     }
     let o = serve(&["--model-url", "https://example.com/m.gguf"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("https://example.com/m.gguf") && err.contains("-m PATH"), "{err}");
+    assert!(
+        err.contains("https://example.com/m.gguf") && err.contains("-m PATH"),
+        "{err}"
+    );
     // Neither -m nor -hf: clap says -m is required.
     let o = serve(&["--port", "0"]);
     assert_eq!(o.status.code(), Some(2));
@@ -384,25 +401,68 @@ fn serve_hf_says_no_network_and_use_m() {
 /// TLS options fail with the reason, and `--cors '*'` without a key warns.
 #[test]
 fn serve_keys_tls_and_open_cors() {
-    let o = serve(&["-m", MISSING, "--port", "0", "--api-key-file", "/nonexistent/keys.txt"]);
+    let o = serve(&[
+        "-m",
+        MISSING,
+        "--port",
+        "0",
+        "--api-key-file",
+        "/nonexistent/keys.txt",
+    ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("--api-key-file /nonexistent/keys.txt"), "{err}");
+    assert!(
+        err.contains("--api-key-file /nonexistent/keys.txt"),
+        "{err}"
+    );
     let keys = std::env::temp_dir().join(format!("pocketmoe-keys-{}", std::process::id()));
     std::fs::write(&keys, "k1\n\nk2\n").unwrap();
     accepted(
-        &serve(&["-m", MISSING, "--port", "0", "--api-key", "a,b", "--api-key-file", keys.to_str().unwrap()]),
+        &serve(&[
+            "-m",
+            MISSING,
+            "--port",
+            "0",
+            "--api-key",
+            "a,b",
+            "--api-key-file",
+            keys.to_str().unwrap(),
+        ]),
         "--api-key-file",
     );
     let _ = std::fs::remove_file(&keys);
-    let o = serve(&["-m", MISSING, "--port", "0", "--ssl-key-file", "k.pem", "--ssl-cert-file", "c.pem"]);
+    let o = serve(&[
+        "-m",
+        MISSING,
+        "--port",
+        "0",
+        "--ssl-key-file",
+        "k.pem",
+        "--ssl-cert-file",
+        "c.pem",
+    ]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("does not serve TLS"), "{err}");
-    let err = accepted(&serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*"]), "--cors *");
-    assert!(err.contains("warning: --cors '*' without --api-key"), "{err}");
     let err = accepted(
-        &serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*", "--api-key", "k"]),
+        &serve(&["-m", MISSING, "--port", "0", "--cors-origins", "*"]),
+        "--cors *",
+    );
+    assert!(
+        err.contains("warning: --cors '*' without --api-key"),
+        "{err}"
+    );
+    let err = accepted(
+        &serve(&[
+            "-m",
+            MISSING,
+            "--port",
+            "0",
+            "--cors-origins",
+            "*",
+            "--api-key",
+            "k",
+        ]),
         "--cors * with a key",
     );
     assert!(!err.contains("warning: --cors"), "{err}");

@@ -12,7 +12,8 @@ const ANTHROPIC_VERSION: &str = "1.13.0";
 const KEY: &str = "anthropic-key";
 
 fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("anthropic-{ANTHROPIC_VERSION}"));
+    let venv =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("anthropic-{ANTHROPIC_VERSION}"));
     let py = venv.join("bin/python");
     let ok = |py: &Path| {
         Command::new(py)
@@ -35,7 +36,10 @@ fn python() -> PathBuf {
             .arg(format!("anthropic=={ANTHROPIC_VERSION}"))
             .status()
             .expect("running pip");
-        assert!(st.success(), "pip install anthropic=={ANTHROPIC_VERSION} failed");
+        assert!(
+            st.success(),
+            "pip install anthropic=={ANTHROPIC_VERSION} failed"
+        );
         assert!(ok(&py), "anthropic {ANTHROPIC_VERSION} does not import");
     }
     py
@@ -68,6 +72,9 @@ fn anthropic_client_messages() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(out.status.success(), "anthropic_client.py failed:\n{so}\n{se}");
+    assert!(
+        out.status.success(),
+        "anthropic_client.py failed:\n{so}\n{se}"
+    );
     assert!(so.contains("anthropic: ok"), "{so}");
 }

@@ -364,10 +364,7 @@ fn cors_only_with_the_flag() {
 /// `Origin: http://evil.com` with `localhost`); `localhost` means any local origin.
 #[test]
 fn cors_origin_is_matched_not_echoed() {
-    let s = Server::start(&[
-        "--cors-origins",
-        "http://app.test:3000,localhost",
-    ]);
+    let s = Server::start(&["--cors-origins", "http://app.test:3000,localhost"]);
     for (origin, allowed) in [
         ("http://app.test:3000", true),
         ("http://localhost:5173", true),
@@ -386,7 +383,10 @@ fn cors_origin_is_matched_not_echoed() {
             let echoed = head.contains(&format!("access-control-allow-origin: {origin}\r\n"));
             assert_eq!(echoed, allowed, "{method} {origin}: {head}");
             if !allowed {
-                assert!(!head.contains("access-control-allow-origin"), "{origin}: {head}");
+                assert!(
+                    !head.contains("access-control-allow-origin"),
+                    "{origin}: {head}"
+                );
             }
         }
     }
@@ -446,7 +446,11 @@ fn cli_tokenize() {
 
 /// The ids of the end-of-generation tokens, for a `logit_bias` that bans them.
 fn end_ids(addr: &str) -> Vec<u64> {
-    let (_, v) = post(addr, "/tokenize", &json!({"content": "<|im_end|><|endoftext|>"}));
+    let (_, v) = post(
+        addr,
+        "/tokenize",
+        &json!({"content": "<|im_end|><|endoftext|>"}),
+    );
     v["tokens"]
         .as_array()
         .unwrap()
@@ -480,7 +484,17 @@ fn assert_timings(v: &Value, prompt_n: &Value, predicted_n: &Value) {
 /// `cached_tokens` and llama-server's context error.
 #[test]
 fn llama_server_command_line_routes_and_shapes() {
-    let s = Server::start(&["-c", "256", "-np", "2", "--temp", "0", "-n", "3", "--no-slots"]);
+    let s = Server::start(&[
+        "-c",
+        "256",
+        "-np",
+        "2",
+        "--temp",
+        "0",
+        "-n",
+        "3",
+        "--no-slots",
+    ]);
     let (st, p) = get(&s.addr, "/props");
     assert_eq!(st, 200, "{p}");
     assert_eq!(p["n_ctx"], 128, "{p}");
@@ -501,7 +515,10 @@ fn llama_server_command_line_routes_and_shapes() {
     assert_eq!(st, 200, "/v1/health is open, as /health");
 
     // llama.cpp's array logit_bias: false bans a token.
-    let ban: Vec<Value> = end_ids(&s.addr).iter().map(|&id| json!([id, false])).collect();
+    let ban: Vec<Value> = end_ids(&s.addr)
+        .iter()
+        .map(|&id| json!([id, false]))
+        .collect();
     let msgs = json!([{"role": "user", "content": "Tell me a story."}]);
     let (st, v) = post(
         &s.addr,
@@ -510,9 +527,19 @@ fn llama_server_command_line_routes_and_shapes() {
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["model"], "tiny", "{v}");
-    assert_eq!(v["usage"]["completion_tokens"], 3, "-n 3 is the default: {v}");
-    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{v}");
-    assert_timings(&v, &v["usage"]["prompt_tokens"], &v["usage"]["completion_tokens"]);
+    assert_eq!(
+        v["usage"]["completion_tokens"], 3,
+        "-n 3 is the default: {v}"
+    );
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+        "{v}"
+    );
+    assert_timings(
+        &v,
+        &v["usage"]["prompt_tokens"],
+        &v["usage"]["completion_tokens"],
+    );
     // Greedy by default (--temp 0): the same text twice.
     let (_, again) = post(
         &s.addr,
@@ -571,14 +598,20 @@ fn llama_server_command_line_routes_and_shapes() {
         "/v1/completions",
         &json!({"prompt": "The cat", "max_tokens": 2, "logit_bias": ban}),
     );
-    assert_eq!(choices[1]["text"], one["choices"][0]["text"], "{v} vs {one}");
+    assert_eq!(
+        choices[1]["text"], one["choices"][0]["text"],
+        "{v} vs {one}"
+    );
     // Streamed: the chunks of both in one stream, by index, adding up to the same texts, one
     // [DONE] at the end.
     let b = json!({"prompt": ["Once upon", "The cat"], "max_tokens": 2, "logit_bias": ban, "stream": true}).to_string();
     let head = format!("POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
     let (st, _, raw) = http(&s.addr, &head, b.as_bytes());
     assert_eq!(st, 200, "{raw}");
-    let datas: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let datas: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(datas.iter().filter(|d| **d == "[DONE]").count(), 1, "{raw}");
     assert_eq!(datas.last(), Some(&"[DONE]"), "{raw}");
     let mut texts = [String::new(), String::new()];
@@ -640,7 +673,10 @@ fn llama_server_command_line_routes_and_shapes() {
     assert!(value("llamacpp:n_decode_total") > 0.0);
     assert_eq!(value("llamacpp:requests_processing"), 0.0);
     assert_eq!(value("llamacpp:requests_deferred"), 0.0);
-    assert!(text.contains("pocketmoe_generated_tokens_total"), "ours stay");
+    assert!(
+        text.contains("pocketmoe_generated_tokens_total"),
+        "ours stay"
+    );
 }
 
 /// llama.cpp's native `/completion` (and `/completions`): its fields, `n_probs`, token prompts,
@@ -648,7 +684,10 @@ fn llama_server_command_line_routes_and_shapes() {
 #[test]
 fn native_completion() {
     let s = Server::start(&[]);
-    let ban: Vec<Value> = end_ids(&s.addr).iter().map(|&id| json!([id, false])).collect();
+    let ban: Vec<Value> = end_ids(&s.addr)
+        .iter()
+        .map(|&id| json!([id, false]))
+        .collect();
     let body = json!({"prompt": "Once upon a time", "n_predict": 6, "temperature": 0,
                       "cache_prompt": true, "n_probs": 2, "logit_bias": ban});
     let (st, v) = post(&s.addr, "/completion", &body);
@@ -722,12 +761,19 @@ fn native_completion() {
     assert_eq!(streamed, content);
     assert!(!text.contains("[DONE]"), "{text}");
     // Bad fields are named.
-    let (st, e) = post(&s.addr, "/completion", &json!({"prompt": "x", "n_probs": 99}));
+    let (st, e) = post(
+        &s.addr,
+        "/completion",
+        &json!({"prompt": "x", "n_probs": 99}),
+    );
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "n_probs", "{e}");
     let (st, e) = post(&s.addr, "/completion", &json!({"n_predict": 3}));
     assert_eq!(st, 400, "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("prompt"), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("prompt"),
+        "{e}"
+    );
 }
 
 /// Anthropic's `/v1/messages` (JSON and its event stream) and `/v1/messages/count_tokens`.
@@ -757,7 +803,11 @@ fn anthropic_messages() {
         "/v1/chat/completions",
         &json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}], "max_tokens": 4, "temperature": 0}),
     );
-    assert_eq!(input, chat["usage"]["prompt_tokens"].as_u64().unwrap(), "{v} {chat}");
+    assert_eq!(
+        input,
+        chat["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{v} {chat}"
+    );
     let text: String = v["content"]
         .as_array()
         .unwrap()
@@ -775,7 +825,10 @@ fn anthropic_messages() {
     let head = format!("POST /v1/messages HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
     let (st, _, raw) = http(&s.addr, &head, b.as_bytes());
     assert_eq!(st, 200, "{raw}");
-    let names: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    let names: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
     assert_eq!(names.first(), Some(&"message_start"), "{raw}");
     assert_eq!(names.last(), Some(&"message_stop"), "{raw}");
     assert!(names.contains(&"message_delta"), "{raw}");
@@ -791,10 +844,18 @@ fn anthropic_messages() {
         .collect();
     assert_eq!(streamed, text, "{raw}");
     // Bad bodies are named.
-    let (st, e) = post(&s.addr, "/v1/messages", &json!({"max_tokens": 4, "messages": [{"role": "wizard", "content": "x"}]}));
+    let (st, e) = post(
+        &s.addr,
+        "/v1/messages",
+        &json!({"max_tokens": 4, "messages": [{"role": "wizard", "content": "x"}]}),
+    );
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "messages[0].role", "{e}");
-    let (st, e) = post(&s.addr, "/v1/messages", &json!({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image"}]}]}));
+    let (st, e) = post(
+        &s.addr,
+        "/v1/messages",
+        &json!({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image"}]}]}),
+    );
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "messages[0].content[0]", "{e}");
 }
@@ -808,8 +869,14 @@ fn assistant_prefill_and_generation_prompt() {
     let t = ChatTemplate::from_gguf(&GgufModel::open(model()).unwrap()).unwrap();
     let user = json!({"role": "user", "content": "Name a colour."});
     let msgs: Vec<ChatMessage> = serde_json::from_value(json!([user])).unwrap();
-    let closed = tok.encode_chat(&t, &msgs, false, json!({}), false).unwrap().text;
-    let open = tok.encode_chat(&t, &msgs, true, json!({}), false).unwrap().text;
+    let closed = tok
+        .encode_chat(&t, &msgs, false, json!({}), false)
+        .unwrap()
+        .text;
+    let open = tok
+        .encode_chat(&t, &msgs, true, json!({}), false)
+        .unwrap()
+        .text;
     assert_ne!(closed, open);
     let (st, v) = post(
         &s.addr,
@@ -822,15 +889,24 @@ fn assistant_prefill_and_generation_prompt() {
     assert_eq!(v["prompt"].as_str().unwrap(), open);
     // Prefill: the assistant's start follows the generation prompt, unclosed.
     let prefill = json!({"role": "assistant", "content": "My favourite is"});
-    let (_, v) = post(&s.addr, "/apply-template", &json!({"messages": [user, prefill]}));
-    assert_eq!(v["prompt"].as_str().unwrap(), format!("{open}My favourite is"));
+    let (_, v) = post(
+        &s.addr,
+        "/apply-template",
+        &json!({"messages": [user, prefill]}),
+    );
+    assert_eq!(
+        v["prompt"].as_str().unwrap(),
+        format!("{open}My favourite is")
+    );
     let (st, v) = post(
         &s.addr,
         "/v1/chat/completions",
         &json!({"messages": [user, prefill], "max_tokens": 2, "temperature": 0}),
     );
     assert_eq!(st, 200, "{v}");
-    let want = tok.encode(&format!("{open}My favourite is"), true, true).len();
+    let want = tok
+        .encode(&format!("{open}My favourite is"), true, true)
+        .len();
     assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
 }
 
@@ -885,7 +961,10 @@ fn responses_api() {
     assert_eq!(v["object"], "response", "{v}");
     assert!(v["id"].as_str().unwrap().starts_with("resp_"), "{v}");
     assert_eq!(v["status"], "incomplete", "{v}");
-    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens", "{v}");
+    assert_eq!(
+        v["incomplete_details"]["reason"], "max_output_tokens",
+        "{v}"
+    );
     assert_eq!(v["usage"]["output_tokens"], 3, "{v}");
     let msg = &v["output"][0];
     assert_eq!(msg["type"], "message", "{v}");
@@ -897,8 +976,14 @@ fn responses_api() {
         &json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
                 "max_tokens": 3, "temperature": 0}),
     );
-    assert_eq!(v["usage"]["input_tokens"], chat["usage"]["prompt_tokens"], "{v} {chat}");
-    assert_eq!(text, chat["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(
+        v["usage"]["input_tokens"], chat["usage"]["prompt_tokens"],
+        "{v} {chat}"
+    );
+    assert_eq!(
+        text,
+        chat["choices"][0]["message"]["content"].as_str().unwrap()
+    );
     // A list of messages with input_text parts is the same request.
     let (_, v2) = post(
         &s.addr,
@@ -914,7 +999,10 @@ fn responses_api() {
     let head = format!("POST /v1/responses HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
     let (st, _, raw) = http(&s.addr, &head, b.as_bytes());
     assert_eq!(st, 200, "{raw}");
-    let names: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    let names: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
     assert_eq!(names.first(), Some(&"response.created"), "{raw}");
     assert_eq!(names.last(), Some(&"response.incomplete"), "{raw}");
     let datas: Vec<Value> = raw
@@ -935,7 +1023,11 @@ fn responses_api() {
     let (st, e) = post(&s.addr, "/v1/responses", &json!({"input": 5}));
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "input", "{e}");
-    let (st, e) = post(&s.addr, "/v1/responses", &json!({"input": [{"type": "input_image"}]}));
+    let (st, e) = post(
+        &s.addr,
+        "/v1/responses",
+        &json!({"input": [{"type": "input_image"}]}),
+    );
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "input[0]", "{e}");
 }
@@ -954,7 +1046,11 @@ fn several_api_keys() {
         let (st, _, text) = http(&s.addr, &format!("GET /props HTTP/1.1\r\n{auth}"), b"");
         assert_eq!(st, 200, "{auth}: {text}");
     }
-    for auth in ["Authorization: Bearer second", "x-api-key: nope", "Authorization: Bearer endpoints-key,second-key"] {
+    for auth in [
+        "Authorization: Bearer second",
+        "x-api-key: nope",
+        "Authorization: Bearer endpoints-key,second-key",
+    ] {
         let (st, _, text) = http(&s.addr, &format!("GET /props HTTP/1.1\r\n{auth}"), b"");
         assert_eq!(st, 401, "{auth}: {text}");
     }

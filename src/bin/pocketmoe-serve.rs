@@ -206,7 +206,13 @@ struct LlamaServerArgs {
     seed: Option<i64>,
     /// Default number of tokens to generate when a request sets no limit (-1 = until the
     /// context is full).
-    #[arg(short = 'n', long = "n-predict", visible_alias = "predict", value_name = "N", allow_hyphen_values = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        visible_alias = "predict",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     n_predict: Option<i64>,
     /// llama.cpp's logical batch; here a forward pass takes --batch (-ub) tokens: no effect.
     #[arg(short = 'b', long = "batch-size", value_name = "N")]
@@ -466,21 +472,36 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         );
     }
     if a.hf_file.is_some() {
-        anyhow::bail!("--hf-file needs -hf REPO, and downloads are not available here: use -m PATH");
+        anyhow::bail!(
+            "--hf-file needs -hf REPO, and downloads are not available here: use -m PATH"
+        );
     }
     let mut notes = Vec::new();
     let mut note = |flag: &str, what: &str| notes.push(format!("note: {flag}: {what}"));
     let none = "no effect here";
     if a.batch_size.is_some() {
-        note("-b/--batch-size", "no effect here: a forward pass takes --batch (-ub/--ubatch-size) tokens");
+        note(
+            "-b/--batch-size",
+            "no effect here: a forward pass takes --batch (-ub/--ubatch-size) tokens",
+        );
     }
     if a.jinja {
-        note("--jinja", "no effect here: chat templates are always rendered with Jinja");
+        note(
+            "--jinja",
+            "no effect here: chat templates are always rendered with Jinja",
+        );
     }
     if a.no_jinja {
-        note("--no-jinja", "ignored: chat templates are always rendered with Jinja here");
+        note(
+            "--no-jinja",
+            "ignored: chat templates are always rendered with Jinja here",
+        );
     }
-    if let Some(f) = a.reasoning_format.as_deref().filter(|f| !matches!(*f, "deepseek" | "auto")) {
+    if let Some(f) = a
+        .reasoning_format
+        .as_deref()
+        .filter(|f| !matches!(*f, "deepseek" | "auto"))
+    {
         note(
             &format!("--reasoning-format {f}"),
             "ignored: reasoning is always returned apart, in reasoning_content (as deepseek)",
@@ -493,23 +514,38 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         note("--slots", "no effect here: /slots is on unless --no-slots");
     }
     if a.slot_save_path.is_some() {
-        note("--slot-save-path", "no effect here: slot save/restore is not implemented");
+        note(
+            "--slot-save-path",
+            "no effect here: slot save/restore is not implemented",
+        );
     }
     if a.embedding || a.pooling.is_some() {
-        note("--embedding/--pooling", "no effect here: embeddings are not served (no /v1/embeddings)");
+        note(
+            "--embedding/--pooling",
+            "no effect here: embeddings are not served (no /v1/embeddings)",
+        );
     }
     if a.cont_batching {
-        note("--cont-batching", "no effect here: continuous batching is always on");
+        note(
+            "--cont-batching",
+            "no effect here: continuous batching is always on",
+        );
     }
     if a.no_cont_batching {
-        note("--no-cont-batching", "ignored: continuous batching is always on here");
+        note(
+            "--no-cont-batching",
+            "ignored: continuous batching is always on here",
+        );
     }
     match a.flash_attn.as_deref() {
         Some("off" | "0" | "false" | "disabled") => note(
             "-fa off",
             "ignored: attention always runs through ggml's flash-attention kernel here",
         ),
-        Some(_) => note("-fa", "no effect here: attention always uses flash attention"),
+        Some(_) => note(
+            "-fa",
+            "no effect here: attention always uses flash attention",
+        ),
         None => {}
     }
     if a.kv_unified || a.no_kv_unified {
@@ -519,7 +555,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         );
     }
     if a.swa_full {
-        note("--swa-full", "no effect here: every layer keeps the whole context");
+        note(
+            "--swa-full",
+            "no effect here: every layer keeps the whole context",
+        );
     }
     if a.context_shift {
         note(
@@ -528,7 +567,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         );
     }
     if a.no_context_shift {
-        note("--no-context-shift", "no effect here: there is no context shift");
+        note(
+            "--no-context-shift",
+            "no effect here: there is no context shift",
+        );
     }
     if !a.lora.is_empty() {
         note(
@@ -549,13 +591,22 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         );
     }
     if a.threads_batch.is_some() {
-        note("-tb/--threads-batch", "no effect here: -t threads do both prompt and decode");
+        note(
+            "-tb/--threads-batch",
+            "no effect here: -t threads do both prompt and decode",
+        );
     }
     if a.threads_http.is_some() {
-        note("--threads-http", "no effect here: requests are served by async tasks");
+        note(
+            "--threads-http",
+            "no effect here: requests are served by async tasks",
+        );
     }
     if a.timeout.is_some() {
-        note("-to/--timeout", "no effect here: see --header-timeout and --body-timeout");
+        note(
+            "-to/--timeout",
+            "no effect here: see --header-timeout and --body-timeout",
+        );
     }
     for (set, flag) in [
         (a.mlock, "--mlock"),
@@ -568,7 +619,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         (a.tensor_split.is_some(), "-ts/--tensor-split"),
         (a.cache_ram.is_some(), "--cache-ram"),
         (a.defrag_thold.is_some(), "--defrag-thold"),
-        (a.slot_prompt_similarity.is_some(), "--slot-prompt-similarity"),
+        (
+            a.slot_prompt_similarity.is_some(),
+            "--slot-prompt-similarity",
+        ),
     ] {
         if set {
             note(flag, none);
@@ -600,7 +654,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         );
     }
     if a.special {
-        note("-sp/--special", "ignored: control tokens are shown only where the chat format needs them");
+        note(
+            "-sp/--special",
+            "ignored: control tokens are shown only where the chat format needs them",
+        );
     }
     for (set, flag) in [
         (a.keep.is_some(), "--keep"),
@@ -612,7 +669,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         }
     }
     if a.device.is_some() || a.main_gpu.is_some() {
-        note("-dev/--device/-mg", "ignored: pick the device with --gpu N or --cpu here");
+        note(
+            "-dev/--device/-mg",
+            "ignored: pick the device with --gpu N or --cpu here",
+        );
     }
     Ok(notes)
 }
@@ -629,7 +689,8 @@ fn sampling_defaults(a: &LlamaServerArgs) -> Result<pocketmoe::server::validate:
     p.penalty_last_n = a.repeat_last_n.unwrap_or(p.penalty_last_n);
     p.presence_penalty = a.presence_penalty.unwrap_or(p.presence_penalty);
     p.frequency_penalty = a.frequency_penalty.unwrap_or(p.frequency_penalty);
-    p.validate().map_err(|e| anyhow::anyhow!("sampling defaults: {e}"))?;
+    p.validate()
+        .map_err(|e| anyhow::anyhow!("sampling defaults: {e}"))?;
     d.seed = a.seed.filter(|&s| s >= 0).map(|s| s as u64);
     d.n_predict = match a.n_predict {
         None | Some(-1) => None,
@@ -660,15 +721,17 @@ fn run(args: Args) -> Result<i32> {
                 .filter(|l| !l.is_empty()),
         );
     }
-    if keys.is_empty() && args.cors.as_deref().is_some_and(|c| c.split(',').any(|o| o.trim() == "*")) {
+    if keys.is_empty()
+        && args
+            .cors
+            .as_deref()
+            .is_some_and(|c| c.split(',').any(|o| o.trim() == "*"))
+    {
         eprintln!(
             "warning: --cors '*' without --api-key: any web page the user opens can use this server through the browser"
         );
     }
-    let model = args
-        .model
-        .clone()
-        .context("-m/--model PATH is required")?;
+    let model = args.model.clone().context("-m/--model PATH is required")?;
     let cache_type = match (args.cache_type, args.llama_cache_k(), args.llama_cache_v()) {
         (Some(t), _, _) => t,
         (None, Some(k), Some(v)) if k != v => {

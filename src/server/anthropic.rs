@@ -28,18 +28,21 @@ fn text_of(v: &Value, field: &str) -> Result<String, ApiError> {
             for (i, b) in blocks.iter().enumerate() {
                 match (b.get("type").and_then(Value::as_str), b.get("text")) {
                     (Some("text"), Some(Value::String(t))) => out.push(t.clone()),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            &format!("{field}[{i}]"),
-                            format!("{field}[{i}]: send {{\"type\": \"text\", \"text\": \"...\"}} blocks"),
-                        ))
-                    }
+                    _ => return Err(ApiError::invalid(
+                        &format!("{field}[{i}]"),
+                        format!(
+                            "{field}[{i}]: send {{\"type\": \"text\", \"text\": \"...\"}} blocks"
+                        ),
+                    )),
                 }
             }
             Ok(out.join("\n"))
         }
         Value::Null => Ok(String::new()),
-        _ => Err(ApiError::invalid(field, format!("{field}: send a string or a list of text blocks"))),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("{field}: send a string or a list of text blocks"),
+        )),
     }
 }
 
@@ -58,13 +61,21 @@ fn to_chat(body: &Value) -> Result<Value, ApiError> {
     let list = obj
         .get("messages")
         .and_then(Value::as_array)
-        .ok_or_else(|| ApiError::invalid("messages", "messages: send a list of {\"role\", \"content\"}"))?;
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "messages",
+                "messages: send a list of {\"role\", \"content\"}",
+            )
+        })?;
     for (i, m) in list.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         if role != "user" && role != "assistant" {
             return Err(ApiError::invalid(
                 &format!("messages[{i}].role"),
-                format!("messages[{i}].role = {:?}: use user or assistant", m.get("role")),
+                format!(
+                    "messages[{i}].role = {:?}: use user or assistant",
+                    m.get("role")
+                ),
             ));
         }
         let field = format!("messages[{i}].content");
@@ -141,7 +152,11 @@ fn to_chat(body: &Value) -> Result<Value, ApiError> {
             .collect();
         chat.insert("tools".into(), Value::Array(tools));
     }
-    match obj.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str) {
+    match obj
+        .get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+    {
         None | Some("auto") => {}
         Some("none") => {
             chat.insert("tool_choice".into(), json!("none"));
@@ -168,7 +183,11 @@ pub(super) async fn count_tokens(AxState(st): AxState<Arc<AppState>>, req: Reque
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let plan = plan(&st, &bytes)?;
-        let super::Prompt::Chat { messages, template_vars } = plan.gen.prompt else {
+        let super::Prompt::Chat {
+            messages,
+            template_vars,
+        } = plan.gen.prompt
+        else {
             return Err(ApiError::Internal("not a chat prompt".into()));
         };
         let engine = st.engine.clone();
@@ -271,7 +290,10 @@ struct Streamer {
 impl Streamer {
     fn close_block(&mut self) {
         if self.open.take().is_some() {
-            self.queue.push_back(event("content_block_stop", json!({"type": "content_block_stop", "index": self.index})));
+            self.queue.push_back(event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": self.index}),
+            ));
             self.index += 1;
         }
     }
@@ -308,7 +330,10 @@ impl Streamer {
                 Piece::ToolCall { name, arguments } => {
                     self.calls = true;
                     let (_, id) = self.st.new_call_id();
-                    self.block("tool_use", json!({"type": "tool_use", "id": id, "name": name, "input": {}}));
+                    self.block(
+                        "tool_use",
+                        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    );
                     self.delta(json!({"type": "input_json_delta", "partial_json": arguments}));
                 }
             }
@@ -323,7 +348,8 @@ impl Streamer {
             json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                    "usage": {"output_tokens": self.st.n_tokens}}),
         ));
-        self.queue.push_back(event("message_stop", json!({"type": "message_stop"})));
+        self.queue
+            .push_back(event("message_stop", json!({"type": "message_stop"})));
         self.done = true;
     }
 }

@@ -84,9 +84,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::Invalid { .. } | ApiError::ContextExceeded { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::Invalid { .. } | ApiError::ContextExceeded { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::UnknownModel { .. } | ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -147,7 +145,9 @@ impl ApiError {
                 param: self.param().map(str::to_string),
                 code: self.code(),
                 n_prompt_tokens: match self {
-                    ApiError::ContextExceeded { n_prompt_tokens, .. } => Some(*n_prompt_tokens),
+                    ApiError::ContextExceeded {
+                        n_prompt_tokens, ..
+                    } => Some(*n_prompt_tokens),
                     _ => None,
                 },
                 n_ctx: match self {

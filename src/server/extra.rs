@@ -102,8 +102,8 @@ pub(super) async fn apply_template(State(st): State<Arc<AppState>>, req: Request
         let gen = b.add_generation_prompt;
         let prompt =
             tokio::task::spawn_blocking(move || engine.apply_template(b.messages, vars, gen))
-            .await
-            .map_err(|e| ApiError::Internal(format!("template task failed: {e}")))??;
+                .await
+                .map_err(|e| ApiError::Internal(format!("template task failed: {e}")))??;
         Ok::<_, ApiError>(Json(json!({ "prompt": prompt })).into_response())
     };
     run.await.unwrap_or_else(IntoResponse::into_response)

@@ -309,17 +309,72 @@ impl LlamaTotals {
         let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
         let capacity = (card.n_ctx * s.parallel).max(1) as f64;
         let rows: [(&str, &str, &str, f64); 11] = [
-            ("prompt_tokens_total", "counter", "Number of prompt tokens processed.", s.prompt_tokens as f64),
-            ("prompt_seconds_total", "counter", "Prompt process time (from queueing to the first token).", prompt_s),
-            ("tokens_predicted_total", "counter", "Number of generation tokens processed.", s.generated_tokens as f64),
-            ("tokens_predicted_seconds_total", "counter", "Predict process time.", predicted_s),
-            ("n_decode_total", "counter", "Total number of llama_decode() calls (forward passes).", s.steps as f64),
-            ("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call.", if s.steps == 0 { 0.0 } else { s.active as f64 }),
-            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(s.prompt_tokens, prompt_s)),
-            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(s.generated_tokens, predicted_s)),
-            ("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", s.kv_tokens as f64 / capacity),
-            ("requests_processing", "gauge", "Number of requests processing.", s.active as f64),
-            ("requests_deferred", "gauge", "Number of requests deferred.", s.queued as f64),
+            (
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed.",
+                s.prompt_tokens as f64,
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "Prompt process time (from queueing to the first token).",
+                prompt_s,
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed.",
+                s.generated_tokens as f64,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Predict process time.",
+                predicted_s,
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "Total number of llama_decode() calls (forward passes).",
+                s.steps as f64,
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "counter",
+                "Average number of busy slots per llama_decode() call.",
+                if s.steps == 0 { 0.0 } else { s.active as f64 },
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s.",
+                rate(s.prompt_tokens, prompt_s),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s.",
+                rate(s.generated_tokens, predicted_s),
+            ),
+            (
+                "kv_cache_usage_ratio",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                s.kv_tokens as f64 / capacity,
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "Number of requests processing.",
+                s.active as f64,
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "Number of requests deferred.",
+                s.queued as f64,
+            ),
         ];
         let mut o = String::new();
         for (name, kind, help, v) in rows {

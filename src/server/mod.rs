@@ -24,14 +24,14 @@
 //! shutdown stops accepting, lets running requests finish within the grace period,
 //! then ends them, and closes what is still open one second later (a stalled connection
 //! included).
+mod anthropic;
 pub mod api;
 pub mod conn;
 pub mod error;
-mod anthropic;
 mod extra;
-mod native;
 mod local;
 pub mod metrics;
+mod native;
 pub mod parse;
 mod respond;
 mod responses;
@@ -276,7 +276,9 @@ pub fn cors_allows(allowed: &str, origin: &str) -> bool {
             };
             matches!(host, "localhost" | "127.0.0.1" | "::1")
         }
-        a => a.trim_end_matches('/').eq_ignore_ascii_case(origin.trim_end_matches('/')),
+        a => a
+            .trim_end_matches('/')
+            .eq_ignore_ascii_case(origin.trim_end_matches('/')),
     })
 }
 
@@ -301,7 +303,11 @@ async fn cors(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
         .as_deref()
         .filter(|o| cors_allows(allowed, o))
         .and_then(|o| {
-            let value = if allowed.split(',').any(|a| a.trim() == "*") { "*" } else { o };
+            let value = if allowed.split(',').any(|a| a.trim() == "*") {
+                "*"
+            } else {
+                o
+            };
             header::HeaderValue::from_str(value).ok()
         });
     if req.method() == axum::http::Method::OPTIONS {
@@ -464,8 +470,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     let run = async {
         let bytes = read_body(req, &st.cfg).await?;
         let (common, r) = validate::parse_body::<types::CompletionRequest>(&bytes)?;
-        let mut plans =
-            validate::completion_plans(&common, r, st.engine.card(), &st.cfg.defaults)?;
+        let mut plans = validate::completion_plans(&common, r, st.engine.card(), &st.cfg.defaults)?;
         if plans.len() == 1 {
             start(&st, plans.remove(0), Kind::Completion).await
         } else {
@@ -489,7 +494,12 @@ pub(crate) async fn submit(
 }
 
 /// The fixed parts of a response to `plan`.
-pub(crate) fn meta(st: &AppState, plan: &validate::Plan, kind: Kind, t0: std::time::Instant) -> Meta {
+pub(crate) fn meta(
+    st: &AppState,
+    plan: &validate::Plan,
+    kind: Kind,
+    t0: std::time::Instant,
+) -> Meta {
     let n = st.next_id.fetch_add(1, Relaxed);
     let prefix = match kind {
         Kind::Chat => "chatcmpl",

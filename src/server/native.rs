@@ -51,7 +51,13 @@ pub fn plans(
     validate::prompts(r.prompt, card)?
         .into_iter()
         .map(|p| {
-            let mut plan = validate::plan_for(c, card, p, (n_probs > 0).then_some(n_probs as usize), defaults)?;
+            let mut plan = validate::plan_for(
+                c,
+                card,
+                p,
+                (n_probs > 0).then_some(n_probs as usize),
+                defaults,
+            )?;
             plan.gen.token_ids |= ids;
             Ok(plan)
         })
@@ -215,7 +221,11 @@ impl Native {
         } else {
             ids.clone()
         };
-        let content = if whole { self.content.clone() } else { String::new() };
+        let content = if whole {
+            self.content.clone()
+        } else {
+            String::new()
+        };
         let mut v = json!({
             "index": self.index,
             "content": content,
@@ -261,7 +271,12 @@ fn stream(n: Native) -> Response {
                         return Some((Ok(data(&c)), Some(n)));
                     }
                 }
-                Err(e) => return Some((Ok(data(&serde_json::to_value(e.body()).unwrap_or_default())), None)),
+                Err(e) => {
+                    return Some((
+                        Ok(data(&serde_json::to_value(e.body()).unwrap_or_default())),
+                        None,
+                    ))
+                }
             }
         }
     });

@@ -42,7 +42,10 @@ fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
             }
             Ok(out.join("\n"))
         }
-        _ => Err(ApiError::invalid(field, format!("{field}: send a string or a list of input_text parts"))),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("{field}: send a string or a list of input_text parts"),
+        )),
     }
 }
 
@@ -96,7 +99,12 @@ fn to_chat(body: &Value) -> Result<Value, ApiError> {
                 }
             }
         }
-        _ => return Err(ApiError::invalid("input", "input: send a string or a list of messages")),
+        _ => {
+            return Err(ApiError::invalid(
+                "input",
+                "input: send a string or a list of messages",
+            ))
+        }
     }
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
@@ -143,16 +151,22 @@ struct Out {
 fn response_obj(st: &State, out: &Out, status: &str, msg_id: &str) -> Value {
     let mut output = Vec::new();
     if !out.reasoning.is_empty() {
-        output.push(json!({"type": "reasoning", "id": format!("rs_{msg_id}"), "summary": [],
-            "content": [{"type": "reasoning_text", "text": out.reasoning}]}));
+        output.push(
+            json!({"type": "reasoning", "id": format!("rs_{msg_id}"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": out.reasoning}]}),
+        );
     }
     if !out.text.is_empty() || out.calls.is_empty() {
-        output.push(json!({"type": "message", "id": msg_id, "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": out.text, "annotations": []}]}));
+        output.push(
+            json!({"type": "message", "id": msg_id, "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": out.text, "annotations": []}]}),
+        );
     }
     for (id, name, args) in &out.calls {
-        output.push(json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id,
-            "name": name, "arguments": args, "status": "completed"}));
+        output.push(
+            json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id,
+            "name": name, "arguments": args, "status": "completed"}),
+        );
     }
     let incomplete = status == "incomplete";
     json!({
@@ -247,43 +261,76 @@ impl Streamer {
         v["type"] = json!(name);
         v["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        self.queue.push_back(Sse::default().event(name).data(v.to_string()));
+        self.queue
+            .push_back(Sse::default().event(name).data(v.to_string()));
     }
 
     fn end(&mut self) {
         let id = self.msg_id.clone();
         let status = status(&self.st);
         let part = json!({"type": "output_text", "text": self.out.text, "annotations": []});
-        self.event("response.output_text.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "text": self.out.text}));
-        self.event("response.content_part.done", json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}));
-        self.event("response.output_item.done", json!({"output_index": 0, "item": {"type": "message", "id": id,
-            "status": status, "role": "assistant", "content": [part]}}));
+        self.event(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "text": self.out.text}),
+        );
+        self.event(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
+        );
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": {"type": "message", "id": id,
+            "status": status, "role": "assistant", "content": [part]}}),
+        );
         let calls = std::mem::take(&mut self.out.calls);
         for (i, (cid, name, args)) in calls.iter().enumerate() {
             let item = json!({"type": "function_call", "id": format!("fc_{cid}"), "call_id": cid,
                 "name": name, "arguments": args, "status": "completed"});
-            self.event("response.output_item.added", json!({"output_index": i + 1, "item": item}));
-            self.event("response.output_item.done", json!({"output_index": i + 1, "item": item}));
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": i + 1, "item": item}),
+            );
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": i + 1, "item": item}),
+            );
         }
         self.out.calls = calls;
         let full = response_obj(&self.st, &self.out, status, &self.msg_id);
-        let name = if status == "incomplete" { "response.incomplete" } else { "response.completed" };
+        let name = if status == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
         self.event(name, json!({ "response": full }));
         self.done = true;
     }
 }
 
 fn stream(st: State, msg_id: String) -> Response {
-    let mut s = Streamer { st, out: Out::default(), msg_id, seq: 0, queue: Default::default(), done: false };
+    let mut s = Streamer {
+        st,
+        out: Out::default(),
+        msg_id,
+        seq: 0,
+        queue: Default::default(),
+        done: false,
+    };
     let created = response_obj(&s.st, &s.out, "in_progress", &s.msg_id);
     let mut created = created;
     created["output"] = json!([]);
     s.event("response.created", json!({ "response": created }));
     let id = s.msg_id.clone();
-    s.event("response.output_item.added", json!({"output_index": 0, "item": {"type": "message", "id": id,
-        "status": "in_progress", "role": "assistant", "content": []}}));
-    s.event("response.content_part.added", json!({"item_id": id, "output_index": 0, "content_index": 0,
-        "part": {"type": "output_text", "text": "", "annotations": []}}));
+    s.event(
+        "response.output_item.added",
+        json!({"output_index": 0, "item": {"type": "message", "id": id,
+        "status": "in_progress", "role": "assistant", "content": []}}),
+    );
+    s.event(
+        "response.content_part.added",
+        json!({"item_id": id, "output_index": 0, "content_index": 0,
+        "part": {"type": "output_text", "text": "", "annotations": []}}),
+    );
     let events = futures_util::stream::unfold(s, |mut s| async move {
         loop {
             if let Some(e) = s.queue.pop_front() {
@@ -304,7 +351,10 @@ fn stream(st: State, msg_id: String) -> Response {
                     }
                 }
                 Err(e) => {
-                    s.event("error", json!({"code": "server_error", "message": e.to_string()}));
+                    s.event(
+                        "error",
+                        json!({"code": "server_error", "message": e.to_string()}),
+                    );
                     s.done = true;
                 }
             }

@@ -468,18 +468,27 @@ pub fn prompts(input: PromptInput, card: &ModelCard) -> Result<Vec<Prompt>, ApiE
         PromptInput::TokenLists(v) => v.into_iter().map(Prompt::Tokens).collect(),
     };
     if list.is_empty() {
-        return Err(ApiError::invalid("prompt", "prompt is an empty list: send at least one prompt"));
+        return Err(ApiError::invalid(
+            "prompt",
+            "prompt is an empty list: send at least one prompt",
+        ));
     }
     if list.len() > MAX_PROMPTS {
         return Err(ApiError::invalid(
             "prompt",
-            format!("{} prompts in one request: send at most {MAX_PROMPTS}", list.len()),
+            format!(
+                "{} prompts in one request: send at most {MAX_PROMPTS}",
+                list.len()
+            ),
         ));
     }
     for (i, p) in list.iter().enumerate() {
         if let Prompt::Tokens(t) = p {
             if t.is_empty() {
-                return Err(ApiError::invalid("prompt", format!("prompt[{i}] is an empty list of token ids")));
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("prompt[{i}] is an empty list of token ids"),
+                ));
             }
             if let Some(&id) = t.iter().find(|&&id| id as usize >= card.n_vocab) {
                 return Err(ApiError::invalid(
@@ -593,10 +602,15 @@ mod tests {
             r#"{{"messages": [{{"role": "user", "content": "x"}}], "stop": "{long}"}}"#
         ));
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("stop"));
-        let e = chat(r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}"#);
+        let e = chat(
+            r#"{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}"#,
+        );
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("messages"));
         // Any model name is accepted (llama-server ignores it).
-        assert!(chat(r#"{"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "x"}]}"#).is_ok());
+        assert!(chat(
+            r#"{"model": "gpt-3.5-turbo", "messages": [{"role": "user", "content": "x"}]}"#
+        )
+        .is_ok());
         let e = chat(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}"#);
         assert_eq!(param(e.unwrap_err()).as_deref(), Some("max_tokens"));
     }

@@ -411,8 +411,8 @@ fn step<M: BatchModel, V: Vocab>(
         let before = s.n_gen;
         let finished = sample(s, l, vocab, cfg.slot_len);
         generated += s.n_gen - before; // an end-of-generation token is not counted
-        // Counted before the request's end is sent: a client that reads /metrics right after
-        // its response must find its tokens there.
+                                       // Counted before the request's end is sent: a client that reads /metrics right after
+                                       // its response must find its tokens there.
         shared
             .generated
             .fetch_add((s.n_gen - before) as u64, Relaxed);
