@@ -304,6 +304,15 @@ fn serve_accepts_every_llama_server_flag() {
         &["--api-key", "k"],
         &["--host", "127.0.0.1"],
         &["--port", "0"],
+        &["--mirostat", "2"],
+        &["--typical", "0.9"],
+        &["--samplers", "top_k;temperature"],
+        &["--ignore-eos"],
+        &["-sp"],
+        &["--keep", "-1"],
+        &["--log-file", "/tmp/x.log"],
+        &["--no-perf"],
+        &["--api-key-file", "/dev/null"],
     ];
     for f in flags {
         let args = [&["-m", MISSING, "--port", "0"][..], f].concat();
@@ -328,6 +337,8 @@ fn serve_accepts_every_llama_server_flag() {
         "note: --n-cpu-moe/--cpu-moe: ignored",
         "note: -b/--batch-size: no effect here",
         "note: --kv-unified",
+        "note: --mirostat: ignored",
+        "note: --ignore-eos: ignored",
     ] {
         assert!(
             err.lines().any(|l| l.starts_with(want)),

@@ -795,7 +795,7 @@ fn anthropic_messages() {
     let stop = v["stop_reason"].as_str().unwrap();
     assert!(["end_turn", "max_tokens"].contains(&stop), "{v}");
     let out = v["usage"]["output_tokens"].as_u64().unwrap();
-    assert!(out >= 1 && out <= 4, "{v}");
+    assert!((1..=4).contains(&out), "{v}");
     let input = v["usage"]["input_tokens"].as_u64().unwrap();
     // The same prompt as the chat endpoint renders.
     let (_, chat) = post(

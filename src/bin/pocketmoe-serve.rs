@@ -353,6 +353,44 @@ struct LlamaServerArgs {
     /// A file of API keys, one per line (with --api-key's, any of them is accepted).
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
+    /// Samplers not implemented here (mirostat, typical, dynamic temperature, XTC, DRY, a
+    /// sampler order): accepted with a note that they are ignored.
+    #[arg(long, value_name = "N")]
+    mirostat: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    mirostat_lr: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    mirostat_ent: Option<String>,
+    #[arg(long, value_name = "P", hide = true)]
+    typical: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    dynatemp_range: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    dynatemp_exp: Option<String>,
+    #[arg(long, value_name = "P", hide = true)]
+    xtc_probability: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    xtc_threshold: Option<String>,
+    #[arg(long, value_name = "X", hide = true)]
+    dry_multiplier: Option<String>,
+    #[arg(long, value_name = "LIST", hide = true)]
+    samplers: Option<String>,
+    /// Not implemented here: end-of-generation tokens still end a request (a note says so;
+    /// a request can ban them with logit_bias).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Control tokens in the output: shown where the chat format needs them (a note says so).
+    #[arg(long)]
+    special: bool,
+    /// No context shift here, so nothing to keep: no effect.
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    keep: Option<i64>,
+    /// Logs go to stderr here: no effect (redirect stderr).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<String>,
+    /// No effect here (timings are always measured).
+    #[arg(long)]
+    no_perf: bool,
     /// TLS is not served here: an error says so (put a TLS proxy in front).
     #[arg(long, value_name = "FILE")]
     ssl_key_file: Option<PathBuf>,
@@ -585,6 +623,46 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
             a.slot_prompt_similarity.is_some(),
             "--slot-prompt-similarity",
         ),
+    ] {
+        if set {
+            note(flag, none);
+        }
+    }
+    for (set, flag) in [
+        (a.mirostat.is_some(), "--mirostat"),
+        (a.mirostat_lr.is_some(), "--mirostat-lr"),
+        (a.mirostat_ent.is_some(), "--mirostat-ent"),
+        (a.typical.is_some(), "--typical"),
+        (a.dynatemp_range.is_some(), "--dynatemp-range"),
+        (a.dynatemp_exp.is_some(), "--dynatemp-exp"),
+        (a.xtc_probability.is_some(), "--xtc-probability"),
+        (a.xtc_threshold.is_some(), "--xtc-threshold"),
+        (a.dry_multiplier.is_some(), "--dry-multiplier"),
+        (a.samplers.is_some(), "--samplers"),
+    ] {
+        if set {
+            note(
+                flag,
+                "ignored: this sampler is not implemented here (penalties, top-k, top-p, min-p and temperature are)",
+            );
+        }
+    }
+    if a.ignore_eos {
+        note(
+            "--ignore-eos",
+            "ignored: end-of-generation tokens still end a request here (a request can ban them with logit_bias)",
+        );
+    }
+    if a.special {
+        note(
+            "-sp/--special",
+            "ignored: control tokens are shown only where the chat format needs them",
+        );
+    }
+    for (set, flag) in [
+        (a.keep.is_some(), "--keep"),
+        (a.log_file.is_some(), "--log-file"),
+        (a.no_perf, "--no-perf"),
     ] {
         if set {
             note(flag, none);

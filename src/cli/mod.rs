@@ -193,6 +193,7 @@ pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
     ("-cram", "--cache-ram"),
     ("-dt", "--defrag-thold"),
     ("-sps", "--slot-prompt-similarity"),
+    ("-sp", "--special"),
 ];
 /// The llama.cpp spellings `pocketmoe` subcommands take (llama-cli's names).
 pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers")];

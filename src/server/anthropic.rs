@@ -28,12 +28,14 @@ fn text_of(v: &Value, field: &str) -> Result<String, ApiError> {
             for (i, b) in blocks.iter().enumerate() {
                 match (b.get("type").and_then(Value::as_str), b.get("text")) {
                     (Some("text"), Some(Value::String(t))) => out.push(t.clone()),
-                    _ => return Err(ApiError::invalid(
-                        &format!("{field}[{i}]"),
-                        format!(
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &format!("{field}[{i}]"),
+                            format!(
                             "{field}[{i}]: send {{\"type\": \"text\", \"text\": \"...\"}} blocks"
                         ),
-                    )),
+                        ))
+                    }
                 }
             }
             Ok(out.join("\n"))

@@ -55,7 +55,7 @@ pub enum ApiError {
     Internal(String),
     /// The prompt does not fit the context (llama-server's `exceed_context_size_error`, with
     /// its `n_prompt_tokens` and `n_ctx`).
-    #[error("the request exceeds the available context size, try increasing it: the prompt is {n_prompt_tokens} tokens and the context of a request holds {n_ctx} (prompt and completion together): shorten the prompt, or restart the server with a larger -c")]
+    #[error("the request exceeds the available context size, try increasing it: the prompt is {n_prompt_tokens} tokens and the context of a request holds {n_ctx} (prompt and completion together): shorten the prompt, or restart the server with a larger -c (the whole cache) or --ctx (per request)")]
     ContextExceeded {
         n_prompt_tokens: usize,
         n_ctx: usize,
