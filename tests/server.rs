@@ -34,48 +34,14 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const OPENAI_VERSION: &str = "3.57.0";
 const KEY: &str = "test-key";
 
-/// A venv with the pinned `openai` client; built once per target dir.
 fn python() -> PathBuf {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{OPENAI_VERSION}"));
-    let py = venv.join("bin/python");
-    let ok = |py: &Path| {
-        Command::new(py)
-            .args([
-                "-c",
-                &format!("import openai; assert openai.__version__ == '{OPENAI_VERSION}'"),
-            ])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok(&py) {
-        let st = Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv)
-            .status()
-            .expect(
-                "python3 is needed for the server tests (apt-get install python3 python3-venv)",
-            );
-        assert!(st.success(), "python3 -m venv {} failed", venv.display());
-        let st = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("openai=={OPENAI_VERSION}"))
-            .status()
-            .expect("running pip");
-        assert!(st.success(), "pip install openai=={OPENAI_VERSION} failed");
-        assert!(
-            ok(&py),
-            "openai {OPENAI_VERSION} does not import after installing"
-        );
-    }
-    py
+    common::pip_venv("openai", OPENAI_VERSION)
 }
 
 fn run_script(args: &[&str]) {

@@ -12,37 +12,7 @@ const ANTHROPIC_VERSION: &str = "1.13.0";
 const KEY: &str = "anthropic-key";
 
 fn python() -> PathBuf {
-    let venv =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("anthropic-{ANTHROPIC_VERSION}"));
-    let py = venv.join("bin/python");
-    let ok = |py: &Path| {
-        Command::new(py)
-            .args([
-                "-c",
-                &format!("import anthropic; assert anthropic.__version__ == '{ANTHROPIC_VERSION}'"),
-            ])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ok(&py) {
-        let st = Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed (apt-get install python3 python3-venv)");
-        assert!(st.success(), "python3 -m venv failed");
-        let st = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("anthropic=={ANTHROPIC_VERSION}"))
-            .status()
-            .expect("running pip");
-        assert!(
-            st.success(),
-            "pip install anthropic=={ANTHROPIC_VERSION} failed"
-        );
-        assert!(ok(&py), "anthropic {ANTHROPIC_VERSION} does not import");
-    }
-    py
+    common::pip_venv("anthropic", ANTHROPIC_VERSION)
 }
 
 #[test]

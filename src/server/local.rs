@@ -470,7 +470,7 @@ impl Engine for LocalEngine {
             .tx
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Job(job));
+            .send(Msg::Job(Box::new(job)));
         if sent.is_err() {
             self.shared.queued.fetch_sub(1, Relaxed);
             self.shared.end_job();

@@ -65,7 +65,8 @@ pub struct Job {
 }
 
 pub enum Msg {
-    Job(Job),
+    /// Boxed: a job (with its grammar matcher) is ~1.5 KB, the other variant a few bytes.
+    Job(Box<Job>),
     /// Stop: queued jobs end now, running ones after the grace period.
     Shutdown(Duration),
 }
@@ -215,8 +216,8 @@ pub fn run<M: BatchModel, V: Vocab>(
         }
         for m in msgs {
             match m {
-                Msg::Job(j) if deadline.is_some() => shutting(j),
-                Msg::Job(j) => waiting.push_back(j),
+                Msg::Job(j) if deadline.is_some() => shutting(*j),
+                Msg::Job(j) => waiting.push_back(*j),
                 Msg::Shutdown(grace) => {
                     deadline = Some(Instant::now() + grace);
                     waiting.drain(..).for_each(shutting);
@@ -655,7 +656,7 @@ mod tests {
     fn send(shared: &Shared, tx: &std::sync::mpsc::Sender<Msg>, j: Job) {
         shared.in_flight.fetch_add(1, Relaxed);
         shared.queued.fetch_add(1, Relaxed);
-        tx.send(Msg::Job(j)).unwrap();
+        tx.send(Msg::Job(Box::new(j))).unwrap();
     }
 
     /// Runs `jobs` (sent at once) through a scheduler; returns each job's text.

@@ -238,3 +238,40 @@ pub fn smollm2() -> PathBuf {
     *done = Some(p.clone());
     p
 }
+
+/// A venv (under the target dir, built once per version) with the pinned Python package
+/// `pkg==version` from PyPI, importable as `pkg`; returns its python. Serialised: two test
+/// threads building the same venv would race on its files.
+pub fn pip_venv(pkg: &str, version: &str) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{pkg}-{version}"));
+    let py = venv.join("bin/python");
+    let ok = |py: &Path| {
+        std::process::Command::new(py)
+            .args([
+                "-c",
+                &format!("import {pkg}; assert {pkg}.__version__ == '{version}'"),
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ok(&py) {
+        let st = std::process::Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv)
+            .status()
+            .expect(
+                "python3 is needed for the client tests (apt-get install python3 python3-venv)",
+            );
+        assert!(st.success(), "python3 -m venv {} failed", venv.display());
+        let st = std::process::Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("{pkg}=={version}"))
+            .status()
+            .expect("running pip");
+        assert!(st.success(), "pip install {pkg}=={version} failed");
+        assert!(ok(&py), "{pkg} {version} does not import after installing");
+    }
+    py
+}
