@@ -437,8 +437,14 @@ mod tests {
             "x": {"b": [1, 2.5, "é<\"\n"], "a": null, "t": true}
         }));
         let r = |src: &str| env.render_str(src, ctx.clone()).unwrap();
+        // Keys in insertion order, as json.dumps of a Python dict (sort_keys=False): serde_json
+        // keeps it (its preserve_order feature, which llguidance turns on).
         assert_eq!(
             r("{{ x|tojson }}"),
+            r#"{"b": [1, 2.5, "é<\"\n"], "a": null, "t": true}"#
+        );
+        assert_eq!(
+            r("{{ x|tojson(sort_keys=true) }}"),
             r#"{"a": null, "b": [1, 2.5, "é<\"\n"], "t": true}"#
         );
         assert_eq!(
