@@ -1,6 +1,6 @@
 //! The crate's top-level modules as an import graph, read from the source: an edge `a -> b` for
 //! every `crate::b` path in the code of `src/a` (comments and test code left out: a file's
-//! `#[cfg(test)] mod tests` block, which by convention ends the file, and `tests.rs` files).
+//! `#[cfg(test)] mod tests` block, which by convention ends the file, and `tests.rs` or `*_tests.rs` files).
 //!
 //! - `graph` names neither `experts` nor `synth`: it reaches the routed experts through its own
 //!   `RoutedExperts` trait (issue 15, item 1), in its tests too.
@@ -29,7 +29,11 @@ fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The non-test code of a source file, comments removed.
 fn code(path: &Path) -> String {
-    if path.file_name().is_some_and(|n| n == "tests.rs") {
+    if path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == "tests.rs" || n.ends_with("_tests.rs"))
+    {
         return String::new();
     }
     let text = std::fs::read_to_string(path).unwrap();
