@@ -7,7 +7,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 #[derive(Deserialize)]
@@ -113,10 +113,29 @@ pub(super) async fn apply_template(State(st): State<Arc<AppState>>, req: Request
 /// names).
 pub(super) fn default_params(st: &AppState) -> Value {
     let d = &st.cfg.defaults;
-    let p = &d.sampling;
-    json!({
-        "n_predict": d.n_predict.map_or(-1, |n| n as i64),
-        "seed": d.seed.map_or(-1, |s| s as i64),
+    let mut v = sampler_settings(&d.sampling);
+    v.extend([
+        (
+            "n_predict".into(),
+            json!(d.n_predict.map_or(-1, |n| n as i64)),
+        ),
+        ("seed".into(), json!(d.seed.map_or(-1, |s| s as i64))),
+        ("n_probs".into(), json!(0)),
+        ("stop".into(), json!([])),
+        ("stream".into(), json!(false)),
+        ("cache_prompt".into(), json!(false)),
+        (
+            "samplers".into(),
+            json!(["penalties", "top_k", "top_p", "min_p", "temperature"]),
+        ),
+    ]);
+    Value::Object(v)
+}
+
+/// The sampler's parameters under llama-server's names (`/props` and `/completion`'s
+/// `generation_settings` both report them).
+pub(super) fn sampler_settings(p: &crate::engine::sampling::SamplerParams) -> Map<String, Value> {
+    let v = json!({
         "temperature": p.temperature,
         "top_k": p.top_k,
         "top_p": p.top_p,
@@ -125,12 +144,11 @@ pub(super) fn default_params(st: &AppState) -> Value {
         "repeat_last_n": p.penalty_last_n,
         "presence_penalty": p.presence_penalty,
         "frequency_penalty": p.frequency_penalty,
-        "n_probs": 0,
-        "stop": [],
-        "stream": false,
-        "cache_prompt": false,
-        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-    })
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!("a JSON object literal"),
+    }
 }
 
 pub(super) async fn props(State(st): State<Arc<AppState>>) -> Json<Value> {

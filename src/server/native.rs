@@ -124,21 +124,18 @@ pub(super) async fn completion(AxState(st): AxState<Arc<AppState>>, req: Request
 /// `generation_settings`: the request's sampling parameters, llama-server's names.
 fn settings(plan: &Plan) -> Value {
     let p = &plan.gen.sampling;
-    json!({
-        "n_predict": plan.gen.max_tokens.map_or(-1, |n| n as i64),
-        "seed": p.seed,
-        "temperature": p.temperature,
-        "top_k": p.top_k,
-        "top_p": p.top_p,
-        "min_p": p.min_p,
-        "repeat_penalty": p.repeat_penalty,
-        "repeat_last_n": p.penalty_last_n,
-        "presence_penalty": p.presence_penalty,
-        "frequency_penalty": p.frequency_penalty,
-        "n_probs": plan.gen.logprobs.unwrap_or(0),
-        "stop": plan.stops,
-        "stream": plan.stream,
-    })
+    let mut v = super::extra::sampler_settings(p);
+    v.extend([
+        (
+            "n_predict".into(),
+            json!(plan.gen.max_tokens.map_or(-1, |n| n as i64)),
+        ),
+        ("seed".into(), json!(p.seed)),
+        ("n_probs".into(), json!(plan.gen.logprobs.unwrap_or(0))),
+        ("stop".into(), json!(plan.stops)),
+        ("stream".into(), json!(plan.stream)),
+    ]);
+    Value::Object(v)
 }
 
 struct Native {
