@@ -10,8 +10,9 @@
 //! worker, and `Offload`'s `Drop` (in `offload`) drops the channel before any of its fields (the
 //! store among them), whatever their order.
 use super::mats::ExpertMat;
-use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Tensor};
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Tensor};
 use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
+use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -56,14 +57,35 @@ struct Job {
     x: Vec<f32>,
     /// Per token, its experts on the CPU and their router weights (a token may have none).
     picks: Vec<Vec<(u32, f32)>>,
+    /// When [`CpuChannel::start`] sent it.
+    sent: Instant,
     #[cfg(test)]
     probe: Option<std::sync::Arc<tests::Probe>>,
 }
 
+/// Where one CPU job's wall time went, seconds (the offload summary's "CPU jobs" line; issue
+/// 30: the channel's fixed cost per job decides how much of a step's misses it can take).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct JobTimes {
+    /// From `start` until the worker had the job (a sleeping worker's wake-up).
+    pub handover: f64,
+    /// The worker's graph: looked up (or built the first time for its shape) and its inputs
+    /// written.
+    pub prep: f64,
+    /// ggml's compute of the graph, and the result read out.
+    pub compute: f64,
+    /// From the worker's reply until `finish` had it (a sleeping joiner's wake-up, or the time
+    /// the result waited for the join).
+    pub back: f64,
+}
+
+/// The worker's reply: the result, its times, and when it was sent.
+type Reply = Result<(Vec<f32>, JobTimes, Instant), String>;
+
 pub struct CpuChannel {
     /// `None` once dropping: closing it ends the worker's loop.
     tx: Option<Sender<Job>>,
-    rx: Receiver<Result<Vec<f32>, String>>,
+    rx: Receiver<Reply>,
     /// Joined on drop (see [`CpuChannel`]'s `Drop`).
     worker: Option<JoinHandle<()>>,
     pending: Option<usize>,
@@ -90,6 +112,9 @@ impl CpuChannel {
         let worker = std::thread::Builder::new()
             .name("pocketmoe-cpu-experts".into())
             .spawn(move || {
+                // One graph per (layer, experts per token, tokens), built at its first job: a
+                // job then only writes its inputs (decode uses a few dozen shapes).
+                let mut graphs: HashMap<(usize, usize, usize), OwnedGraph> = HashMap::new();
                 let backend = match Backend::cpu(n_threads) {
                     Ok(b) => b,
                     Err(e) => {
@@ -98,6 +123,7 @@ impl CpuChannel {
                     }
                 };
                 while let Some(job) = spin_recv(&job_rx, worker_spin) {
+                    let got = Instant::now();
                     #[cfg(test)]
                     if let Some(p) = &job.probe {
                         if !p.before_job() {
@@ -105,7 +131,12 @@ impl CpuChannel {
                             continue;
                         }
                     }
-                    let r = run_job(&backend, &model, &job).map_err(|e| e.to_string());
+                    let r = run_job(&backend, &model, &mut graphs, &job)
+                        .map(|(out, mut times)| {
+                            times.handover = (got - job.sent).as_secs_f64();
+                            (out, times, Instant::now())
+                        })
+                        .map_err(|e| e.to_string());
                     #[cfg(test)]
                     if let Some(p) = &job.probe {
                         p.after_job();
@@ -144,6 +175,7 @@ impl CpuChannel {
             act,
             x,
             picks,
+            sent: Instant::now(),
             #[cfg(test)]
             probe: self.probe.clone(),
         };
@@ -159,11 +191,13 @@ impl CpuChannel {
     }
 
     /// Waits for the job in flight: per token, the weighted sum of its experts' outputs
-    /// [n_embd * n_tokens].
-    pub fn finish(&mut self) -> Result<Vec<f32>, String> {
+    /// [n_embd * n_tokens], and where the job's time went.
+    pub fn finish(&mut self) -> Result<(Vec<f32>, JobTimes), String> {
         self.pending = None;
-        spin_recv(&self.rx, self.finish_spin)
-            .unwrap_or_else(|| Err("the CPU expert worker stopped".into()))
+        let (out, mut times, replied) = spin_recv(&self.rx, self.finish_spin)
+            .unwrap_or_else(|| Err("the CPU expert worker stopped".into()))?;
+        times.back = replied.elapsed().as_secs_f64();
+        Ok((out, times))
     }
 }
 
@@ -205,14 +239,15 @@ fn spin_recv<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
     }
 }
 
+/// Runs `job` on its shape's graph (built at the shape's first job; the cache is cleared past
+/// [`MAX_GRAPHS`] shapes, which only a server's changing batch sizes reach).
 fn run_job(
     backend: &Backend,
     model: &CpuModel,
+    graphs: &mut HashMap<(usize, usize, usize), OwnedGraph>,
     job: &Job,
-) -> Result<Vec<f32>, crate::ggml::GgmlError> {
-    let layer = model.layers[job.il]
-        .as_ref()
-        .expect("CPU job for an offloaded layer");
+) -> Result<(Vec<f32>, JobTimes), GgmlError> {
+    let t0 = Instant::now();
     let nt = job.picks.len();
     // mul_mat_id takes the same number of experts per token: shorter lists are padded with an
     // expert the job reads anyway, at weight 0.
@@ -226,50 +261,84 @@ fn run_job(
             w_data.push(w);
         }
     }
-    let (kc, nt) = (kc as i64, nt as i64);
-    let ctx = Context::new(64, 64)?;
-    let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
-    let mut biases: [Option<Tensor<'_>>; 3] = [None; 3];
-    for m in ExpertMat::ALL {
-        if let Some(b) = &layer.biases[m.index()] {
-            biases[m.index()] = Some(ctx.new_tensor(b.ty, &b.ne)?.set_name(&format!(
-                "blk.{}.{}.bias",
-                job.il,
-                m.name()
-            )));
+    let key = (job.il, kc, nt);
+    if !graphs.contains_key(&key) {
+        if graphs.len() >= MAX_GRAPHS {
+            graphs.clear();
         }
-        let Some(sm) = &layer.mats[m.index()] else {
-            continue;
-        };
-        let t =
-            ctx.new_tensor(sm.ty, &sm.ne)?
-                .set_name(&format!("blk.{}.{}.weight", job.il, m.name()));
-        // SAFETY: the store outlives every job: `Offload`'s `Drop` drops the channel, which joins
-        // this worker, before the store is freed; the range is exactly the store tensor's bytes.
-        let buf = unsafe { ctx.wrap_host_memory(sm.addr, sm.bytes)? };
-        buf.place(t, 0)?;
-        w[m.index()] = Some(t);
+        graphs.insert(key, build_graph(backend, model, job.il, job.act, kc, nt)?);
     }
-    let n_embd = model.n_embd as i64;
-    let x = ctx.new_tensor(GgmlType::F32, &[n_embd, nt])?;
-    let ids = ctx.new_tensor(GgmlType::I32, &[kc, nt])?;
-    let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, nt])?;
-    let t = ExpertTensors { w, biases };
-    let dims = FfnDims { n_embd, k: kc, nt };
-    let out = expert_ffn(&ctx, &t, x, dims, [ids; 3], ids, wt, job.act, &|y, _| y);
-    let graph = Graph::new(&ctx, 64);
-    graph.build_forward(out);
-    ctx.alloc_tensors(backend)?;
-    for (b, hb) in biases.iter().zip(&layer.biases) {
-        if let (Some(b), Some(hb)) = (b, hb) {
-            b.write_bytes_at(0, &hb.data)?;
+    let g = &graphs[&key];
+    g.tensor("x").write_f32(&job.x)?;
+    g.tensor("ids").write_i32(&id_data)?;
+    g.tensor("wt").write_f32(&w_data)?;
+    let t1 = Instant::now();
+    backend.compute(&g.graph())?;
+    let out = g.tensor("out").read_f32()?;
+    let times = JobTimes {
+        prep: (t1 - t0).as_secs_f64(),
+        compute: t1.elapsed().as_secs_f64(),
+        ..JobTimes::default()
+    };
+    Ok((out, times))
+}
+
+/// Graph shapes the worker keeps (decode: layers x experts-per-token counts, a few KiB each).
+const MAX_GRAPHS: usize = 1024;
+
+/// Layer `il`'s expert FFN over `kc` experts per token for `nt` tokens, allocated on `backend`,
+/// its weights the host store's bytes in place, its biases written: inputs "x" [n_embd, nt],
+/// "ids" [kc, nt], "wt" [1, kc, nt]; output "out" [n_embd, nt].
+fn build_graph(
+    backend: &Backend,
+    model: &CpuModel,
+    il: usize,
+    act: ExpertAct,
+    kc: usize,
+    nt: usize,
+) -> Result<OwnedGraph, GgmlError> {
+    let layer = model.layers[il]
+        .as_ref()
+        .expect("CPU job for an offloaded layer");
+    OwnedGraph::build(Context::new(64, 64)?, 64, |ctx, graph| {
+        let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
+        let mut biases: [Option<Tensor<'_>>; 3] = [None; 3];
+        for m in ExpertMat::ALL {
+            if let Some(b) = &layer.biases[m.index()] {
+                biases[m.index()] = Some(
+                    ctx.new_tensor(b.ty, &b.ne)?
+                        .set_name(&format!("blk.{il}.{}.bias", m.name())),
+                );
+            }
+            let Some(sm) = &layer.mats[m.index()] else {
+                continue;
+            };
+            let t = ctx
+                .new_tensor(sm.ty, &sm.ne)?
+                .set_name(&format!("blk.{il}.{}.weight", m.name()));
+            // SAFETY: the store outlives every job and graph: `Offload`'s `Drop` drops the
+            // channel, which joins this worker (and drops its graphs), before the store is
+            // freed; the range is exactly the store tensor's bytes.
+            let buf = unsafe { ctx.wrap_host_memory(sm.addr, sm.bytes)? };
+            buf.place(t, 0)?;
+            w[m.index()] = Some(t);
         }
-    }
-    x.write_f32(&job.x)?;
-    ids.write_i32(&id_data)?;
-    wt.write_f32(&w_data)?;
-    backend.compute(&graph)?;
-    out.read_f32()
+        let (n_embd, kc, nt) = (model.n_embd as i64, kc as i64, nt as i64);
+        let x = ctx.new_tensor(GgmlType::F32, &[n_embd, nt])?.set_name("x");
+        let ids = ctx.new_tensor(GgmlType::I32, &[kc, nt])?.set_name("ids");
+        let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, nt])?.set_name("wt");
+        let t = ExpertTensors { w, biases };
+        let dims = FfnDims { n_embd, k: kc, nt };
+        let out = expert_ffn(ctx, &t, x, dims, [ids; 3], ids, wt, act, &|y, _| y).set_name("out");
+        graph.build_forward(out);
+        ctx.alloc_tensors(backend)?;
+        for (b, hb) in biases.iter().zip(&layer.biases) {
+            if let (Some(b), Some(hb)) = (b, hb) {
+                b.write_bytes_at(0, &hb.data)?;
+            }
+        }
+        Ok(["x", "ids", "wt", "out"].map(String::from).to_vec())
+    })
 }
 
 #[cfg(test)]

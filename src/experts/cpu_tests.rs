@@ -99,7 +99,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
     };
     // The channel works: one job, joined.
     job(cpu);
-    assert_eq!(cpu.finish().unwrap().len(), n_embd);
+    assert_eq!(cpu.finish().unwrap().0.len(), n_embd);
     assert_eq!(*probe.events.lock().unwrap(), ["job done"]);
     probe.events.lock().unwrap().clear();
 

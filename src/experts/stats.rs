@@ -52,6 +52,17 @@ pub struct Stats {
     /// Seconds the host waited for copies and for the CPU experts.
     pub wait_copy_s: f64,
     pub wait_cpu_s: f64,
+    /// CPU jobs joined, and where their time went in total (`experts::cpu::JobTimes`).
+    #[serde(default)]
+    pub cpu_jobs: u64,
+    #[serde(default)]
+    pub cpu_handover_s: f64,
+    #[serde(default)]
+    pub cpu_prep_s: f64,
+    #[serde(default)]
+    pub cpu_compute_s: f64,
+    #[serde(default)]
+    pub cpu_back_s: f64,
     /// Graph stops (the step hook's callbacks) and the seconds the host spent in them, during
     /// which the GPU has nothing queued: the per-layer overhead of decode.
     pub stops: u64,
@@ -156,6 +167,19 @@ impl Stats {
                 s += &format!(" {:.2}", ratio(l.hits, l.hits + l.misses));
             }
         }
+        if self.cpu_jobs > 0 {
+            let us = |x: f64| 1e6 * x / self.cpu_jobs as f64;
+            s += &format!(
+                "\nCPU jobs: {} ({:.1} per step), per job: hand-over {:.0} us, graph {:.0} us, compute {:.0} us, result back {:.0} us; the step waited {:.0} us for it",
+                self.cpu_jobs,
+                self.cpu_jobs as f64 / self.steps.max(1) as f64,
+                us(self.cpu_handover_s),
+                us(self.cpu_prep_s),
+                us(self.cpu_compute_s),
+                us(self.cpu_back_s),
+                us(self.wait_cpu_s),
+            );
+        }
         if let Some(c) = self.channels {
             s += &format!(
                 "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
@@ -190,6 +214,11 @@ impl Stats {
         d.cpu_bytes -= earlier.cpu_bytes;
         d.wait_copy_s -= earlier.wait_copy_s;
         d.wait_cpu_s -= earlier.wait_cpu_s;
+        d.cpu_jobs -= earlier.cpu_jobs;
+        d.cpu_handover_s -= earlier.cpu_handover_s;
+        d.cpu_prep_s -= earlier.cpu_prep_s;
+        d.cpu_compute_s -= earlier.cpu_compute_s;
+        d.cpu_back_s -= earlier.cpu_back_s;
         d.stops -= earlier.stops;
         d.hook_s -= earlier.hook_s;
         d.compute_s -= earlier.compute_s;

@@ -277,11 +277,17 @@ impl Offload {
             return Ok(()); // nothing of this layer's to join (waiting would never end)
         };
         let t0 = std::time::Instant::now();
-        let out = cpu.finish().map_err(|msg| GgmlError::Tensor {
+        let (out, times) = cpu.finish().map_err(|msg| GgmlError::Tensor {
             name: format!("CPU experts of layer {il}"),
             msg,
         })?;
-        self.stats.wait_cpu_s += t0.elapsed().as_secs_f64();
+        let st = &mut self.stats;
+        st.wait_cpu_s += t0.elapsed().as_secs_f64();
+        st.cpu_jobs += 1;
+        st.cpu_handover_s += times.handover;
+        st.cpu_prep_s += times.prep;
+        st.cpu_compute_s += times.compute;
+        st.cpu_back_s += times.back;
         self.miss.cpu_idle_at = None;
         self.cpu_dirty[il] = true;
         assert_eq!(out.len(), n, "CPU result size");

@@ -51,6 +51,27 @@ impl Offload {
         let il = n.il;
         let sel = &routing.sel;
         let addrs = self.addrs(il);
+        if !on_cpu.is_empty() {
+            // First of all: the CPU's share runs while the host queues the copies below.
+            // Per token (sel holds k picks per token).
+            let k = sel.len() / n_tokens;
+            let picks: Vec<Vec<(u32, f32)>> = sel
+                .chunks_exact(k)
+                .zip(routing.weights.chunks_exact(k))
+                .map(|(s, w)| {
+                    s.iter()
+                        .zip(w)
+                        .filter(|(e, _)| on_cpu.contains(e))
+                        .map(|(&e, &w)| (e, w))
+                        .collect()
+                })
+                .collect();
+            // Each CPU expert's weights are read once, whatever the tokens using it.
+            self.stats.cpu_bytes += addrs.expert_bytes() * on_cpu.len() as u64;
+            let cpu = self.cpu.as_mut().expect("CPU channel enabled");
+            cpu.start(il, n.act, routing.x.clone(), picks);
+            self.cpu_job_started(on_cpu.len(), addrs.expert_bytes());
+        }
         let backend = self.backend.clone();
         let now = self.step;
         let layer = self.layers[il].as_mut().expect("offloaded layer");
@@ -110,26 +131,7 @@ impl Offload {
                 unsafe { t.write_async(&backend, slot as usize * eb, a.in_store(e), eb) }?;
             }
         }
-        if !on_cpu.is_empty() {
-            // Per token (sel holds k picks per token).
-            let k = sel.len() / n_tokens;
-            let picks: Vec<Vec<(u32, f32)>> = sel
-                .chunks_exact(k)
-                .zip(routing.weights.chunks_exact(k))
-                .map(|(s, w)| {
-                    s.iter()
-                        .zip(w)
-                        .filter(|(e, _)| on_cpu.contains(e))
-                        .map(|(&e, &w)| (e, w))
-                        .collect()
-                })
-                .collect();
-            // Each CPU expert's weights are read once, whatever the tokens using it.
-            self.stats.cpu_bytes += addrs.expert_bytes() * on_cpu.len() as u64;
-            let cpu = self.cpu.as_mut().expect("CPU channel enabled");
-            cpu.start(il, n.act, routing.x.clone(), picks);
-            self.cpu_job_started(on_cpu.len(), addrs.expert_bytes());
-        } else if self.cpu_dirty[il] {
+        if on_cpu.is_empty() && self.cpu_dirty[il] {
             // The CPU-result tensor still holds an earlier step's share: zero it.
             self.cpu_dirty[il] = false;
             let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
