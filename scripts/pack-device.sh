@@ -2,6 +2,8 @@
 # Packs the CUDA build (scripts/build-cuda.sh) for the device machine: binaries, test executables
 # and the stripped shared ggml/llama libraries, as dist/device.tar.xz split into 15 MiB pieces
 # (dist/ is git-ignored; name it in the device tool's `carry`). Prints the packed size.
+# TESTS="offload parity" packs only those test executables (TESTS="" none): the whole pack with
+# every test is near the device tool's 64 MiB limit on what one call carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T="${POCKETMOE_CUDA_TARGET:-$HOME/.cache/pocketmoe-target-cuda}/release"
@@ -10,7 +12,9 @@ mkdir -p "$stage/pmoe/bin" "$stage/pmoe/lib" "$stage/pmoe/tests"
 cp "$T/pocketmoe" "$T/pocketmoe-serve" "$stage/pmoe/bin/"
 while read -r exe; do
   [ -n "$exe" ] || continue
-  name=$(basename "$exe"); cp "$exe" "$stage/pmoe/tests/${name%-*}"
+  name=$(basename "$exe"); name=${name%-*}
+  if [ -n "${TESTS+set}" ] && ! grep -qw "$name" <<<"$TESTS"; then continue; fi
+  cp "$exe" "$stage/pmoe/tests/$name"
 done < "$T/test-executables.txt"
 # The one ggml/llama build that llama-cpp-sys-4 made (shared: LLAMA_BUILD_SHARED_LIBS=1), which
 # its build script links into the profile directory.
