@@ -22,7 +22,8 @@ use std::time::Duration;
         GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), \
         llama-server's /chat/completions, /models, /v1/health, /completion, /tokenize, \
         /detokenize, /apply-template, /props, /slots, Anthropic's /v1/messages and \
-        /v1/messages/count_tokens, and a chat \
+        /v1/messages/count_tokens, with --embedding POST /v1/embeddings, /embedding and \
+        /embeddings, and a chat \
         page at GET / (open without the API key; its API calls send the key entered on the \
         page; --no-webui turns it off).\n\n\
         Concurrency: up to --parallel requests are decoded together in one batch; further \

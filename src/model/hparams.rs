@@ -823,15 +823,12 @@ impl Hparams {
 }
 
 /// `key = v` must lie in `lo..=hi`; `why` says where a bound comes from.
-/// Why a model without experts does not run, and, where there is one, the way to a MoE.
+/// Why a model without experts does not run (an architecture without [`ArchSpec::dense`]).
 fn dense_model(arch: &ArchSpec) -> String {
-    let hint = if arch.name == "llama" {
-        "; `pocketmoe synth --upcycle FILE --experts 8` turns a dense llama model into a MoE that \
-         answers exactly as it does"
-    } else {
-        ""
-    };
-    format!("a dense model, not a Mixture-of-Experts one (PocketMoE runs MoE models){hint}")
+    format!(
+        "a dense model, not a Mixture-of-Experts one: PocketMoE runs {arch} only with experts \
+         (of dense models it runs the `llama` architecture)"
+    )
 }
 
 fn range(key: &str, v: u64, lo: u64, hi: u64, why: &str) -> Result<(), String> {
