@@ -331,7 +331,6 @@ fn serve_accepts_every_llama_server_flag() {
     let err = accepted(&serve(&all), "all together");
     for want in [
         "note: --jinja: no effect here",
-        "note: --embedding/--pooling: no effect here",
         "note: --lora: ignored",
         "note: --reasoning-format none: ignored",
         "note: --n-cpu-moe/--cpu-moe: ignored",
@@ -344,6 +343,21 @@ fn serve_accepts_every_llama_server_flag() {
             err.lines().any(|l| l.starts_with(want)),
             "no {want:?}: {err}"
         );
+    }
+    // Embeddings are served (issue 29 item 6): no "no effect" note for them.
+    assert!(!err.contains("--embedding"), "{err}");
+    for bad in ["rank", "avg"] {
+        let o = serve(&[
+            "-m",
+            MISSING,
+            "--port",
+            "0",
+            "--embedding",
+            "--pooling",
+            bad,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "--pooling {bad}: {}", text(&o).1);
+        assert!(text(&o).1.contains("--pooling"), "{}", text(&o).1);
     }
     let err = accepted(
         &serve(&["-m", MISSING, "--port", "0", "-fa", "off"]),

@@ -71,6 +71,7 @@ pub static DEEPSEEK2: Arch = Arch {
             ..Rules::NONE
         },
         unsupported,
+        dense: false,
     },
     graph: Some(build),
     quantized_kv: false,

@@ -74,6 +74,7 @@ pub static DEEPSEEK32: Arch = Arch {
             ..Rules::NONE
         },
         unsupported,
+        dense: false,
     },
     graph: Some(build),
     quantized_kv: false,

@@ -4,8 +4,9 @@
 //! `rope_freqs` factors (Llama-3-based merges). Every block MoE: softmax gating with the top-k
 //! weights renormalised, experts of width `feed_forward_length` (`n_ff`; Mixtral writes no
 //! `expert_feed_forward_length`), `ffn_gate_exps` optional; no shared expert, no router bias.
-//! Blocks are dense (`ffn_{gate,up,down}` + optional biases) only when `expert_count` is 0 —
-//! plain Llama, which PocketMoE rejects. Output projection may be tied. Not listed: the
+//! Blocks are dense (`ffn_{gate,up,down}` + optional biases) when `expert_count` is absent or 0:
+//! plain Llama (SmolLM2, Llama-3, ...), run with every block resident (`ArchSpec::dense`).
+//! Output projection may be tied. Not listed: the
 //! `rope_factors_long/short` llama.cpp loads only under LongRoPE scaling (no Llama MoE uses it).
 //! Source: llama.cpp `src/models/llama.cpp` (`load_arch_tensors`).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, QKV_O, ROUTER};
@@ -22,7 +23,7 @@ use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 pub static LLAMA: Arch = Arch {
     spec: ArchSpec {
         name: "llama",
-        description: "Llama with experts (Mixtral)",
+        description: "Llama with experts (Mixtral), or dense",
         required_keys: &["attention.layer_norm_rms_epsilon", "expert_count", "expert_used_count"],
         tensors: &[
             EMBED_OUTPUT_TIED,
@@ -54,6 +55,7 @@ pub static LLAMA: Arch = Arch {
             whole_head_rope: true,
             ..Rules::NONE
         },
+        dense: true,
         ..ArchSpec::NONE
     },
     graph: Some(build),

@@ -22,7 +22,8 @@ use std::time::Duration;
         GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), \
         llama-server's /chat/completions, /models, /v1/health, /completion, /tokenize, \
         /detokenize, /apply-template, /props, /slots, Anthropic's /v1/messages and \
-        /v1/messages/count_tokens, and a chat \
+        /v1/messages/count_tokens, with --embedding POST /v1/embeddings, /embedding and \
+        /embeddings, and a chat \
         page at GET / (open without the API key; its API calls send the key entered on the \
         page; --no-webui turns it off).\n\n\
         Concurrency: up to --parallel requests are decoded together in one batch; further \
@@ -246,12 +247,16 @@ struct LlamaServerArgs {
     /// Slot save/restore is not implemented here: no effect.
     #[arg(long, value_name = "PATH")]
     slot_save_path: Option<String>,
-    /// Embeddings are not served here: no effect (a note says so).
+    /// Serve embeddings: POST /v1/embeddings (OpenAI's shape), /embedding and /embeddings
+    /// (llama-server's): the final normed hidden state of the input's positions, pooled by
+    /// --pooling and L2-normalised (embd_normalize). Completions keep working.
     #[arg(long, visible_alias = "embeddings")]
     embedding: bool,
-    /// Embeddings are not served here: no effect.
-    #[arg(long, value_name = "TYPE")]
-    pooling: Option<String>,
+    /// How embeddings pool the positions: none (one vector per position; /embedding only),
+    /// mean, cls (the first), last. Default, as llama-server: the model's
+    /// `{arch}.pooling_type`, else none.
+    #[arg(long, value_name = "none|mean|cls|last", value_parser = pocketmoe::engine::embed::Pooling::parse)]
+    pooling: Option<pocketmoe::engine::embed::Pooling>,
     /// Continuous batching is always on here: no effect.
     #[arg(long)]
     cont_batching: bool,
@@ -519,10 +524,10 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
             "no effect here: slot save/restore is not implemented",
         );
     }
-    if a.embedding || a.pooling.is_some() {
+    if a.pooling.is_some() && !a.embedding {
         note(
-            "--embedding/--pooling",
-            "no effect here: embeddings are not served (no /v1/embeddings)",
+            "--pooling",
+            "no effect without --embedding (embeddings are not served)",
         );
     }
     if a.cont_batching {
@@ -810,11 +815,21 @@ fn run(args: Args) -> Result<i32> {
         batch_invariant: args.batch_invariant,
         parse_special_in_content: args.parse_special_in_content,
         chat_template: template,
+        embedding: args.llama.embedding,
+        pooling: args.llama.pooling,
     };
     let engine = Arc::new(LocalEngine::start(
         opts,
         Box::new(move |done, _| pb2.set_position(done)),
     )?);
+    match engine.pooling() {
+        Some(pocketmoe::engine::embed::Pooling::None) => eprintln!(
+            "embeddings: pooling none (the model sets no pooling_type): /embedding answers one \
+             vector per position, /v1/embeddings needs --pooling mean|cls|last"
+        ),
+        Some(p) => eprintln!("embeddings: pooling {}", p.name()),
+        None => {}
+    }
     let cfg = ServerConfig {
         api_key: keys.first().cloned(),
         more_keys: keys.iter().skip(1).cloned().collect(),

@@ -290,14 +290,20 @@ fn print_text(r: &Report) {
         if !p.fits {
             println!("    DOES NOT FIT: resident parts + KV + compute exceed the budget");
         }
-        println!(
-            "    expert cache                  {} = {} of {} experts ({:.1}%), {} each",
-            human_bytes(p.cache_bytes),
-            p.experts_cached,
-            p.n_experts_total,
-            100.0 * p.cached_fraction,
-            human_bytes(p.expert_bytes_each)
-        );
+        if p.n_experts_total == 0 {
+            println!(
+                "    expert cache                  none (a dense model: every weight resident)"
+            );
+        } else {
+            println!(
+                "    expert cache                  {} = {} of {} experts ({:.1}%), {} each",
+                human_bytes(p.cache_bytes),
+                p.experts_cached,
+                p.n_experts_total,
+                100.0 * p.cached_fraction,
+                human_bytes(p.expert_bytes_each)
+            );
+        }
         println!(
             "    per token: {} resident + {} routed experts; hit rate assumed {:.0}%",
             human_bytes(p.active_resident_bytes),

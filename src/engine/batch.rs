@@ -164,6 +164,7 @@ pub struct GraphKey {
     n_tokens: usize,
     n_kv: usize,
     n_out: usize,
+    embd: bool,
     /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
     comp: Vec<(usize, usize)>,
 }
@@ -176,6 +177,17 @@ pub trait BatchModel {
     fn n_vocab(&self) -> usize;
     /// Runs `chunks` and returns, in order, the logits of each chunk with `logits: true`.
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError>;
+    /// Runs `chunks` (their `logits` flags ignored) and returns the final normed hidden state
+    /// (what embeddings pool) of every token, chunk by chunk, in order.
+    fn forward_batch_embd(
+        &mut self,
+        _chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        Err(EngineError::Model {
+            path: String::new(),
+            msg: "this model gives no embeddings".into(),
+        })
+    }
     /// Expert-offload counters, where the model offloads experts.
     fn offload_stats(&self) -> Option<crate::experts::Stats> {
         None
@@ -206,6 +218,24 @@ impl BatchModel for Engine {
     }
 
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_chunks(chunks, false)
+    }
+
+    fn forward_batch_embd(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_chunks(chunks, true)
+    }
+}
+
+impl Engine {
+    /// [`BatchModel::forward_batch`], or with `embd` every token's final normed hidden state.
+    fn forward_chunks(
+        &mut self,
+        chunks: &[SeqChunk<'_>],
+        embd: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         // The slot names per-sequence state only an architecture that keeps some has.
         let per_seq_state = self.keeps_compressors();
         for c in chunks {
@@ -252,13 +282,13 @@ impl BatchModel for Engine {
                     chunk: i,
                     pos: c.pos + t,
                     id,
-                    out: c.logits && t + 1 == n,
+                    out: embd || (c.logits && t + 1 == n),
                 })
             })
             .collect();
         let mut out = Vec::new();
         for ub in toks.chunks(self.opts.n_ubatch.max(1)) {
-            out.extend(self.forward_multi(chunks, ub)?);
+            out.extend(self.forward_multi(chunks, ub, embd)?);
         }
         Ok(out)
     }
@@ -286,11 +316,13 @@ impl Engine {
         any
     }
 
-    /// One micro-batch of tokens from several sequences.
+    /// One micro-batch of tokens from several sequences: the logits (or, with `embd`, the
+    /// final normed hidden states) of its tokens marked `out`.
     fn forward_multi(
         &mut self,
         chunks: &[SeqChunk<'_>],
         toks: &[Tok],
+        embd: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = toks.len();
         let row = |t: &Tok| chunks[t.chunk].row(t.pos);
@@ -340,13 +372,15 @@ impl Engine {
             n_tokens: n,
             n_kv,
             n_out: outs.len(),
+            embd,
             comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
         };
         // The single-sequence path shares the scheduler: if it ran since, our allocation is gone.
         let stale = self.graph.take().is_some();
         if self.batch_graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.batch_graph = None;
-            let (g, nodes) = self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), &comp)?;
+            let (g, nodes) =
+                self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), embd, &comp)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.batch_graph = Some((key, g, nodes));
@@ -387,9 +421,15 @@ impl Engine {
         if outs.is_empty() {
             return Ok(Vec::new());
         }
-        let flat = g.tensor("logits").read_f32_via(self.stage.as_ref())?;
-        let n_vocab = self.hp.n_vocab as usize;
-        Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
+        let flat = g
+            .tensor(super::out_name(embd))
+            .read_f32_via(self.stage.as_ref())?;
+        let width = if embd {
+            self.hp.n_embd as usize
+        } else {
+            self.hp.n_vocab as usize
+        };
+        Ok(flat.chunks_exact(width).map(<[f32]>::to_vec).collect())
     }
 }
 

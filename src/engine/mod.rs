@@ -5,6 +5,7 @@
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
 pub mod batch;
 pub mod context;
+pub mod embed;
 pub mod sampling;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
@@ -463,7 +464,9 @@ impl Engine {
     ) -> Result<OwnedGraph, EngineError> {
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
         let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-        Ok(self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?.0)
+        Ok(self
+            .build_graph(n, n_past, n_kv, last_only, 0, false, &comp)?
+            .0)
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
@@ -649,13 +652,20 @@ impl Engine {
 
     /// Appends `tokens` to the sequence and returns the logits at each of their positions.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.forward_with(tokens, false)
+        self.forward_with(tokens, false, false)
+    }
+
+    /// Appends `tokens` and returns, at each of their positions, the final normed hidden state
+    /// (`n_embd` floats: the output norm's result, before the head; llama.cpp's `result_norm`,
+    /// which its embeddings pool). The head is not computed.
+    pub fn forward_embd(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_with(tokens, false, true)
     }
 
     /// Appends `tokens` and returns the logits of the last position only (cheaper: the output
     /// projection runs once per micro-batch).
     pub fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let mut v = self.forward_with(tokens, true)?;
+        let mut v = self.forward_with(tokens, true, false)?;
         Ok(v.pop().unwrap_or_default())
     }
 
@@ -663,6 +673,7 @@ impl Engine {
         &mut self,
         tokens: &[u32],
         last_only: bool,
+        embd: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let need = self.n_past + tokens.len();
         if need > self.opts.n_ctx {
@@ -679,7 +690,7 @@ impl Engine {
         }
         let mut out = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(self.opts.n_ubatch.max(1)) {
-            out.extend(self.forward_ubatch(chunk, last_only)?);
+            out.extend(self.forward_ubatch(chunk, last_only, embd)?);
         }
         Ok(out)
     }
@@ -704,6 +715,8 @@ impl Engine {
 
     /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
     /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
+    /// `embd`: the output (named [`out_name`]) is the final normed hidden state, not logits.
+    #[allow(clippy::too_many_arguments)]
     fn build_graph(
         &self,
         n: usize,
@@ -711,6 +724,7 @@ impl Engine {
         n_kv: usize,
         last_only: bool,
         n_out: usize,
+        embd: bool,
         comp: &[(usize, dsv4::CompPlan, usize)],
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
@@ -768,6 +782,7 @@ impl Engine {
                 n_kv,
                 last_only,
                 out_ids: t_out,
+                embd,
                 dsv4: dsv4_inputs,
             };
             let g = GraphBuilder {
@@ -783,14 +798,14 @@ impl Engine {
                 path: String::new(),
                 msg,
             })?;
-            g.finish(logits.set_name("logits"));
+            g.finish(logits.set_name(out_name(embd)));
             keep.extend(
                 [
                     "inp_tokens",
                     "inp_pos",
                     "attn_inp_kq_mask",
                     "inp_kv_idxs",
-                    "logits",
+                    out_name(embd),
                 ]
                 .map(String::from),
             );
@@ -820,6 +835,7 @@ impl Engine {
         &mut self,
         tokens: &[u32],
         last_only: bool,
+        embd: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
         let t0 = std::time::Instant::now();
@@ -832,11 +848,12 @@ impl Engine {
             n_tokens: n,
             n_kv,
             last_only,
+            embd,
             comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
         };
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.graph = None;
-            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0, &comp)?;
+            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0, embd, &comp)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.graph = Some((key, g, nodes));
@@ -871,7 +888,7 @@ impl Engine {
         let t1 = std::time::Instant::now();
         run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         let t2 = std::time::Instant::now();
-        let flat = g.tensor("logits").read_f32_via(self.stage.as_ref())?;
+        let flat = g.tensor(out_name(embd)).read_f32_via(self.stage.as_ref())?;
         if let (Some(p), 1) = (self.profile.as_mut(), n) {
             let t3 = std::time::Instant::now();
             if let Some(e) = p.last_end {
@@ -884,11 +901,15 @@ impl Engine {
             p.last_end = Some(t3);
         }
         self.n_past = n_past + n;
-        let n_vocab = self.hp.n_vocab as usize;
-        if flat.len() == n_vocab {
+        let width = if embd {
+            self.hp.n_embd as usize
+        } else {
+            self.hp.n_vocab as usize
+        };
+        if flat.len() == width {
             return Ok(vec![flat]); // one row (a decode step): no second copy
         }
-        Ok(flat.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
+        Ok(flat.chunks_exact(width).map(<[f32]>::to_vec).collect())
     }
 }
 
@@ -929,8 +950,18 @@ struct GraphKey {
     n_tokens: usize,
     n_kv: usize,
     last_only: bool,
+    embd: bool,
     /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
     comp: Vec<(usize, usize)>,
+}
+
+/// The name of a step graph's output: `logits`, or `embd` (the final normed hidden state).
+pub(crate) fn out_name(embd: bool) -> &'static str {
+    if embd {
+        "embd"
+    } else {
+        "logits"
+    }
 }
 
 /// Computes an allocated graph of `n` tokens: through the offload step hook when routed experts

@@ -400,6 +400,91 @@ impl<'m> LlamaContext<'m> {
             .ok_or_else(|| err("llama_init_from_model failed"))
     }
 
+    /// A context that computes embeddings (`llama_context_params.embeddings`), pooled by
+    /// `pooling` (llama.cpp's `llama_pooling_type`: 0 none, 1 mean, 2 cls, 3 last), on the CPU
+    /// settings of [`LlamaContext::new`]. A prompt must fit one micro-batch (512 tokens, or
+    /// `n_ctx` when smaller): llama.cpp pools within one.
+    pub fn new_embeddings(
+        model: &'m LlamaModel,
+        n_ctx: u32,
+        n_threads: i32,
+        pooling: i32,
+    ) -> Result<Self> {
+        // SAFETY: default params are plain data; model is live; null = failure.
+        let ptr = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = n_ctx;
+            p.n_batch = n_ctx;
+            p.n_ubatch = n_ctx.min(512);
+            p.n_threads = n_threads;
+            p.n_threads_batch = n_threads;
+            p.op_offload = false;
+            p.embeddings = true;
+            p.pooling_type = pooling as sys::llama_pooling_type;
+            sys::llama_init_from_model(model.ptr.as_ptr(), p)
+        };
+        NonNull::new(ptr)
+            .map(|ptr| Self {
+                ptr,
+                model,
+                threadpool: None,
+            })
+            .ok_or_else(|| err("llama_init_from_model (embeddings) failed"))
+    }
+
+    /// The embeddings of `tokens` read as a fresh sequence 0 (a context from
+    /// [`LlamaContext::new_embeddings`]): one pooled vector (`llama_get_embeddings_seq`), or one
+    /// per position with pooling none (`llama_get_embeddings_ith`). Not normalised.
+    pub fn embeddings(&mut self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: live model.
+        let n_embd = unsafe { sys::llama_model_n_embd(self.model.ptr.as_ptr()) } as usize;
+        // SAFETY: as `eval_with`: the batch is allocated for n tokens with one sequence id
+        // each, filled within bounds, decoded and freed; embedding pointers are read (n_embd
+        // floats each, libllama's row size) while the context lives.
+        unsafe {
+            let ctx = self.ptr.as_ptr();
+            sys::llama_memory_clear(sys::llama_get_memory(ctx), true);
+            let pooled = sys::llama_pooling_type(ctx) != sys::LLAMA_POOLING_TYPE_NONE;
+            let mut b = sys::llama_batch_init(n as i32, 0, 1);
+            for (i, &t) in tokens.iter().enumerate() {
+                *b.token.add(i) = t;
+                *b.pos.add(i) = i as i32;
+                *b.n_seq_id.add(i) = 1;
+                *(*b.seq_id.add(i)) = 0;
+                *b.logits.add(i) = 1;
+            }
+            b.n_tokens = n as i32;
+            let rc = sys::llama_decode(ctx, b);
+            let row = |p: *const f32, what: String| {
+                if p.is_null() {
+                    Err(err(format!("no embedding for {what}")))
+                } else {
+                    Ok(std::slice::from_raw_parts(p, n_embd).to_vec())
+                }
+            };
+            let result = if rc != 0 {
+                Err(err(format!("llama_decode returned {rc}")))
+            } else if pooled {
+                row(sys::llama_get_embeddings_seq(ctx, 0), "sequence 0".into()).map(|v| vec![v])
+            } else {
+                (0..n)
+                    .map(|i| {
+                        row(
+                            sys::llama_get_embeddings_ith(ctx, i as i32),
+                            format!("position {i}"),
+                        )
+                    })
+                    .collect()
+            };
+            sys::llama_batch_free(b);
+            result
+        }
+    }
+
     /// Runs `tokens` as a fresh sequence (positions 0..n) and returns the logits at every position.
     pub fn logits_all(&mut self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
         // SAFETY: live context; clears its KV memory.

@@ -40,6 +40,9 @@ pub struct BatchInputs<'a> {
     /// i32 [n_outputs]: compute logits for these batch positions only (multi-sequence batches,
     /// `engine::batch`); overrides `last_only`.
     pub out_ids: Option<Tensor<'a>>,
+    /// Output the final normed hidden state (`result_norm`, llama.cpp's `t_embd`, what its
+    /// embeddings pool) of the selected positions instead of their logits: the head is skipped.
+    pub embd: bool,
     /// DeepSeek-V4's compressor inputs (models with compressed blocks).
     pub dsv4: Option<dsv4::Dsv4Inputs<'a>>,
 }

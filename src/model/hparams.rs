@@ -270,10 +270,15 @@ impl Hparams {
     /// required keys are errors naming the key; optional ones take llama.cpp's defaults.
     pub fn from_meta(arch: &'static ArchSpec, meta: &dyn Metadata) -> Result<Self, String> {
         let k = |s: &str| format!("{arch}.{s}");
-        if arch.required_keys.contains(&"expert_count") && !meta.has(&k("expert_count")) {
+        // A dense file of an architecture that runs dense models needs no expert keys.
+        let dense = arch.dense && meta.get_u64(&k("expert_count")).unwrap_or(0) == 0;
+        if !dense && arch.required_keys.contains(&"expert_count") && !meta.has(&k("expert_count")) {
             return Err(format!("no {}: {}", k("expert_count"), dense_model(arch)));
         }
         for key in COMMON_REQUIRED.iter().chain(arch.required_keys) {
+            if dense && key.starts_with("expert_") {
+                continue;
+            }
             if !meta.has(&k(key)) {
                 return Err(format!("missing required metadata key {}", k(key)));
             }
@@ -650,6 +655,24 @@ impl Hparams {
         let a = self.arch;
         let key = |s: &str| format!("{a}.{s}");
         let is = |s: &str, v: u64| format!("{} = {v}", key(s));
+        if self.n_expert == 0 && a.dense {
+            // llama.cpp: without experts none is used.
+            if self.n_expert_used != 0 {
+                return Err(format!(
+                    "{}: must be 0 in a model without experts ({})",
+                    is("expert_used_count", self.n_expert_used),
+                    is("expert_count", 0)
+                ));
+            }
+            if self.n_ff == 0 {
+                return Err(format!(
+                    "{}: must be positive, it sizes the FFN of every block of a model without \
+                     experts",
+                    is("feed_forward_length", 0)
+                ));
+            }
+            return Ok(());
+        }
         if self.n_expert == 0 {
             return Err(format!("{}: {}", is("expert_count", 0), dense_model(a)));
         }
@@ -800,15 +823,12 @@ impl Hparams {
 }
 
 /// `key = v` must lie in `lo..=hi`; `why` says where a bound comes from.
-/// Why a model without experts does not run, and, where there is one, the way to a MoE.
+/// Why a model without experts does not run (an architecture without [`ArchSpec::dense`]).
 fn dense_model(arch: &ArchSpec) -> String {
-    let hint = if arch.name == "llama" {
-        "; `pocketmoe synth --upcycle FILE --experts 8` turns a dense llama model into a MoE that \
-         answers exactly as it does"
-    } else {
-        ""
-    };
-    format!("a dense model, not a Mixture-of-Experts one (PocketMoE runs MoE models){hint}")
+    format!(
+        "a dense model, not a Mixture-of-Experts one: PocketMoE runs {arch} only with experts \
+         (of dense models it runs the `llama` architecture)"
+    )
 }
 
 fn range(key: &str, v: u64, lo: u64, hi: u64, why: &str) -> Result<(), String> {

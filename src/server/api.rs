@@ -13,6 +13,10 @@ use crate::tokenizer::ChatMessage;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+/// llama-server's answer to an embedding request when started without `--embedding`.
+pub const NO_EMBEDDINGS: &str =
+    "This server does not support embeddings. Start it with `--embeddings`";
+
 /// How a model marks reasoning and tool calls in its output (picked from its chat template).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
@@ -139,6 +143,9 @@ pub enum Event {
         tail: String,
     },
     Error(String),
+    /// An embedding request's result (before its `Done`): one pooled vector, or one per prompt
+    /// position with pooling `none`; not normalised.
+    Embedding(Vec<Vec<f32>>),
 }
 
 /// A queued generation.
@@ -239,4 +246,14 @@ pub trait Engine: Send + Sync + 'static {
     fn shutdown(&self, grace: Duration);
     /// Waits until the engine has stopped (after [`Engine::shutdown`]).
     fn join(&self) {}
+    /// How `/v1/embeddings` and `/embedding(s)` pool; `None`: embeddings are off (the server
+    /// was not started with `--embedding`).
+    fn pooling(&self) -> Option<crate::engine::embed::Pooling> {
+        None
+    }
+    /// Checks `tokens` against the vocabulary and the context and queues their embedding: the
+    /// receiver yields one [`Event::Embedding`] and a `Done`, or an `Error`.
+    fn embed(&self, _tokens: Vec<u32>) -> Result<Generation, ApiError> {
+        Err(ApiError::NotSupported(NO_EMBEDDINGS.into()))
+    }
 }

@@ -53,6 +53,10 @@ pub enum ApiError {
     ShuttingDown,
     #[error("internal error: {0}")]
     Internal(String),
+    /// A feature this server was not started with (llama-server's `ERROR_TYPE_NOT_SUPPORTED`:
+    /// 501, `not_supported_error`), e.g. embeddings without `--embedding`.
+    #[error("{0}")]
+    NotSupported(String),
     /// The prompt does not fit the context (llama-server's `exceed_context_size_error`, with
     /// its `n_prompt_tokens` and `n_ctx`).
     #[error("the request exceeds the available context size, try increasing it: the prompt is {n_prompt_tokens} tokens and the context of a request holds {n_ctx} (prompt and completion together): shorten the prompt, or restart the server with a larger -c (the whole cache) or --ctx (per request)")]
@@ -99,6 +103,7 @@ impl ApiError {
             | ApiError::ShuttingDown
             | ApiError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::NotSupported(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -107,6 +112,7 @@ impl ApiError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
             ApiError::ContextExceeded { .. } => "exceed_context_size_error",
+            ApiError::NotSupported(_) => "not_supported_error",
             ApiError::Loading { .. }
             | ApiError::ShuttingDown
             | ApiError::TooManyConnections { .. }

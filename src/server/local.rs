@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::grammar::Grammars;
 use super::parse::prompt_opens_reasoning;
 use super::worker::{self, Config, Job, Msg, Shared};
+use crate::engine::embed::Pooling;
 use crate::engine::{Engine as Model, EngineOptions};
 use crate::gguf::{GgufModel, Metadata};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -47,6 +48,24 @@ pub struct LocalOptions {
     pub parse_special_in_content: bool,
     /// llama-server's `--chat-template`/`--chat-template-file`: replaces the GGUF's template.
     pub chat_template: Option<TemplateChoice>,
+    /// llama-server's `--embedding`: serve `/v1/embeddings` and `/embedding(s)`.
+    pub embedding: bool,
+    /// `--pooling`; `None`: the model's (`{arch}.pooling_type`), else `none`, as llama-server.
+    pub pooling: Option<Pooling>,
+}
+
+/// The pooling embeddings get: `chosen`, else the GGUF's `{arch}.pooling_type`, else `none`
+/// (llama.cpp's default for a model that sets none).
+pub fn pooling_for(file: &GgufModel, chosen: Option<Pooling>) -> anyhow::Result<Pooling> {
+    if let Some(p) = chosen {
+        return Ok(p);
+    }
+    let arch = file.get_str("general.architecture").unwrap_or_default();
+    let key = format!("{arch}.pooling_type");
+    match file.get_u64(&key) {
+        Some(v) => Pooling::from_gguf(v).map_err(|e| anyhow::anyhow!("{key}: {e}")),
+        None => Ok(Pooling::None),
+    }
 }
 
 /// A chat template chosen on the command line.
@@ -83,6 +102,8 @@ pub struct LocalEngine {
     parse_special_in_content: bool,
     model_path: String,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Embeddings on (`--embedding`), pooled so.
+    pooling: Option<Pooling>,
 }
 
 impl LocalEngine {
@@ -106,6 +127,10 @@ impl LocalEngine {
         let template = match &opts.chat_template {
             Some(choice) => Some(Self::chosen_template(&file, choice)?),
             None => Self::gguf_template(&file)?,
+        };
+        let pooling = match opts.embedding {
+            true => Some(pooling_for(&file, opts.pooling)?),
+            false => None,
         };
         drop(file);
         let stem = opts
@@ -187,6 +212,7 @@ impl LocalEngine {
             parse_special_in_content: opts.parse_special_in_content,
             model_path: opts.model.display().to_string(),
             thread: Mutex::new(Some(thread)),
+            pooling,
         })
     }
 
@@ -269,6 +295,44 @@ impl LocalEngine {
             );
         }
         Ok((text, tokens))
+    }
+
+    /// Err unless the model is loaded and the server is not shutting down.
+    fn ready(&self) -> Result<(), ApiError> {
+        match self.health() {
+            Health::Ready => Ok(()),
+            Health::Loading { fraction } => Err(ApiError::Loading {
+                percent: fraction * 100.0,
+            }),
+            Health::Failed(e) => Err(ApiError::Internal(format!("the model failed to load: {e}"))),
+            Health::ShuttingDown => Err(ApiError::ShuttingDown),
+        }
+    }
+
+    /// Admits `job` if there is room for one more (a free slot, or a free place in the queue)
+    /// and hands it to the engine thread.
+    fn enqueue(&self, job: Job) -> Result<(), ApiError> {
+        let in_flight = self.shared.in_flight.fetch_add(1, Relaxed);
+        if in_flight >= self.parallel + self.max_queue {
+            self.shared.end_job();
+            return Err(ApiError::QueueFull {
+                parallel: self.parallel,
+                queued: self.shared.queued.load(Relaxed),
+                limit: self.max_queue,
+            });
+        }
+        self.shared.queued.fetch_add(1, Relaxed);
+        let sent = self
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Job(Box::new(job)));
+        if sent.is_err() {
+            self.shared.queued.fetch_sub(1, Relaxed);
+            self.shared.end_job();
+            return Err(ApiError::ShuttingDown);
+        }
+        Ok(())
     }
 
     fn context_error(msg: String, param: &str) -> ApiError {
@@ -369,18 +433,7 @@ impl Engine for LocalEngine {
     }
 
     fn submit(&self, req: GenRequest) -> Result<Generation, ApiError> {
-        match self.health() {
-            Health::Ready => {}
-            Health::Loading { fraction } => {
-                return Err(ApiError::Loading {
-                    percent: fraction * 100.0,
-                })
-            }
-            Health::Failed(e) => {
-                return Err(ApiError::Internal(format!("the model failed to load: {e}")))
-            }
-            Health::ShuttingDown => return Err(ApiError::ShuttingDown),
-        }
+        self.ready()?;
         let format = self.card.format;
         // The field a too-long prompt is blamed on.
         let prompt_param = match req.prompt {
@@ -442,20 +495,9 @@ impl Engine for LocalEngine {
             Some(c) => Some(self.grammars.compile(c, format, opens_reasoning)?),
             None => None,
         };
-        // Room for one more: a free slot, or a free place in the queue.
-        let in_flight = self.shared.in_flight.fetch_add(1, Relaxed);
-        if in_flight >= self.parallel + self.max_queue {
-            self.shared.end_job();
-            return Err(ApiError::QueueFull {
-                parallel: self.parallel,
-                queued: self.shared.queued.load(Relaxed),
-                limit: self.max_queue,
-            });
-        }
-        self.shared.queued.fetch_add(1, Relaxed);
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
         let n_prompt = prompt.len();
-        let job = Job {
+        self.enqueue(Job {
             prompt,
             sampling: req.sampling,
             max_tokens,
@@ -464,21 +506,62 @@ impl Engine for LocalEngine {
             special,
             token_ids: req.token_ids,
             grammar,
+            embed: None,
             events: etx,
-        };
-        let sent = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Job(Box::new(job)));
-        if sent.is_err() {
-            self.shared.queued.fetch_sub(1, Relaxed);
-            self.shared.end_job();
-            return Err(ApiError::ShuttingDown);
-        }
+        })?;
         Ok(Generation {
             prompt_tokens: n_prompt,
             opens_reasoning,
+            events: erx,
+        })
+    }
+
+    fn pooling(&self) -> Option<Pooling> {
+        self.pooling
+    }
+
+    fn embed(&self, tokens: Vec<u32>) -> Result<Generation, ApiError> {
+        let Some(pooling) = self.pooling else {
+            return Err(ApiError::NotSupported(super::api::NO_EMBEDDINGS.into()));
+        };
+        self.ready()?;
+        if tokens.is_empty() {
+            return Err(ApiError::invalid("input", "Input content cannot be empty"));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= self.card.n_vocab) {
+            return Err(ApiError::invalid(
+                "input",
+                format!(
+                    "token id {id} is outside the vocabulary (0..{})",
+                    self.card.n_vocab
+                ),
+            ));
+        }
+        let n_ctx = self.card.n_ctx;
+        if tokens.len() > n_ctx {
+            return Err(ApiError::ContextExceeded {
+                n_prompt_tokens: tokens.len(),
+                n_ctx,
+                param: "input",
+            });
+        }
+        let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
+        let n_prompt = tokens.len();
+        self.enqueue(Job {
+            prompt: tokens,
+            sampling: Default::default(),
+            max_tokens: 1,
+            logprobs: None,
+            logit_bias: Vec::new(),
+            special: false,
+            token_ids: false,
+            grammar: None,
+            embed: Some(pooling),
+            events: etx,
+        })?;
+        Ok(Generation {
+            prompt_tokens: n_prompt,
+            opens_reasoning: false,
             events: erx,
         })
     }

@@ -7,7 +7,8 @@
 //! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), OpenAI's Responses API
 //! `POST /v1/responses` and `/responses` (`responses`), and llama-server's
 //! `POST /tokenize`, `POST /detokenize`, `POST /apply-template`, `GET /props` and `GET /slots`
-//! (`extra`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! (`extra`), embeddings with `--embedding` (`POST /v1/embeddings`, `/embedding`,
+//! `/embeddings`: `embeddings`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -27,6 +28,7 @@
 mod anthropic;
 pub mod api;
 pub mod conn;
+mod embeddings;
 pub mod error;
 mod extra;
 pub mod gbnf;
@@ -150,6 +152,9 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/v1/responses", post(responses::responses))
         .route("/responses", post(responses::responses))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/embeddings", post(embeddings::openai))
+        .route("/embedding", post(embeddings::native))
+        .route("/embeddings", post(embeddings::native))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/v1/models/{id}", get(model))

@@ -155,6 +155,8 @@ impl State {
                 self.ids.push(id);
                 return Ok(Vec::new());
             }
+            // Only embedding requests get one.
+            Some(Event::Embedding(_)) => return Ok(Vec::new()),
             Some(Event::Token { text, logprob }) => {
                 self.n_tokens += 1;
                 self.t_first.get_or_insert_with(Instant::now);

@@ -21,6 +21,7 @@
 //! finds it counted in `/metrics`.
 use super::api::{Event, FinishReason, TokenLogprob};
 use crate::engine::batch::{rows_for, BatchModel, PagePool, SeqChunk};
+use crate::engine::embed::{Pooler, Pooling};
 use crate::engine::sampling::{Sampler, SamplerParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -61,6 +62,9 @@ pub struct Job {
     /// The request's output constraint (`grammar`): masks the logits before each draw and
     /// advances with each drawn token.
     pub grammar: Option<llguidance::Matcher>,
+    /// An embedding request, pooled so: the prompt is read (its final normed hidden states
+    /// pooled) and the job ends with an [`Event::Embedding`] and a `Done`; nothing is generated.
+    pub embed: Option<Pooling>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -140,6 +144,8 @@ struct Seq {
     n_gen: usize,
     sampler: Sampler,
     dec: StreamDecoder,
+    /// An embedding job's pooled hidden states so far.
+    pooler: Option<Pooler>,
 }
 
 impl Seq {
@@ -156,6 +162,7 @@ impl Seq {
             n_gen: 0,
             sampler,
             dec: StreamDecoder::new(),
+            pooler: job.embed.map(Pooler::new),
             job,
         }
     }
@@ -347,56 +354,21 @@ fn step<M: BatchModel, V: Vocab>(
             );
         }
     }
-    let result = {
-        let chunks: Vec<SeqChunk<'_>> = plan
-            .iter()
-            .map(|&(i, take, logits)| {
-                let s = slots[i].as_ref().expect("planned slots are active");
-                SeqChunk {
-                    pages: &s.pages,
-                    pos: s.cached,
-                    tokens: &s.all[s.cached..s.cached + take],
-                    logits,
-                    slot: i,
-                }
-            })
-            .collect();
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            model.forward_batch(&chunks)
-        }))
-    };
-    let logits = match result {
-        Ok(Ok(l)) => l,
-        Ok(Err(e)) => {
-            return fail(
-                slots,
-                &plan,
-                pool,
-                shared,
-                &format!("the engine failed: {e}"),
-            );
+    // Embedding jobs read their prompt in a pass of their own (hidden states, not logits).
+    let (embd, plan): (Vec<_>, Vec<_>) = plan
+        .into_iter()
+        .partition(|&(i, _, _)| slots[i].as_ref().is_some_and(|s| s.pooler.is_some()));
+    if !embd.is_empty() {
+        if let Some(rows) = pass(model, slots, &embd, pool, shared, true) {
+            pool_rows(slots, &embd, rows, pool, shared);
         }
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            return fail(
-                slots,
-                &plan,
-                pool,
-                shared,
-                &format!("the engine panicked: {msg}"),
-            );
-        }
-    };
-    if let Some(stats) = model.offload_stats() {
-        *shared.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }
-    shared.steps.fetch_add(1, Relaxed);
-    let n_tokens: usize = plan.iter().map(|p| p.1).sum();
-    shared.batch_tokens.fetch_add(n_tokens as u64, Relaxed);
+    if plan.is_empty() {
+        return;
+    }
+    let Some(logits) = pass(model, slots, &plan, pool, shared, false) else {
+        return;
+    };
     let mut generated = 0;
     let mut rows = logits.into_iter();
     for &(i, take, wants) in &plan {
@@ -433,6 +405,113 @@ fn step<M: BatchModel, V: Vocab>(
     r.push_back((Instant::now(), generated));
     if r.len() > 100_000 {
         r.pop_front();
+    }
+}
+
+/// One forward pass over `plan`'s chunks: the logits of the chunks that want them, or (`embd`)
+/// the final normed hidden state of every token. On failure the plan's requests end with the
+/// error and `None` comes back.
+fn pass<M: BatchModel>(
+    model: &mut M,
+    slots: &mut [Option<Seq>],
+    plan: &[(usize, usize, bool)],
+    pool: &mut PagePool,
+    shared: &Shared,
+    embd: bool,
+) -> Option<Vec<Vec<f32>>> {
+    let result = {
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .map(|&(i, take, logits)| {
+                let s = slots[i].as_ref().expect("planned slots are active");
+                SeqChunk {
+                    pages: &s.pages,
+                    pos: s.cached,
+                    tokens: &s.all[s.cached..s.cached + take],
+                    logits,
+                    slot: i,
+                }
+            })
+            .collect();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if embd {
+                model.forward_batch_embd(&chunks)
+            } else {
+                model.forward_batch(&chunks)
+            }
+        }))
+    };
+    let out = match result {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => {
+            fail(
+                slots,
+                plan,
+                pool,
+                shared,
+                &format!("the engine failed: {e}"),
+            );
+            return None;
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            fail(
+                slots,
+                plan,
+                pool,
+                shared,
+                &format!("the engine panicked: {msg}"),
+            );
+            return None;
+        }
+    };
+    if let Some(stats) = model.offload_stats() {
+        *shared.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+    shared.steps.fetch_add(1, Relaxed);
+    let n_tokens: usize = plan.iter().map(|p| p.1).sum();
+    shared.batch_tokens.fetch_add(n_tokens as u64, Relaxed);
+    Some(out)
+}
+
+/// Hands each embedding job of `plan` its tokens' hidden states (`rows`, token by token in plan
+/// order); a job whose prompt is all read ends with its embedding.
+fn pool_rows(
+    slots: &mut [Option<Seq>],
+    plan: &[(usize, usize, bool)],
+    rows: Vec<Vec<f32>>,
+    pool: &mut PagePool,
+    shared: &Shared,
+) {
+    let mut rows = rows.into_iter();
+    for &(i, take, _) in plan {
+        let slot = &mut slots[i];
+        let s = slot.as_mut().expect("planned slots are active");
+        let got: Vec<Vec<f32>> = rows.by_ref().take(take).collect();
+        if got.len() < take {
+            let e = Event::Error("the engine returned too few hidden states".into());
+            vacate(slot, pool, shared, Some(e));
+            continue;
+        }
+        s.cached += take;
+        shared.kv_tokens.fetch_add(take as u64, Relaxed);
+        let Some(p) = s.pooler.as_mut() else {
+            continue;
+        };
+        p.push(got);
+        if s.cached == s.n_prompt {
+            let embedding = s.pooler.take().map(Pooler::finish).unwrap_or_default();
+            s.send(Event::Embedding(embedding));
+            let done = Event::Done {
+                reason: FinishReason::Stop,
+                tail: String::new(),
+            };
+            vacate(slot, pool, shared, Some(done));
+        }
     }
 }
 
@@ -648,6 +727,7 @@ mod tests {
             special: false,
             token_ids: false,
             grammar: None,
+            embed: None,
             events: tx,
         }
     }
@@ -702,6 +782,7 @@ mod tests {
                         Event::Id(_) => {}
                         Event::Done { .. } => s.push('|'),
                         Event::Error(e) => panic!("{e}"),
+                        Event::Embedding(_) => panic!("an embedding for a generation"),
                     }
                 }
                 s

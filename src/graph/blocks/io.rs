@@ -34,9 +34,13 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    /// Final norm and output projection of the selected columns `x` [n_embd, n_out].
+    /// Final norm and output projection of the selected columns `x` [n_embd, n_out]; with
+    /// `batch.embd`, the final norm only -> [n_embd, n_out] (the embeddings' input).
     pub fn output_head(&self, x: Tensor<'a>) -> Tensor<'a> {
         let x = self.rms_norm(x, self.wg("output_norm.weight"), "result_norm", -1);
+        if self.batch.embd {
+            return x;
+        }
         let head = self
             .w
             .get("output.weight")

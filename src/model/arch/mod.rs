@@ -136,6 +136,10 @@ pub struct ArchSpec {
     /// Why a file of this architecture still cannot run (a variant its graph does not build),
     /// checked at load before anything is allocated; `None`: it runs.
     pub unsupported: fn(&Hparams) -> Option<String>,
+    /// A file without experts (no `expert_count`, or 0) is a dense model this graph runs with
+    /// every block a dense FFN (llama: plain Llama, as llama.cpp's `llama` arch); the expert
+    /// keys are then not required. False: such a file is refused as a dense model.
+    pub dense: bool,
 }
 
 /// How the gating function (`expert_gating_func`) is decided.
@@ -206,6 +210,7 @@ impl ArchSpec {
         nextn_blocks_optional: false,
         rules: Rules::NONE,
         unsupported: |_| None,
+        dense: false,
     };
 
     /// Every row of the tensor table, in order.
