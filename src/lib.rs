@@ -10,6 +10,7 @@ pub mod experts;
 pub mod ggml;
 pub mod gguf;
 pub mod graph;
+pub mod hub;
 pub mod model;
 pub mod selfcheck;
 pub mod server;
