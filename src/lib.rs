@@ -10,12 +10,22 @@ pub mod experts;
 pub mod ggml;
 pub mod gguf;
 pub mod graph;
+pub mod hub;
 pub mod model;
 pub mod selfcheck;
 pub mod server;
 pub mod synth;
 pub mod tokenizer;
 pub mod util;
+
+/// llama-server's build string, "b<build number>-<commit>", for ours (`build.rs`): the server's
+/// `system_fingerprint`.
+pub const BUILD_INFO: &str = concat!(
+    "b",
+    env!("POCKETMOE_BUILD_NUMBER"),
+    "-",
+    env!("POCKETMOE_BUILD_COMMIT")
+);
 
 /// Our version, the ggml we link, and the compiled backends (what `--version` prints after the name).
 pub fn version() -> String {

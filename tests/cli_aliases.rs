@@ -374,10 +374,14 @@ fn serve_accepts_every_llama_server_flag() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
 }
 
-/// `-hf` has no network here: a clear error naming the repo and -m, exit 1 — never the help
-/// screen with exit 0, with or without -m.
+/// `-hf` with the Hub unreachable: a clear error naming the repo, exit 1 — never the help screen
+/// with exit 0, with or without -m (downloads themselves: tests/hub_download.rs).
 #[test]
-fn serve_hf_says_no_network_and_use_m() {
+fn serve_hf_without_network_names_the_repo() {
+    let cache = std::env::temp_dir().join(format!("pocketmoe-aliases-hf-{}", std::process::id()));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
     for args in [
         &["-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
         &["-m", MISSING, "-hf", "ggml-org/gemma-3-1b-it-GGUF"][..],
@@ -388,21 +392,24 @@ fn serve_hf_says_no_network_and_use_m() {
             "x.gguf",
         ][..],
     ] {
-        let o = serve(args);
+        let o = Command::new(env!("CARGO_BIN_EXE_pocketmoe-serve"))
+            .args(args)
+            .env("HF_ENDPOINT", &url)
+            .env("LLAMA_CACHE", &cache)
+            .env_remove("MODEL_ENDPOINT")
+            .output()
+            .unwrap();
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {out}{err}");
         assert!(err.contains("ggml-org/gemma-3-1b-it-GGUF"), "{err}");
-        assert!(
-            err.contains("no network") && err.contains("-m PATH"),
-            "{err}"
-        );
+        assert!(err.contains("cannot reach the Hugging Face Hub"), "{err}");
         assert!(!out.contains("Usage"), "{out}");
     }
     let o = serve(&["--model-url", "https://example.com/m.gguf"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("https://example.com/m.gguf") && err.contains("-m PATH"),
+        err.contains("https://example.com/m.gguf") && err.contains("-hf USER/MODEL"),
         "{err}"
     );
     // Neither -m nor -hf: clap says -m is required.

@@ -1055,3 +1055,40 @@ fn several_api_keys() {
         assert_eq!(st, 401, "{auth}: {text}");
     }
 }
+
+/// `/v1/completions` without a length generates as llama-server's (until the context is full,
+/// not OpenAI's 16), and `system_fingerprint` is llama-server's build form, "b<number>-<commit>".
+#[test]
+fn completions_length_and_fingerprint_as_llama_server() {
+    let s = Server::start(&["--ctx", "64", "--temp", "0"]);
+    let ban: Vec<Value> = end_ids(&s.addr)
+        .iter()
+        .map(|&id| json!([id, false]))
+        .collect();
+    let (st, v) = post(
+        &s.addr,
+        "/v1/completions",
+        &json!({"prompt": vec![100; 10], "logit_bias": ban}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 64 - 10, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    let fp = v["system_fingerprint"].as_str().unwrap();
+    let (n, commit) = fp
+        .strip_prefix('b')
+        .and_then(|r| r.split_once('-'))
+        .unwrap_or_else(|| panic!("{fp}"));
+    assert!(n.parse::<u64>().is_ok(), "{fp}");
+    assert!(
+        commit == "unknown" || (commit.len() == 7 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{fp}"
+    );
+    assert_eq!(fp, pocketmoe::BUILD_INFO);
+    let (st, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["system_fingerprint"], fp, "{v}");
+}

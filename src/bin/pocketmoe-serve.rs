@@ -42,7 +42,9 @@ use std::time::Duration;
         the -np slots), -t/--threads, -np/--parallel, -a/--alias, --host, --port, --api-key, \
         the sampling defaults (--temp, --top-k, ..., -s, -n) and the rest under \"llama-server \
         options\" below; those with no effect here print a one-line note at start. \
-        -ngl/--n-gpu-layers only picks the device (see its help)."
+        -ngl/--n-gpu-layers only picks the device (see its help). -hf USER/MODEL[:QUANT] \
+        downloads the model from the Hugging Face Hub into the cache llama.cpp shares (see \
+        --hf-repo)."
 )]
 struct Args {
     /// The GGUF model (any shard of a split bundle).
@@ -288,15 +290,22 @@ struct LlamaServerArgs {
     /// Debug logging (as RUST_LOG=debug, unless RUST_LOG is set).
     #[arg(short = 'v', long, visible_alias = "log-verbose")]
     verbose: bool,
-    /// Nothing is downloaded here: no effect.
+    /// With -hf: use the Hub cache only, never the network.
     #[arg(long)]
     offline: bool,
-    /// Download from the Hugging Face Hub: not available here (an error says so; use -m).
+    /// The model from the Hugging Face Hub (also -hf, -hfr), as llama-server: QUANT (any case)
+    /// picks the file, Q4_K_M (then Q8_0, then the first GGUF) without it. Downloaded into the
+    /// Hub cache llama.cpp shares (LLAMA_CACHE, else HF_HUB_CACHE, HF_HOME/hub,
+    /// ~/.cache/huggingface/hub), a line per 5% on stderr; a file already there is used without
+    /// the network. Endpoint: MODEL_ENDPOINT or HF_ENDPOINT.
     #[arg(long, value_name = "USER/MODEL[:QUANT]")]
     hf_repo: Option<String>,
-    /// See --hf-repo.
+    /// With -hf: this file of the repository (overrides QUANT; also -hff).
     #[arg(long, value_name = "FILE")]
     hf_file: Option<String>,
+    /// With -hf: Hugging Face access token for gated or private repositories (also -hft).
+    #[arg(long, value_name = "TOKEN", env = "HF_TOKEN", hide_env_values = true)]
+    hf_token: Option<String>,
     /// Download the model from a URL: not available here (an error says so; use -m).
     #[arg(long, value_name = "URL")]
     model_url: Option<String>,
@@ -453,21 +462,10 @@ fn main() {
 /// The one-line notes for llama-server options that have no effect here or mean something a
 /// little different, or the error for the ones that cannot work (downloads).
 fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
-    if let Some(repo) = &a.hf_repo {
-        let file = a
-            .hf_file
-            .as_deref()
-            .map_or(String::new(), |f| format!(" (file {f})"));
-        anyhow::bail!(
-            "-hf {repo}{file}: pocketmoe-serve does not download from the Hugging Face Hub (no \
-             network access here): download the GGUF yourself (e.g. `huggingface-cli download \
-             {repo}`) and pass it with -m PATH"
-        );
-    }
     if let Some(url) = &a.model_url {
         anyhow::bail!(
-            "--model-url {url}: pocketmoe-serve does not download models (no network access \
-             here): download the GGUF yourself and pass it with -m PATH"
+            "--model-url {url}: pocketmoe-serve does not download from plain URLs: use \
+             -hf USER/MODEL[:QUANT] for the Hugging Face Hub, or download the GGUF and pass -m PATH"
         );
     }
     if a.ssl_key_file.is_some() || a.ssl_cert_file.is_some() {
@@ -476,10 +474,8 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
              proxy (caddy, nginx) in front, or serve on 127.0.0.1 only"
         );
     }
-    if a.hf_file.is_some() {
-        anyhow::bail!(
-            "--hf-file needs -hf REPO, and downloads are not available here: use -m PATH"
-        );
+    if a.hf_file.is_some() && a.hf_repo.is_none() {
+        anyhow::bail!("--hf-file needs -hf USER/MODEL, the repository it is in");
     }
     let mut notes = Vec::new();
     let mut note = |flag: &str, what: &str| notes.push(format!("note: {flag}: {what}"));
@@ -583,8 +579,8 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
             "ignored: LoRA adapters are not supported here; the base model is served",
         );
     }
-    if a.offline {
-        note("--offline", "no effect here: nothing is downloaded");
+    if a.offline && a.hf_repo.is_none() {
+        note("--offline", "no effect without -hf: nothing is downloaded");
     }
     if a.tags.is_some() {
         note("--tags", none);
@@ -736,7 +732,17 @@ fn run(args: Args) -> Result<i32> {
             "warning: --cors '*' without --api-key: any web page the user opens can use this server through the browser"
         );
     }
-    let model = args.model.clone().context("-m/--model PATH is required")?;
+    let hf = args
+        .llama
+        .hf_repo
+        .as_ref()
+        .map(|repo| pocketmoe::hub::HubModel {
+            repo: repo.clone(),
+            file: args.llama.hf_file.clone(),
+            token: args.llama.hf_token.clone(),
+            offline: args.llama.offline,
+        });
+    let model = pocketmoe::hub::model_path(args.model.as_deref(), hf.as_ref())?;
     let cache_type = match (args.cache_type, args.llama_cache_k(), args.llama_cache_v()) {
         (Some(t), _, _) => t,
         (None, Some(k), Some(v)) if k != v => {

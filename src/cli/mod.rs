@@ -177,6 +177,7 @@ pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
     ("-hfr", "--hf-repo"),
     ("-hff", "--hf-file"),
     ("-hf", "--hf-repo"),
+    ("-hft", "--hf-token"),
     ("-mu", "--model-url"),
     ("-cb", "--cont-batching"),
     ("-nocb", "--no-cont-batching"),
@@ -196,7 +197,13 @@ pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
     ("-sp", "--special"),
 ];
 /// The llama.cpp spellings `pocketmoe` subcommands take (llama-cli's names).
-pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[("-ngl", "--n-gpu-layers")];
+pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[
+    ("-ngl", "--n-gpu-layers"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
+    ("-hf", "--hf-repo"),
+    ("-hft", "--hf-token"),
+];
 
 use crate::engine::Engine;
 use crate::ggml::llama::LlamaContext;

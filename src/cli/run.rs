@@ -15,8 +15,22 @@ use std::time::Instant;
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
     /// The GGUF model (any shard of a split bundle).
-    #[arg(long, short)]
-    pub model: PathBuf,
+    #[arg(long, short, required_unless_present = "hf_repo")]
+    pub model: Option<PathBuf>,
+    /// The model from the Hugging Face Hub instead (also -hf), as llama.cpp: QUANT picks the
+    /// file (default Q4_K_M), cached in the Hub cache llama.cpp shares (see pocketmoe-serve
+    /// --help).
+    #[arg(long, value_name = "USER/MODEL[:QUANT]")]
+    pub hf_repo: Option<String>,
+    /// With -hf: this file of the repository (also -hff).
+    #[arg(long, value_name = "FILE", requires = "hf_repo")]
+    pub hf_file: Option<String>,
+    /// With -hf: access token for gated or private repositories (also -hft).
+    #[arg(long, value_name = "TOKEN", env = "HF_TOKEN", hide_env_values = true)]
+    pub hf_token: Option<String>,
+    /// With -hf: the Hub cache only, never the network.
+    #[arg(long)]
+    pub offline: bool,
     /// The prompt.
     #[arg(long, short)]
     pub prompt: String,
@@ -111,8 +125,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         ..Default::default()
     };
     params.validate().map_err(anyhow::Error::msg)?;
-    let file = GgufModel::open(&args.model)
-        .with_context(|| format!("reading {}", args.model.display()))?;
+    let hf = args.hf_repo.as_ref().map(|repo| crate::hub::HubModel {
+        repo: repo.clone(),
+        file: args.hf_file.clone(),
+        token: args.hf_token.clone(),
+        offline: args.offline,
+    });
+    let model = crate::hub::model_path(args.model.as_deref(), hf.as_ref())?;
+    let file = GgufModel::open(&model).with_context(|| format!("reading {}", model.display()))?;
     let tok = Tokenizer::from_gguf(&file)?;
     let text = if args.chat {
         let tmpl = ChatTemplate::from_gguf(&file)?;
@@ -144,7 +164,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         repack: !args.no_repack,
         ..Default::default()
     };
-    opts.n_ctx = super::context_for(args.ctx, &args.model, &opts, 1)?;
+    opts.n_ctx = super::context_for(args.ctx, &model, &opts, 1)?;
     let t_load = Instant::now();
     let what = if args.reference {
         "libllama"
@@ -154,7 +174,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let loaded = |t: Instant| {
         eprintln!(
             "loaded {} ({device:?}, {what}) in {:.1} s",
-            args.model.display(),
+            model.display(),
             t.elapsed().as_secs_f64()
         )
     };
@@ -166,7 +186,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         n_predict: args.n_predict,
     };
     if args.reference {
-        let lm = LlamaModel::load(&args.model, if device == Device::Cpu { 0 } else { -1 })?;
+        let lm = LlamaModel::load(&model, if device == Device::Cpu { 0 } else { -1 })?;
         let threads = if args.threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -180,9 +200,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         drop(dec);
         r
     } else {
-        let size = std::fs::metadata(&args.model).map(|m| m.len()).unwrap_or(0);
+        let size = std::fs::metadata(&model).map(|m| m.len()).unwrap_or(0);
         let pb = super::byte_progress(size, "loading");
-        let mut eng = Engine::load(&args.model, opts, &|done, _| pb.set_position(done))?;
+        let mut eng = Engine::load(&model, opts, &|done, _| pb.set_position(done))?;
         pb.finish_and_clear();
         loaded(t_load);
         eprintln!("{}", eng.plan());

@@ -95,7 +95,7 @@ pub struct GenRequest {
     pub sampling: SamplerParams,
     /// `None`: until the context is full.
     pub max_tokens: Option<usize>,
-    /// `max_tokens` is the server's default (`-n`, or the legacy endpoint's 16), not the
+    /// `max_tokens` is the server's default (`-n`), not the
     /// request's: shorten it to what the prompt leaves of the context instead of refusing.
     pub max_tokens_soft: bool,
     /// `Some(n)`: report each token's log-probability and its `n` most likely alternatives.

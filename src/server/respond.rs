@@ -69,7 +69,8 @@ pub fn timings(prompt_n: usize, prompt_ms: f64, predicted_n: usize, predicted_ms
     })
 }
 
-const FINGERPRINT: &str = concat!("pocketmoe-", env!("CARGO_PKG_VERSION"));
+/// llama-server's `system_fingerprint`: its build string, "b<number>-<commit>" (ours).
+const FINGERPRINT: &str = crate::BUILD_INFO;
 
 fn finish_str(r: FinishReason, tool_calls: bool) -> &'static str {
     match r {

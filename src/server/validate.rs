@@ -680,13 +680,11 @@ pub fn completion_plans(
             format!("logprobs = {n}: use 0..=5"),
         ));
     }
-    // OpenAI's default for the legacy endpoint is 16 (the server's -n, when given, instead).
+    // As llama-server (not OpenAI's 16): without a length, the server's -n, else until the
+    // context is full.
     let max = length(
         &[("n_predict", c.n_predict), ("max_tokens", c.max_tokens)],
-        &Defaults {
-            n_predict: defaults.n_predict.or(Some(16)),
-            ..defaults.clone()
-        },
+        defaults,
     )?;
     prompts(r.prompt, card)?
         .into_iter()
@@ -802,7 +800,10 @@ mod tests {
         );
         let (c, r) = parse_body::<CompletionRequest>(br#"{"prompt": ["hi"]}"#).unwrap();
         let p = completion_plan(&c, r, &card(), &Defaults::default()).unwrap();
-        assert_eq!(p.gen.max_tokens, Some(16));
+        assert_eq!(
+            p.gen.max_tokens, None,
+            "until the context is full, as llama-server"
+        );
         assert!(matches!(p.gen.prompt, Prompt::Text(ref t) if t == "hi"));
     }
 

@@ -1,5 +1,7 @@
 //! Helpers shared by integration tests (each test binary uses some of them).
 #![allow(dead_code)]
+pub mod hub;
+
 use std::path::{Path, PathBuf};
 
 /// Test fixtures from registry packages (vocab-only GGUFs and chat templates from the
