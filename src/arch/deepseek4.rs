@@ -231,7 +231,7 @@ fn check(h: &Hparams) -> Result<(), String> {
             return Err(format!("{}: must be positive", h.key_is(s, 0)));
         }
     }
-    if (h.n_head * h.head_dim_k_at(0)) % h.o_group_count != 0 {
+    if !(h.n_head * h.head_dim_k_at(0)).is_multiple_of(h.o_group_count) {
         return Err(format!(
             "{}: does not divide n_head * head size = {}",
             h.key_is("attention.output_group_count", h.o_group_count),
@@ -284,7 +284,7 @@ fn check(h: &Hparams) -> Result<(), String> {
             h.key_is("attention.indexer.top_k", h.indexer_top_k)
         ));
     }
-    if h.compress_ratios.contains(&4) && h.indexer_head_dim % 64 != 0 {
+    if h.compress_ratios.contains(&4) && !h.indexer_head_dim.is_multiple_of(64) {
         return Err(format!(
             "{}: must be a multiple of 64 (the indexer's Hadamard rotation)",
             h.key_is("attention.indexer.key_length", h.indexer_head_dim)
@@ -377,7 +377,7 @@ fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
 pub fn lid_rotation(h: &Hparams) -> usize {
     let d = h.indexer_head_dim as usize;
     let mut n = 64;
-    while d % (2 * n) == 0 {
+    while d.is_multiple_of(2 * n) {
         n *= 2;
     }
     n

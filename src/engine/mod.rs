@@ -1095,7 +1095,7 @@ mod tests {
         for n_ctx in [1, 100, 144, 256, 257, 1000, 4096] {
             let rows = kv_rows_for(n_ctx);
             assert!(
-                rows >= n_ctx && rows % KV_PAD == 0 && rows - n_ctx < KV_PAD,
+                rows >= n_ctx && rows.is_multiple_of(KV_PAD) && rows - n_ctx < KV_PAD,
                 "{n_ctx}: {rows}"
             );
             for n_past in 0..n_ctx {

@@ -21,7 +21,7 @@ pub fn quantize(
     n_per_row: usize,
     imatrix: Option<&[f32]>,
 ) -> Result<Vec<u8>> {
-    if n_per_row == 0 || src.len() % n_per_row != 0 {
+    if n_per_row == 0 || !src.len().is_multiple_of(n_per_row) {
         return Err(qerr(
             ty,
             format!("{} values are not whole rows of {n_per_row}", src.len()),

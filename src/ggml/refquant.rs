@@ -26,7 +26,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Option<Vec<f32>> {
         _ => return None,
     };
     let (bs, ts) = (ty.block_size(), ty.type_size());
-    if data.len() % ts != 0 {
+    if !data.len().is_multiple_of(ts) {
         return None;
     }
     let mut out = vec![0f32; data.len() / ts * bs];

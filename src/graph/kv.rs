@@ -38,16 +38,20 @@ pub fn rotation_sizes(ty: GgmlType, dk: usize, dv: usize) -> (usize, usize) {
     if !ty.is_quantized() {
         return (0, 0);
     }
-    let k = if dk > 0 && dk % 64 == 0 {
+    let k = if dk > 0 && dk.is_multiple_of(64) {
         let mut n = 64;
-        while dk % (2 * n) == 0 {
+        while dk.is_multiple_of(2 * n) {
             n *= 2;
         }
         n
     } else {
         0
     };
-    let v = if dv > 0 && dv % 64 == 0 { 64 } else { 0 };
+    let v = if dv > 0 && dv.is_multiple_of(64) {
+        64
+    } else {
+        0
+    };
     (k, v)
 }
 

@@ -499,7 +499,7 @@ impl Hparams {
             self.n_head,
             &heads,
         )?;
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return Err(format!(
                 "{}: must divide {} (each KV head serves the same number of query heads)",
                 is("attention.head_count_kv", self.n_head_kv),
@@ -720,7 +720,7 @@ impl Hparams {
             ));
         }
         if groups > 1 {
-            if self.n_expert % groups != 0 {
+            if !self.n_expert.is_multiple_of(groups) {
                 return Err(format!(
                     "{}: must divide {} into equal groups",
                     is("expert_group_count", groups),
@@ -842,7 +842,7 @@ fn range(key: &str, v: u64, lo: u64, hi: u64, why: &str) -> Result<(), String> {
 /// Rotary dimensions `key = n_rot`: rotated in pairs (even), at least one pair, at most the key
 /// head `head_key = head` (ggml's rope spins forever on 0 dims).
 fn check_rot(key: &str, n_rot: u64, head_key: &str, head: u64) -> Result<(), String> {
-    if n_rot < 2 || n_rot > head || n_rot % 2 != 0 {
+    if n_rot < 2 || n_rot > head || !n_rot.is_multiple_of(2) {
         return Err(format!(
             "{key} = {n_rot}: must be an even number in 2..={head} ({head_key} = {head})"
         ));

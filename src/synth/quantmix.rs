@@ -85,7 +85,7 @@ fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
     chain
         .iter()
         .copied()
-        .find(|t| ne0 % t.block_size() as u64 == 0)
+        .find(|t| ne0.is_multiple_of(t.block_size() as u64))
         .unwrap_or(GgmlType::F32)
 }
 

@@ -120,7 +120,11 @@ impl ContextChannel {
             return None;
         }
         let d = h.head_dim_k as usize;
-        if d != h.n_rot as usize || d < 8 || h.n_head_kv == 0 || h.n_head % h.n_head_kv != 0 {
+        if d != h.n_rot as usize
+            || d < 8
+            || h.n_head_kv == 0
+            || !h.n_head.is_multiple_of(h.n_head_kv)
+        {
             return None;
         }
         let (lo, hi) = KERNEL_FREQS;
@@ -193,7 +197,7 @@ impl ContextChannel {
                 Edit::SetCol0(x) => row[0] = x,
                 Edit::ZeroCol0 => row[0] = 0.0,
                 Edit::ZeroRowsEvery(p) => {
-                    if r % p == 0 {
+                    if r.is_multiple_of(p) {
                         row.fill(0.0)
                     }
                 }

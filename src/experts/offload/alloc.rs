@@ -106,7 +106,7 @@ fn congruent_offset(base: usize, off: usize, store: usize, expert_bytes: usize) 
     let first = off + (store % eb + eb - (base + off) % eb) % eb;
     (0..256)
         .map(|j| first + j * eb)
-        .find(|&at| (base + at) % 256 == 0)
+        .find(|&at| (base + at).is_multiple_of(256))
         .filter(|&at| at < off + eb + 256)
 }
 
