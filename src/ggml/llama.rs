@@ -365,17 +365,7 @@ impl<'m> LlamaContext<'m> {
     ) -> Result<Self> {
         // SAFETY: default params are plain data; model is live; null = failure.
         let ptr = unsafe {
-            let mut p = sys::llama_context_default_params();
-            p.n_ctx = n_ctx;
-            p.n_batch = n_ctx;
-            p.n_ubatch = n_ctx.min(512);
-            p.n_threads = n_threads;
-            p.n_threads_batch = n_threads;
-            // The oracle computes where its weights are: with op offload (llama.cpp's default)
-            // a CUDA build runs a CPU model's large-batch matmuls on the GPU, whose rounding
-            // then flips near-tie routing against our CPU engine (the "CPU parity fails only in
-            // the CUDA build" of sessions 1-2).
-            p.op_offload = false;
+            let mut p = oracle_params(n_ctx, n_threads);
             if let Some(t) = kv {
                 p.type_k = t.raw();
                 p.type_v = t.raw();
@@ -412,13 +402,7 @@ impl<'m> LlamaContext<'m> {
     ) -> Result<Self> {
         // SAFETY: default params are plain data; model is live; null = failure.
         let ptr = unsafe {
-            let mut p = sys::llama_context_default_params();
-            p.n_ctx = n_ctx;
-            p.n_batch = n_ctx;
-            p.n_ubatch = n_ctx.min(512);
-            p.n_threads = n_threads;
-            p.n_threads_batch = n_threads;
-            p.op_offload = false;
+            let mut p = oracle_params(n_ctx, n_threads);
             p.embeddings = true;
             p.pooling_type = pooling as sys::llama_pooling_type;
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
@@ -736,4 +720,21 @@ pub fn chat_apply_template(tmpl: &str, messages: &[(&str, &str)], add_ass: bool)
     }
     buf.truncate(n as usize);
     String::from_utf8(buf).map_err(|_| err("llama_chat_apply_template returned invalid UTF-8"))
+}
+
+/// The oracle's context parameters: `n_ctx` tokens in micro-batches of up to 512, `n_threads`.
+fn oracle_params(n_ctx: u32, n_threads: i32) -> sys::llama_context_params {
+    // SAFETY: returns plain data.
+    let mut p = unsafe { sys::llama_context_default_params() };
+    p.n_ctx = n_ctx;
+    p.n_batch = n_ctx;
+    p.n_ubatch = n_ctx.min(512);
+    p.n_threads = n_threads;
+    p.n_threads_batch = n_threads;
+    // The oracle computes where its weights are: with op offload (llama.cpp's default) a CUDA
+    // build runs a CPU model's large-batch matmuls on the GPU, whose rounding then flips
+    // near-tie routing against our CPU engine (the "CPU parity fails only in the CUDA build" of
+    // sessions 1-2).
+    p.op_offload = false;
+    p
 }
