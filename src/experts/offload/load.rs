@@ -200,14 +200,13 @@ impl Offload {
                 n_embd,
                 layers: cpu_layers,
             };
-            // Spinning hand-overs where a GPU runs the step and a core is left for this thread,
-            // with POCKETMOE_CPU_SPIN=1 (read once here): off by default until the H200 A/B
-            // (docs/design.md §4.5) shows the per-job start cost falls; then the default flips
-            // and the switch goes.
+            // Spinning hand-overs where a GPU runs the step and a core is left for this thread
+            // (H200, 2026-12-03: hand-over 24-28 -> 1 us, decode +10%, docs/design.md §4.5);
+            // POCKETMOE_CPU_SPIN=0 (read once here) turns them off to measure against.
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let spin = backend.is_cuda()
                 && cores > opts.cpu_threads
-                && std::env::var("POCKETMOE_CPU_SPIN").is_ok_and(|v| v == "1");
+                && std::env::var("POCKETMOE_CPU_SPIN").map_or(true, |v| v != "0");
             crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads, spin)
         });
         let cpu = cpu.transpose()?;
