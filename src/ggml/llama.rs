@@ -381,13 +381,7 @@ impl<'m> LlamaContext<'m> {
             }
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
-        NonNull::new(ptr)
-            .map(|ptr| Self {
-                ptr,
-                model,
-                threadpool: None,
-            })
-            .ok_or_else(|| err("llama_init_from_model failed"))
+        Self::from_raw(ptr, model, "llama_init_from_model failed")
     }
 
     /// A context that computes embeddings (`llama_context_params.embeddings`), pooled by
@@ -407,13 +401,18 @@ impl<'m> LlamaContext<'m> {
             p.pooling_type = pooling as sys::llama_pooling_type;
             sys::llama_init_from_model(model.ptr.as_ptr(), p)
         };
+        Self::from_raw(ptr, model, "llama_init_from_model (embeddings) failed")
+    }
+
+    /// A context around `ptr` from `llama_init_from_model` (null: the error `what`).
+    fn from_raw(ptr: *mut sys::llama_context, model: &'m LlamaModel, what: &str) -> Result<Self> {
         NonNull::new(ptr)
             .map(|ptr| Self {
                 ptr,
                 model,
                 threadpool: None,
             })
-            .ok_or_else(|| err("llama_init_from_model (embeddings) failed"))
+            .ok_or_else(|| err(what))
     }
 
     /// The embeddings of `tokens` read as a fresh sequence 0 (a context from
