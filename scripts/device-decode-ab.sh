@@ -6,6 +6,7 @@
 # (same model file, same synthesis):
 #
 #   scripts/device-decode-ab.sh "$OUT"   # BUDGETS (default 12GiB,8GiB), REPS (3), SKEW, DEPTHS (0),
+#                                        # ARCH, PRESET, QUANT (as scripts/device-bench.sh),
 #                                        # PROMPTS (0), VARIANTS (default "DIRECT=0 DIRECT=1"; one
 #                                        # variant is VAR=value[+VAR=value...], POCKETMOE_ implied)
 #
@@ -15,14 +16,9 @@ cd "$(dirname "$0")/.." || exit 1
 OUTDIR="${1:?usage: scripts/device-decode-ab.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
-PRESET="${PRESET:-qwen3-30b-a3b}"
-MODEL="/tmp/pmoe-models/$PRESET-q4_k_m${SKEW:+-skew$SKEW}.gguf"
 start=$(date +%s)
-if [ ! -s "$MODEL" ]; then
-  mkdir -p "$(dirname "$MODEL")"
-  scripts/device-run.sh pocketmoe synth --arch qwen3moe --preset "$PRESET" --quant q4_k_m \
-    ${SKEW:+--routing-skew "$SKEW"} -o "$MODEL" >> "$OUTDIR/ab.log" 2>&1 || exit 1
-fi
+MODEL=$(scripts/device-model.sh "${ARCH:-qwen3moe}" "${PRESET:-qwen3-30b-a3b}" "${QUANT:-q4_k_m}" \
+  "${SKEW:-}" 2>> "$OUTDIR/ab.log") || exit 1
 echo "synth done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 : > "$OUTDIR/ab.md"
 rc=0   # every variant runs even after another failed; any failure makes the exit status 1

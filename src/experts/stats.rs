@@ -36,6 +36,10 @@ pub struct ChannelRates {
     pub cpu_gb_s: f64,
     pub cpu_start_us: f64,
     pub measured: bool,
+    /// The slack controller's correction to the start cost (added to `cpu_start_us` when the
+    /// planner splits; negative: the CPU's results waited for the step, so it is charged less).
+    #[serde(default)]
+    pub cpu_correction_us: f64,
 }
 
 /// Counters for the whole model.
@@ -182,7 +186,7 @@ impl Stats {
         }
         if let Some(c) = self.channels {
             s += &format!(
-                "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
+                "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job (slack correction {:+.0} us)",
                 if c.measured {
                     "measured"
                 } else {
@@ -190,7 +194,8 @@ impl Stats {
                 },
                 c.pcie_gb_s,
                 c.cpu_gb_s,
-                c.cpu_start_us
+                c.cpu_start_us,
+                c.cpu_correction_us,
             );
         }
         s

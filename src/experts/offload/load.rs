@@ -214,7 +214,13 @@ impl Offload {
         let dev_idx = dev.index();
         let bw = opts.bandwidths;
         let balance = opts.balance;
-        let miss = MissModel::new(bw, backend.is_cuda(), balance);
+        let mut miss = MissModel::new(bw, backend.is_cuda(), balance);
+        // The slack controller (docs/design.md §4.5), where a GPU runs the step: on a CPU-only
+        // engine a result that waited says nothing about spare capacity (the "GPU" side ran on
+        // the same cores). POCKETMOE_SLACK_CONTROL=0 (read once here) turns it off to measure
+        // against.
+        miss.slack_control = backend.is_cuda()
+            && std::env::var("POCKETMOE_SLACK_CONTROL").map_or(true, |v| v != "0");
         let mut stats = Stats::new(n_layer);
         stats.channels = cpu.as_ref().map(|_| miss.rates());
         Ok(Self {
