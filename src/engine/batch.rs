@@ -214,7 +214,7 @@ pub trait BatchModel {
 
 fn no_seq_copy() -> EngineError {
     EngineError::Model {
-        path: String::new(),
+        path: "the KV cache".into(),
         msg: "this model cannot copy a sequence's cache".into(),
     }
 }
@@ -288,7 +288,7 @@ impl BatchModel for Engine {
 
     fn read_seq(&self, pages: &[u32], n: usize) -> Result<Vec<u8>, EngineError> {
         let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
-            path: String::new(),
+            path: "the KV cache".into(),
             msg,
         })?;
         let runs = page_runs(pages, n, self.kv.n_ctx)?;
@@ -308,14 +308,14 @@ impl BatchModel for Engine {
 
     fn write_seq(&mut self, pages: &[u32], n: usize, data: &[u8]) -> Result<(), EngineError> {
         let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
-            path: String::new(),
+            path: "the KV cache".into(),
             msg,
         })?;
         let runs = page_runs(pages, n, self.kv.n_ctx)?;
         let total: usize = tensors.iter().map(|t| t.row_bytes * n).sum();
         if data.len() != total {
             return Err(EngineError::Model {
-                path: String::new(),
+                path: "the KV cache".into(),
                 msg: format!(
                     "{} bytes of sequence state for {n} positions, {total} expected",
                     data.len()
@@ -348,7 +348,7 @@ impl BatchModel for Engine {
 
 fn no_tensor(name: &str) -> EngineError {
     EngineError::Model {
-        path: String::new(),
+        path: "the KV cache".into(),
         msg: format!("the KV cache has no tensor {name}"),
     }
 }
