@@ -9,7 +9,9 @@
 //! default kernels and asserts exact equality with the reference kernels, covering all three
 //! switches (301 prompt tokens in one pass; a lone sequence in the last pages). Sequences live in
 //! KV pages (`engine::batch::KV_PAGE`); ascending pages give exactly the result alone, pages out
-//! of order the same tokens within rounding (attention sums the rows in another order). The offloaded
+//! of order the same tokens within rounding (attention sums the rows in another order). The prompt
+//! cache's contract: a sequence cut back to a prefix, or its prefix's rows copied into other pages,
+//! continues exactly as a fresh run (`prefix_cut_and_copied_state_equal_fresh_*`). The offloaded
 //! batch test holds concurrent decode through the expert cache and the CPU channel to the same.
 mod common;
 use common::argmax;
@@ -242,6 +244,122 @@ fn batched_equals_single_deepseek4() {
 #[test]
 fn batched_equals_single_deepseek32() {
     check("deepseek32");
+}
+
+/// The prompt cache's engine contract (`BatchModel::seq_layout`, `read_seq`, `write_seq`): a
+/// sequence cut back to a prefix by forgetting its rows above, then continued with another
+/// suffix, gives exactly the logits of a fresh run of the whole new prompt; so does the prefix's
+/// state copied out and written into other pages. Bit-exact with batch-invariant kernels (the
+/// cut run evaluates the suffix in a pass of its own, the fresh run the whole prompt in one:
+/// other batch shapes, which the default CPU kernels would round differently).
+fn prefix_reuse(arch: &str) {
+    // A file of its own: `check` removes the shared one when it is done.
+    let path = common::synth_tiny("batch-prefix", arch, QuantMix::Q8_0, 1.0, 5);
+    let opts = EngineOptions {
+        n_ctx: 8 * KV_PAGE,
+        n_threads: 2,
+        n_seq: 4,
+        repack: false,
+        ..Default::default()
+    };
+    let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+    assert!(eng.set_batch_invariant(true));
+    let layout = eng.seq_layout().unwrap();
+    assert!(layout.row_bytes > 0, "{layout:?}");
+    // Two prompts sharing 300 tokens (past a page), then different.
+    let shared: Vec<u32> = (0..300u32).map(|j| (j * 37 + 11) % 900).collect();
+    let a: Vec<u32> = shared
+        .iter()
+        .copied()
+        .chain((0..20).map(|j| 500 + j))
+        .collect();
+    let b: Vec<u32> = shared
+        .iter()
+        .copied()
+        .chain((0..30).map(|j| 100 + 3 * j))
+        .collect();
+    let greedy = |eng: &mut Engine, pages: &[u32], pos: usize, tokens: &[u32]| {
+        let mut logits = Vec::new();
+        let mut l = eng
+            .forward_batch(&[SeqChunk {
+                pages,
+                pos,
+                tokens,
+                logits: true,
+                slot: 0,
+            }])
+            .unwrap()
+            .remove(0);
+        for step in 0..4 {
+            let next = argmax(&l);
+            logits.push(l);
+            l = eng
+                .forward_batch(&[SeqChunk {
+                    pages,
+                    pos: pos + tokens.len() + step,
+                    tokens: &[next],
+                    logits: true,
+                    slot: 0,
+                }])
+                .unwrap()
+                .remove(0);
+        }
+        logits
+    };
+    let fresh = greedy(&mut eng, &[0, 1], 0, &b);
+    // Prompt a (and its decode) in pages 2, 3; then cut to the shared 300 and continue with b.
+    greedy(&mut eng, &[2, 3], 0, &a);
+    let cut = greedy(&mut eng, &[2, 3], 300, &b[300..]);
+    assert!(
+        cut == fresh,
+        "{arch}: cut to a prefix and continued != fresh"
+    );
+    // The shared prefix's state copied out of pages 2, 3 (a run of a again first) into 4, 5
+    // (ascending, as pages 0, 1: attention sums the rows in the same order; out of order the
+    // sums round differently, see the `OutOfOrder` layout) and continued with b's suffix.
+    greedy(&mut eng, &[2, 3], 0, &a);
+    let state = eng.read_seq(&[2, 3], 300).unwrap();
+    assert_eq!(state.len(), 300 * layout.row_bytes);
+    eng.write_seq(&[4, 5], 300, &state).unwrap();
+    assert!(eng.read_seq(&[4, 5], 300).unwrap() == state);
+    let copied = greedy(&mut eng, &[4, 5], 300, &b[300..]);
+    assert!(
+        copied == fresh,
+        "{arch}: copied prefix and continued != fresh"
+    );
+    // State of the wrong size, and positions past the pages, are errors.
+    assert!(eng.write_seq(&[4, 5], 300, &state[1..]).is_err());
+    assert!(eng.read_seq(&[4], 300).is_err());
+    drop(eng);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn prefix_cut_and_copied_state_equal_fresh_qwen3moe() {
+    prefix_reuse("qwen3moe");
+}
+
+/// DeepSeek-V3.2: the indexer keys are per-row state too, cut and copied with the KV rows.
+#[test]
+fn prefix_cut_and_copied_state_equal_fresh_deepseek32() {
+    prefix_reuse("deepseek32");
+}
+
+/// DeepSeek-V4 keeps compressor state per sequence besides its rows: no prefix reuse, said so.
+#[test]
+fn deepseek4_refuses_prefix_reuse() {
+    let path = common::synth_tiny("batch-prefix", "deepseek4", QuantMix::Q8_0, 1.0, 5);
+    let opts = EngineOptions {
+        n_ctx: 2 * KV_PAGE,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+    let e = eng.seq_layout().unwrap_err();
+    assert!(e.contains("DeepSeek-V4"), "{e}");
+    assert!(eng.read_seq(&[0], 1).is_err());
+    drop(eng);
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Concurrent decode under offload, sequences together, through the expert cache:

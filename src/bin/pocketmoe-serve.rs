@@ -246,7 +246,8 @@ struct LlamaServerArgs {
     /// Turn /slots off (answered 501, as llama-server).
     #[arg(long, conflicts_with = "slots")]
     no_slots: bool,
-    /// Slot save/restore is not implemented here: no effect.
+    /// Where POST /slots/{id}?action=save|restore keep slot files (a slot's prompt cache:
+    /// its tokens and KV rows); created if missing. Without it those actions answer 501.
     #[arg(long, value_name = "PATH")]
     slot_save_path: Option<String>,
     /// Serve embeddings: POST /v1/embeddings (OpenAI's shape), /embedding and /embeddings
@@ -352,13 +353,16 @@ struct LlamaServerArgs {
     /// Use --gpu N here (a note says so).
     #[arg(long, value_name = "N")]
     main_gpu: Option<usize>,
-    /// No prompt cache here: no effect.
+    /// No host-memory prompt cache here (each slot keeps its prompt cache in the KV cache):
+    /// no effect.
     #[arg(long, value_name = "MiB")]
     cache_ram: Option<i64>,
     /// No effect here (the paged cache needs no defragmentation).
     #[arg(long, value_name = "X")]
     defrag_thold: Option<f32>,
-    /// No effect here (no prompt cache to match slots against).
+    /// A request goes to the idle slot whose kept prompt cache shares the longest prefix with
+    /// its prompt when that prefix is at least this fraction of the prompt, else to the least
+    /// recently used idle slot (default 0.1; 0: always the least recently used).
     #[arg(long, value_name = "X")]
     slot_prompt_similarity: Option<f32>,
     /// Logging stays on here: no effect.
@@ -514,12 +518,6 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
     if a.slots {
         note("--slots", "no effect here: /slots is on unless --no-slots");
     }
-    if a.slot_save_path.is_some() {
-        note(
-            "--slot-save-path",
-            "no effect here: slot save/restore is not implemented",
-        );
-    }
     if a.pooling.is_some() && !a.embedding {
         note(
             "--pooling",
@@ -620,10 +618,6 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         (a.tensor_split.is_some(), "-ts/--tensor-split"),
         (a.cache_ram.is_some(), "--cache-ram"),
         (a.defrag_thold.is_some(), "--defrag-thold"),
-        (
-            a.slot_prompt_similarity.is_some(),
-            "--slot-prompt-similarity",
-        ),
     ] {
         if set {
             note(flag, none);
@@ -823,6 +817,7 @@ fn run(args: Args) -> Result<i32> {
         chat_template: template,
         embedding: args.llama.embedding,
         pooling: args.llama.pooling,
+        slot_similarity: args.llama.slot_prompt_similarity.unwrap_or(0.1),
     };
     let engine = Arc::new(LocalEngine::start(
         opts,
@@ -836,6 +831,16 @@ fn run(args: Args) -> Result<i32> {
         Some(p) => eprintln!("embeddings: pooling {}", p.name()),
         None => {}
     }
+    let slot_save_path = match &args.llama.slot_save_path {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("--slot-save-path {}", dir.display()))?;
+            eprintln!("slot files: {}", dir.display());
+            Some(dir)
+        }
+        None => None,
+    };
     let cfg = ServerConfig {
         api_key: keys.first().cloned(),
         more_keys: keys.iter().skip(1).cloned().collect(),
@@ -847,6 +852,7 @@ fn run(args: Args) -> Result<i32> {
         cors: args.cors.clone(),
         webui: !args.no_webui,
         slots: !args.llama.no_slots,
+        slot_save_path,
         defaults,
     };
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();

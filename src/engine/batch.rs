@@ -192,6 +192,63 @@ pub trait BatchModel {
     fn offload_stats(&self) -> Option<crate::experts::Stats> {
         None
     }
+    /// How a sequence's state is laid out when it is nothing but its cache rows (one row per
+    /// position in each of the cache's per-position tensors): then a sequence is cut to its
+    /// first `n` positions by forgetting the rows above (a prompt cache reuses a prefix so), and
+    /// its rows can be copied out and back ([`Self::read_seq`], [`Self::write_seq`]). Err, with
+    /// the reason, for a model that keeps other per-sequence state (DeepSeek-V4's compressors).
+    fn seq_layout(&self) -> Result<SeqLayout, String> {
+        Err("this model cannot cut or copy a sequence's cache".into())
+    }
+    /// The state of positions `0..n` of the sequence in `pages` ([`SeqLayout::row_bytes`] per
+    /// position, in the layout's order).
+    fn read_seq(&self, _pages: &[u32], _n: usize) -> Result<Vec<u8>, EngineError> {
+        Err(no_seq_copy())
+    }
+    /// Writes `data` (as [`Self::read_seq`] gave it) as positions `0..n` of the sequence in
+    /// `pages`.
+    fn write_seq(&mut self, _pages: &[u32], _n: usize, _data: &[u8]) -> Result<(), EngineError> {
+        Err(no_seq_copy())
+    }
+}
+
+fn no_seq_copy() -> EngineError {
+    EngineError::Model {
+        path: "the KV cache".into(),
+        msg: "this model cannot copy a sequence's cache".into(),
+    }
+}
+
+/// The layout of a sequence's state (see [`BatchModel::seq_layout`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqLayout {
+    /// Bytes of one position's state over all per-position tensors.
+    pub row_bytes: usize,
+    /// The tensors, their types and row sizes, in order: two caches with the same description
+    /// hold the same state the same way.
+    pub desc: String,
+}
+
+/// The cache rows of positions `0..n` in `pages`, as (first row, rows) runs in position order;
+/// Err when the pages do not cover `n` positions or a row is past `rows`.
+fn page_runs(pages: &[u32], n: usize, rows: usize) -> Result<Vec<(usize, usize)>, EngineError> {
+    let have = pages.len() * KV_PAGE;
+    if n > have {
+        return Err(EngineError::KvPages { need: n, have });
+    }
+    let mut runs = Vec::new();
+    for (k, &p) in pages.iter().enumerate().take(n.div_ceil(KV_PAGE)) {
+        let first = p as usize * KV_PAGE;
+        let count = (n - k * KV_PAGE).min(KV_PAGE);
+        if first + count > rows {
+            return Err(EngineError::ContextFull {
+                n_ctx: rows,
+                need: first + count,
+            });
+        }
+        runs.push((first, count));
+    }
+    Ok(runs)
 }
 
 /// A token of a batch: which chunk, its position, and the token.
@@ -217,6 +274,66 @@ impl BatchModel for Engine {
         Engine::offload_stats(self)
     }
 
+    fn seq_layout(&self) -> Result<SeqLayout, String> {
+        let t = self.seq_tensors()?;
+        Ok(SeqLayout {
+            row_bytes: t.iter().map(|t| t.row_bytes).sum(),
+            desc: t
+                .iter()
+                .map(|t| format!("{} {} {}", t.name, t.ty.name(), t.row_bytes))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    fn read_seq(&self, pages: &[u32], n: usize) -> Result<Vec<u8>, EngineError> {
+        let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
+            path: "the KV cache".into(),
+            msg,
+        })?;
+        let runs = page_runs(pages, n, self.kv.n_ctx)?;
+        let total: usize = tensors.iter().map(|t| t.row_bytes * n).sum();
+        let mut out = vec![0u8; total];
+        let mut at = 0;
+        for t in &tensors {
+            let tensor = self.kv.named(&t.name).ok_or_else(|| no_tensor(&t.name))?;
+            for &(first, count) in &runs {
+                let len = count * t.row_bytes;
+                tensor.read_bytes_at(first * t.row_bytes, &mut out[at..at + len])?;
+                at += len;
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_seq(&mut self, pages: &[u32], n: usize, data: &[u8]) -> Result<(), EngineError> {
+        let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
+            path: "the KV cache".into(),
+            msg,
+        })?;
+        let runs = page_runs(pages, n, self.kv.n_ctx)?;
+        let total: usize = tensors.iter().map(|t| t.row_bytes * n).sum();
+        if data.len() != total {
+            return Err(EngineError::Model {
+                path: "the KV cache".into(),
+                msg: format!(
+                    "{} bytes of sequence state for {n} positions, {total} expected",
+                    data.len()
+                ),
+            });
+        }
+        let mut at = 0;
+        for t in &tensors {
+            let tensor = self.kv.named(&t.name).ok_or_else(|| no_tensor(&t.name))?;
+            for &(first, count) in &runs {
+                let len = count * t.row_bytes;
+                tensor.write_bytes_at(first * t.row_bytes, &data[at..at + len])?;
+                at += len;
+            }
+        }
+        Ok(())
+    }
+
     fn forward_batch(&mut self, chunks: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.forward_chunks(chunks, false)
     }
@@ -229,7 +346,28 @@ impl BatchModel for Engine {
     }
 }
 
+fn no_tensor(name: &str) -> EngineError {
+    EngineError::Model {
+        path: "the KV cache".into(),
+        msg: format!("the KV cache has no tensor {name}"),
+    }
+}
+
 impl Engine {
+    /// The cache tensors that hold a sequence's state, one row per position; Err (why) when the
+    /// model keeps per-sequence state besides (DeepSeek-V4: its compressors pool positions
+    /// into per-slot rings and compressed rows, which no prefix of rows can be cut back to).
+    fn seq_tensors(&self) -> Result<Vec<crate::graph::kv::PositionTensor>, String> {
+        if self.keeps_compressors() {
+            return Err(
+                "this architecture (DeepSeek-V4) keeps compressor state per sequence besides \
+                 its KV rows: its cache cannot be cut to a prefix, saved or restored"
+                    .into(),
+            );
+        }
+        self.kv.position_tensors()
+    }
+
     /// [`BatchModel::forward_batch`], or with `embd` every token's final normed hidden state.
     fn forward_chunks(
         &mut self,

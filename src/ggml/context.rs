@@ -1062,6 +1062,30 @@ impl<'ctx> Tensor<'ctx> {
         Ok(out)
     }
 
+    /// Copies `out.len()` of the tensor's bytes, from `offset` on, into `out`.
+    pub fn read_bytes_at(self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let t = self.get();
+        if t.buffer.is_null() || t.data.is_null() {
+            return Err(self.err("has no backend buffer".into()));
+        }
+        if offset
+            .checked_add(out.len())
+            .is_none_or(|end| end > self.n_bytes())
+        {
+            return Err(self.err(format!(
+                "read of {} bytes at {offset} overruns its {} bytes",
+                out.len(),
+                self.n_bytes()
+            )));
+        }
+        // SAFETY: live buffer; the range was checked against the tensor's size, and `out` has
+        // exactly the bytes copied.
+        unsafe {
+            sys::ggml_backend_tensor_get(self.raw(), out.as_mut_ptr().cast(), offset, out.len())
+        };
+        Ok(())
+    }
+
     pub fn write_f32(self, data: &[f32]) -> Result<()> {
         self.expect_type(GgmlType::F32)?;
         self.write_bytes(bytemuck::cast_slice(data))

@@ -16,6 +16,17 @@ pub struct KvCache {
     pub rot: (usize, usize),
     /// Bytes of the architecture's own cache tensors ([`Extra`]).
     extra_bytes: usize,
+    /// The architecture's own cache tensors: (name, type, shape, has a fixed `init`).
+    extras: Vec<(String, GgmlType, Vec<i64>, bool)>,
+}
+
+/// One cache tensor whose rows are positions, as [`KvCache::position_tensors`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Bytes of one row (one position).
+    pub row_bytes: usize,
 }
 
 /// A cache tensor of an architecture's own (DeepSeek-V4's compressed rows and compressor
@@ -133,7 +144,62 @@ impl KvCache {
             v_width: widths.iter().map(|w| w.1).collect(),
             rot,
             extra_bytes,
+            extras: extra
+                .iter()
+                .map(|e| (e.name.clone(), e.ty, e.ne.clone(), e.init.is_some()))
+                .collect(),
         })
+    }
+
+    /// Every cache tensor that holds state of the sequence, one row per cache row (K and V of
+    /// each layer, then the architecture's per-row tensors such as DeepSeek-3.2's indexer
+    /// keys): the state of positions held in some rows is exactly those rows of these tensors,
+    /// so it can be copied out, copied back elsewhere, and cut short by forgetting rows. Err
+    /// (the reason) when the architecture keeps other state that changes with the sequence
+    /// (DeepSeek-V4's compressor rings and compressed rows): that state is not a function of
+    /// rows and cannot be cut or moved so. Constant tensors (rotations filled at allocation) are
+    /// not state.
+    pub fn position_tensors(&self) -> Result<Vec<PositionTensor>, String> {
+        let row = |ty: GgmlType, w: usize| ty.row_size(w as u64).unwrap_or(0) as usize;
+        let mut out = Vec::new();
+        for il in 0..self.n_layer {
+            if self.k_width[il] > 0 {
+                out.push(PositionTensor {
+                    name: format!("cache_k_l{il}"),
+                    ty: self.ty,
+                    row_bytes: row(self.ty, self.k_width[il]),
+                });
+            }
+            if self.v_width[il] > 0 {
+                out.push(PositionTensor {
+                    name: format!("cache_v_l{il}"),
+                    ty: self.ty,
+                    row_bytes: row(self.ty, self.v_width[il]),
+                });
+            }
+        }
+        for (name, ty, ne, constant) in &self.extras {
+            if *constant {
+                continue;
+            }
+            if ne.len() == 2 && ne[1] == self.n_ctx as i64 {
+                out.push(PositionTensor {
+                    name: name.clone(),
+                    ty: *ty,
+                    row_bytes: row(*ty, ne[0] as usize),
+                });
+            } else {
+                return Err(format!(
+                    "the cache keeps state that is not one row per position ({name})"
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A cache tensor by the name [`Self::position_tensors`] gave.
+    pub fn named(&self, name: &str) -> Option<Tensor<'_>> {
+        self.ctx.get(&self.index, name)
     }
 
     fn find(&self, name: &str) -> Tensor<'_> {

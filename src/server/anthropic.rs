@@ -265,11 +265,13 @@ async fn full(mut st: State) -> Result<Response, ApiError> {
         "content": content,
         "stop_reason": reason,
         "stop_sequence": seq,
+        // As llama-server (and Anthropic's meaning): input_tokens are the prompt tokens
+        // evaluated, cache reads the ones reused from the slot's prompt cache.
         "usage": {
-            "input_tokens": st.prompt_tokens,
+            "input_tokens": st.prompt_tokens - st.cached_tokens,
             "output_tokens": st.n_tokens,
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_read_input_tokens": st.cached_tokens,
         },
     }))
     .into_response())

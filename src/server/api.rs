@@ -108,6 +108,11 @@ pub struct GenRequest {
     /// The output must match this (grammar, JSON schema, tool call); the engine compiles it
     /// and answers 400 when it does not compile.
     pub constraint: Option<super::grammar::Constraint>,
+    /// Reuse the cache rows of a prompt prefix a slot kept from an earlier request
+    /// (llama-server's `cache_prompt`, default true); false: the whole prompt is evaluated.
+    pub cache_prompt: bool,
+    /// Run in this slot (llama-server's `id_slot`), waiting for it if busy; `None`: any.
+    pub id_slot: Option<usize>,
 }
 
 /// A token's log-probability and the most likely alternatives (from the raw logits).
@@ -143,6 +148,12 @@ pub enum Event {
         tail: String,
     },
     Error(String),
+    /// The request got a slot (sent once, before anything else): `cached` prompt tokens were
+    /// found in the slot's kept cache and are not evaluated again.
+    Started {
+        slot: usize,
+        cached: usize,
+    },
     /// An embedding request's result (before its `Done`): one pooled vector, or one per prompt
     /// position with pooling `none`; not normalised.
     Embedding(Vec<Vec<f32>>),
@@ -189,8 +200,26 @@ pub struct SlotState {
     pub n_prompt_tokens: usize,
     /// Tokens generated so far.
     pub n_decoded: usize,
-    /// KV-cache rows the slot holds (tokens already forwarded).
+    /// KV-cache rows the slot holds (tokens already forwarded; an idle slot's kept prompt
+    /// cache).
     pub n_cached: usize,
+}
+
+/// `POST /slots/{id}?action=...` (llama-server's slot actions).
+#[derive(Debug, Clone)]
+pub enum SlotAction {
+    /// Write the slot's kept tokens and their cache rows to `path` (named `filename`).
+    Save {
+        path: std::path::PathBuf,
+        filename: String,
+    },
+    /// Load a file written by `Save` into the slot (its kept cache until a request uses it).
+    Restore {
+        path: std::path::PathBuf,
+        filename: String,
+    },
+    /// Forget the slot's kept cache.
+    Erase,
 }
 
 /// What `/props` shows beyond the [`ModelCard`].
@@ -255,5 +284,12 @@ pub trait Engine: Send + Sync + 'static {
     /// receiver yields one [`Event::Embedding`] and a `Done`, or an `Error`.
     fn embed(&self, _tokens: Vec<u32>) -> Result<Generation, ApiError> {
         Err(ApiError::NotSupported(NO_EMBEDDINGS.into()))
+    }
+    /// Runs a slot action once the slot is idle (blocks until then: call it off the async
+    /// runtime) and answers llama-server's JSON for it.
+    fn slot_action(&self, _id: usize, _action: SlotAction) -> Result<serde_json::Value, ApiError> {
+        Err(ApiError::NotSupported(
+            "this engine has no slots to save or restore".into(),
+        ))
     }
 }

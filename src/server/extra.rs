@@ -123,7 +123,7 @@ pub(super) fn default_params(st: &AppState) -> Value {
         ("n_probs".into(), json!(0)),
         ("stop".into(), json!([])),
         ("stream".into(), json!(false)),
-        ("cache_prompt".into(), json!(false)),
+        ("cache_prompt".into(), json!(true)),
         (
             "samplers".into(),
             json!(["penalties", "top_k", "top_p", "min_p", "temperature"]),
@@ -193,4 +193,70 @@ pub(super) async fn slots(State(st): State<Arc<AppState>>) -> Response {
             .into_response();
     }
     Json(json!(st.engine.slots())).into_response()
+}
+
+/// llama-server's answer to a slot action without `--slot-save-path`.
+pub const NO_SLOT_SAVE: &str =
+    "This server does not support slots action. Start it with `--slot-save-path`";
+
+#[derive(Deserialize)]
+struct SlotFileBody {
+    filename: Option<Value>,
+}
+
+/// `POST /slots/{id}?action=save|restore|erase` (llama-server's): save writes the slot's kept
+/// prompt cache to `--slot-save-path`/`filename`, restore loads such a file into the slot, erase
+/// forgets the slot's cache. Filenames are plain names in that directory
+/// ([`super::slotfile::valid_filename`]); the action waits until the slot is idle.
+pub(super) async fn slot_action(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let run = async {
+        let Some(dir) = st.cfg.slot_save_path.clone() else {
+            return Err(ApiError::NotSupported(NO_SLOT_SAVE.into()));
+        };
+        let path = req.uri().path().to_string();
+        let id = path
+            .rsplit('/')
+            .next()
+            .and_then(|s| s.parse::<usize>().ok())
+            .ok_or_else(|| ApiError::bad("Invalid slot ID"))?;
+        let query = req.uri().query().unwrap_or("").to_string();
+        let action = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("action="))
+            .unwrap_or("")
+            .to_string();
+        let file = |body: &[u8]| -> Result<(std::path::PathBuf, String), ApiError> {
+            let b: SlotFileBody = serde_json::from_slice(body).map_err(|e| {
+                ApiError::bad(format!("the body must be {{\"filename\": ...}}: {e}"))
+            })?;
+            let name = match b.filename {
+                Some(Value::String(s)) => s,
+                Some(_) => return Err(ApiError::invalid("filename", "filename must be a string")),
+                None => return Err(ApiError::invalid("filename", "filename is required")),
+            };
+            if !super::slotfile::valid_filename(&name) {
+                return Err(ApiError::invalid("filename", "Invalid filename"));
+            }
+            Ok((dir.join(&name), name))
+        };
+        let action = match action.as_str() {
+            "save" | "restore" => {
+                let body = read_body(req, &st.cfg).await?;
+                let (path, filename) = file(&body)?;
+                if action == "save" {
+                    crate::server::api::SlotAction::Save { path, filename }
+                } else {
+                    crate::server::api::SlotAction::Restore { path, filename }
+                }
+            }
+            "erase" => crate::server::api::SlotAction::Erase,
+            _ => return Err(ApiError::invalid("action", "Invalid action")),
+        };
+        let engine = st.engine.clone();
+        let v = tokio::task::spawn_blocking(move || engine.slot_action(id, action))
+            .await
+            .map_err(|e| ApiError::Internal(format!("slot task failed: {e}")))??;
+        Ok::<_, ApiError>(Json(v).into_response())
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
 }

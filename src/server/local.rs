@@ -10,12 +10,12 @@
 //! `prompt + max_tokens <= ctx` for every job sent to the worker.
 use super::api::{
     Engine, EngineInfo, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat,
-    Prompt, SlotState,
+    Prompt, SlotAction, SlotState,
 };
 use super::error::ApiError;
 use super::grammar::Grammars;
 use super::parse::prompt_opens_reasoning;
-use super::worker::{self, Config, Job, Msg, Shared};
+use super::worker::{self, Config, Job, Msg, Shared, SlotError};
 use crate::engine::embed::Pooling;
 use crate::engine::{Engine as Model, EngineOptions};
 use crate::gguf::{GgufModel, Metadata};
@@ -52,6 +52,8 @@ pub struct LocalOptions {
     pub embedding: bool,
     /// `--pooling`; `None`: the model's (`{arch}.pooling_type`), else `none`, as llama-server.
     pub pooling: Option<Pooling>,
+    /// llama-server's `--slot-prompt-similarity` (default 0.1; 0: least recently used slot).
+    pub slot_similarity: f32,
 }
 
 /// The pooling embeddings get: `chosen`, else the GGUF's `{arch}.pooling_type`, else `none`
@@ -132,6 +134,7 @@ impl LocalEngine {
             true => Some(pooling_for(&file, opts.pooling)?),
             false => None,
         };
+        let fingerprint = super::slotfile::model_fingerprint(&file);
         drop(file);
         let stem = opts
             .model
@@ -166,6 +169,8 @@ impl LocalEngine {
             slot_len: opts.engine.n_ctx,
             n_batch: opts.engine.n_ubatch,
             pages_per_slot: opts.batch_invariant,
+            fingerprint,
+            similarity: opts.slot_similarity,
         };
         let thread = {
             let (shared, state, tok) = (shared.clone(), state.clone(), tok.clone());
@@ -490,6 +495,16 @@ impl Engine for LocalEngine {
             }
             Some(m) => m,
         };
+        if let Some(id) = req.id_slot.filter(|&id| id >= self.parallel) {
+            return Err(ApiError::invalid(
+                "id_slot",
+                format!(
+                    "id_slot {id}: the server has {} slots (0..{})",
+                    self.parallel,
+                    self.parallel - 1
+                ),
+            ));
+        }
         // Compiled here, off the engine thread: a large schema may take a while.
         let grammar = match &req.constraint {
             Some(c) => Some(self.grammars.compile(c, format, opens_reasoning)?),
@@ -507,6 +522,8 @@ impl Engine for LocalEngine {
             token_ids: req.token_ids,
             grammar,
             embed: None,
+            cache_prompt: req.cache_prompt,
+            id_slot: req.id_slot,
             events: etx,
         })?;
         Ok(Generation {
@@ -557,6 +574,8 @@ impl Engine for LocalEngine {
             token_ids: false,
             grammar: None,
             embed: Some(pooling),
+            cache_prompt: false,
+            id_slot: None,
             events: etx,
         })?;
         Ok(Generation {
@@ -564,6 +583,30 @@ impl Engine for LocalEngine {
             opens_reasoning: false,
             events: erx,
         })
+    }
+
+    fn slot_action(&self, id: usize, action: SlotAction) -> Result<serde_json::Value, ApiError> {
+        self.ready()?;
+        if id >= self.parallel {
+            return Err(ApiError::bad(format!(
+                "Invalid slot ID {id}: the server has {} slots (0..{})",
+                self.parallel,
+                self.parallel - 1
+            )));
+        }
+        let (reply, answer) = std::sync::mpsc::channel();
+        self.tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Slot { id, action, reply })
+            .map_err(|_| ApiError::ShuttingDown)?;
+        match answer.recv() {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(SlotError::Bad(m))) => Err(ApiError::bad(m)),
+            Ok(Err(SlotError::NotSupported(m))) => Err(ApiError::NotSupported(m)),
+            Ok(Err(SlotError::Internal(m))) => Err(ApiError::Internal(m)),
+            Err(_) => Err(ApiError::ShuttingDown),
+        }
     }
 
     fn stats(&self) -> EngineStats {

@@ -89,7 +89,7 @@ impl HttpMetrics {
             (
                 "prompt_tokens_total",
                 COUNTER,
-                "Prompt tokens of admitted requests.",
+                "Prompt tokens evaluated (those a slot's prompt cache supplied are not counted).",
                 s.prompt_tokens as f64,
             ),
             (

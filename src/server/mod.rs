@@ -39,6 +39,7 @@ mod native;
 pub mod parse;
 mod respond;
 mod responses;
+pub mod slotfile;
 pub mod types;
 pub mod validate;
 mod web;
@@ -90,6 +91,9 @@ pub struct ServerConfig {
     pub webui: bool,
     /// Serve `/slots` (`--no-slots`: 501, as llama-server).
     pub slots: bool,
+    /// `--slot-save-path`: where `POST /slots/{id}?action=save|restore` keep slot files;
+    /// `None`: those actions answer 501, as llama-server's.
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Sampling and length defaults for requests that do not set them (llama-server's
     /// `--temp`, `--top-k`, ..., `-n`).
     pub defaults: validate::Defaults,
@@ -108,6 +112,7 @@ impl Default for ServerConfig {
             cors: None,
             webui: true,
             slots: true,
+            slot_save_path: None,
             defaults: validate::Defaults::default(),
         }
     }
@@ -166,6 +171,7 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/apply-template", post(extra::apply_template))
         .route("/props", get(extra::props))
         .route("/slots", get(extra::slots))
+        .route("/slots/{id}", post(extra::slot_action))
         .fallback(no_route)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), auth))

@@ -2,8 +2,7 @@
 //! llama-server routes it): `prompt` as a string, token ids, or a list of either (one result
 //! each, answered as a JSON array); `n_predict` (-1: until the context is full, the default
 //! unless the server's `-n`), `n_probs`, `stop`, `stream`, the sampling fields, `cache_prompt`
-//! (accepted; there is no prompt cache here, so every prompt is evaluated whole) and
-//! `return_tokens`. The answer has llama-server's fields: `content`, `tokens`, `stop`,
+//! (reuse the prefix a slot kept; default true), `id_slot` and `return_tokens`. The answer has llama-server's fields: `content`, `tokens`, `stop`,
 //! `stop_type` (`eos`, `limit`, `word`), `stopping_word`, `tokens_predicted`,
 //! `tokens_evaluated`, `tokens_cached`, `truncated`, `has_new_line`, `timings`,
 //! `generation_settings`, and with `n_probs` `completion_probabilities`. A stream sends one
@@ -134,6 +133,7 @@ fn settings(plan: &Plan) -> Value {
         ("n_probs".into(), json!(plan.gen.logprobs.unwrap_or(0))),
         ("stop".into(), json!(plan.stops)),
         ("stream".into(), json!(plan.stream)),
+        ("cache_prompt".into(), json!(plan.gen.cache_prompt)),
     ]);
     Value::Object(v)
 }
@@ -192,7 +192,7 @@ impl Native {
             "content": text,
             "tokens": if self.return_tokens { ids.clone() } else { Vec::new() },
             "stop": false,
-            "id_slot": -1,
+            "id_slot": self.st.slot.map_or(-1, |s| s as i64),
             "tokens_predicted": self.st.n_tokens,
             "tokens_evaluated": self.st.prompt_tokens,
         });
@@ -227,7 +227,7 @@ impl Native {
             "index": self.index,
             "content": content,
             "tokens": if self.return_tokens { all.clone() } else { Vec::new() },
-            "id_slot": -1,
+            "id_slot": self.st.slot.map_or(-1, |s| s as i64),
             "stop": true,
             "model": self.st.meta.model,
             "tokens_predicted": self.st.n_tokens,

@@ -52,12 +52,19 @@ pub struct Meta {
 
 /// llama-server's `timings`, measured here: the prompt phase runs from the request's queueing
 /// to its first generated token (so it includes any wait for a slot), the generation phase from
-/// the first token to the last.
-pub fn timings(prompt_n: usize, prompt_ms: f64, predicted_n: usize, predicted_ms: f64) -> Value {
+/// the first token to the last. `cache_n`: prompt tokens reused from the slot's prompt cache;
+/// `prompt_n`: the prompt tokens evaluated (the rest).
+pub fn timings(
+    cache_n: usize,
+    prompt_n: usize,
+    prompt_ms: f64,
+    predicted_n: usize,
+    predicted_ms: f64,
+) -> Value {
     let per = |n: usize, ms: f64| if n == 0 { 0.0 } else { ms / n as f64 };
     let rate = |n: usize, ms: f64| if ms <= 0.0 { 0.0 } else { n as f64 * 1e3 / ms };
     serde_json::json!({
-        "cache_n": 0,
+        "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": per(prompt_n, prompt_ms),
@@ -106,6 +113,9 @@ pub(super) struct State {
     pub(super) meta: Meta,
     gen: Option<Generation>,
     pub(super) prompt_tokens: usize,
+    /// Prompt tokens reused from the slot's cache, and the slot (once the engine said).
+    pub(super) cached_tokens: usize,
+    pub(super) slot: Option<usize>,
     pub(super) stop: StopMatcher,
     parser: OutputParser,
     pub(super) n_tokens: usize,
@@ -131,6 +141,8 @@ impl State {
             stop: StopMatcher::new(meta.stops.clone()),
             parser: OutputParser::new(format, gen.opens_reasoning),
             prompt_tokens: gen.prompt_tokens,
+            cached_tokens: 0,
+            slot: None,
             gen: Some(gen),
             meta,
             n_tokens: 0,
@@ -158,6 +170,11 @@ impl State {
             }
             // Only embedding requests get one.
             Some(Event::Embedding(_)) => return Ok(Vec::new()),
+            Some(Event::Started { slot, cached }) => {
+                self.slot = Some(slot);
+                self.cached_tokens = cached;
+                return Ok(Vec::new());
+            }
             Some(Event::Token { text, logprob }) => {
                 self.n_tokens += 1;
                 self.t_first.get_or_insert_with(Instant::now);
@@ -204,7 +221,7 @@ impl State {
     }
 
     pub(super) fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, self.n_tokens)
+        Usage::new(self.prompt_tokens, self.n_tokens, self.cached_tokens)
     }
 
     /// Milliseconds of the prompt phase and of the generation phase (see [`timings`]).
@@ -220,7 +237,13 @@ impl State {
 
     pub(super) fn timings(&self) -> Value {
         let (p, g) = self.phase_ms();
-        timings(self.prompt_tokens, p, self.n_tokens, g)
+        timings(
+            self.cached_tokens,
+            self.prompt_tokens.saturating_sub(self.cached_tokens),
+            p,
+            self.n_tokens,
+            g,
+        )
     }
 
     fn chat_chunk(

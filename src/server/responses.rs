@@ -186,7 +186,7 @@ fn response_obj(st: &State, out: &Out, status: &str, msg_id: &str) -> Value {
             "input_tokens": st.prompt_tokens,
             "output_tokens": st.n_tokens,
             "total_tokens": st.prompt_tokens + st.n_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": st.cached_tokens},
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     })

@@ -75,6 +75,11 @@ pub struct Common {
     pub json_schema: Option<Value>,
     /// Extension: add the generated tokens' ids to each choice (`token_ids`).
     pub return_token_ids: Option<bool>,
+    /// llama-server: reuse the prompt prefix a slot kept from an earlier request (default
+    /// true).
+    pub cache_prompt: Option<bool>,
+    /// llama-server: run in this slot (-1 or absent: any).
+    pub id_slot: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,18 +127,18 @@ pub struct Usage {
 /// `usage.prompt_tokens_details` (OpenAI, llama-server).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PromptTokensDetails {
-    /// Prompt tokens whose KV rows were reused from an earlier request: always 0 here (no
-    /// prompt cache; every prompt is evaluated whole).
+    /// Prompt tokens whose KV rows were reused from an earlier request (the slot's prompt
+    /// cache), not evaluated again.
     pub cached_tokens: usize,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Self {
         Self {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
-            prompt_tokens_details: PromptTokensDetails::default(),
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
         }
     }
 }

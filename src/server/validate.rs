@@ -312,6 +312,8 @@ fn common_plan(
             logit_bias: logit_bias(c, card)?,
             token_ids: c.return_token_ids.unwrap_or(false),
             constraint,
+            cache_prompt: c.cache_prompt.unwrap_or(true),
+            id_slot: c.id_slot.and_then(|i| usize::try_from(i).ok()),
         },
         stream,
         include_usage,
