@@ -134,7 +134,10 @@ fn cpu_rank_matches_libllama() {
         eng.hp.n_embd as usize,
     )
     .unwrap();
-    assert!(head.is_empty(), "the synth model has no classification head");
+    assert!(
+        head.is_empty(),
+        "the synth model has no classification head"
+    );
     let ours = head.scores(&pooled[0]);
     let mut ctx = LlamaContext::new_embeddings(&lm, 256, 2, 4).unwrap();
     let theirs = ctx.embeddings(&prompt).unwrap();

@@ -97,8 +97,20 @@ impl Server {
         let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
         args.extend(
             [
-                "--port", "0", "--threads", "2", "--api-key", KEY, "--ctx", "256", "-b", "64",
-                "-n", "16", "--temp", "0",
+                "--port",
+                "0",
+                "--threads",
+                "2",
+                "--api-key",
+                KEY,
+                "--ctx",
+                "256",
+                "-b",
+                "64",
+                "-n",
+                "16",
+                "--temp",
+                "0",
             ]
             .iter()
             .map(std::ffi::OsString::from),
@@ -169,8 +181,14 @@ fn expected(model: &Path, prompt: &str, repo: bool, spm: bool) -> Vec<u32> {
     let prompt = tok.encode(prompt, false, true);
     let prefix = t(PREFIX);
     let suffix = t(SUFFIX);
-    assert!(prefix.len() > 48, "the prefix must be long enough to be cut");
-    assert!(suffix.len() > 16, "the suffix must be long enough to be cut");
+    assert!(
+        prefix.len() > 48,
+        "the prefix must be long enough to be cut"
+    );
+    assert!(
+        suffix.len() > 16,
+        "the suffix must be long enough to be cut"
+    );
     let keep_extra = extra.len().min(n_ctx - n_batch - 2 * n_predict);
     let mut pre = vec![fim_pre];
     pre.extend(&prefix[prefix.len() - 48..]);
@@ -220,7 +238,13 @@ fn infill_prompt_is_llama_servers() {
     assert_eq!(v["tokens_predicted"], 6, "{v}");
     assert_eq!(v["stop"], true);
     assert_eq!(v["stop_type"], "limit");
-    for field in ["content", "tokens", "timings", "generation_settings", "model"] {
+    for field in [
+        "content",
+        "tokens",
+        "timings",
+        "generation_settings",
+        "model",
+    ] {
         assert!(v.get(field).is_some(), "{field} missing: {v}");
     }
     // Greedy: what /completion generates from the very same ids.
@@ -308,8 +332,16 @@ fn infill_errors() {
     let model = &models().0;
     let s = Server::start(model, &[]);
     let cases = [
-        (json!({"input_suffix": "x"}), "input_prefix", "\"input_prefix\" is required"),
-        (json!({"input_prefix": "x"}), "input_suffix", "\"input_suffix\" is required"),
+        (
+            json!({"input_suffix": "x"}),
+            "input_prefix",
+            "\"input_prefix\" is required",
+        ),
+        (
+            json!({"input_prefix": "x"}),
+            "input_suffix",
+            "\"input_suffix\" is required",
+        ),
         (
             json!({"input_prefix": "x", "input_suffix": "y", "prompt": 5}),
             "prompt",

@@ -93,7 +93,11 @@ fn with_head(out: &Path, extra: &[(&str, Vec<f32>, Vec<u64>)]) -> PathBuf {
         ("cls.output.weight".into(), h.wo.clone(), vec![n, 1]),
         ("cls.output.bias".into(), vec![h.bo], vec![1]),
     ];
-    added.extend(extra.iter().map(|(a, b, c)| (a.to_string(), b.clone(), c.clone())));
+    added.extend(
+        extra
+            .iter()
+            .map(|(a, b, c)| (a.to_string(), b.clone(), c.clone())),
+    );
     for (name, _, shape) in &added {
         w.add_tensor(name, pocketmoe::ggml::GgmlType::F32, shape)
             .unwrap();
@@ -126,7 +130,15 @@ impl Server {
         let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
         args.extend(
             [
-                "--port", "0", "--threads", "2", "--api-key", KEY, "--ctx", "256", "--alias",
+                "--port",
+                "0",
+                "--threads",
+                "2",
+                "--api-key",
+                KEY,
+                "--ctx",
+                "256",
+                "--alias",
                 "tiny",
             ]
             .iter()
@@ -238,7 +250,11 @@ fn rerank_scores_are_the_heads() {
         }
     }
     // Without top_n: all of them.
-    let (st, v) = post(&s.addr, "/rerank", &json!({"query": QUERY, "documents": DOCS}));
+    let (st, v) = post(
+        &s.addr,
+        "/rerank",
+        &json!({"query": QUERY, "documents": DOCS}),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["results"].as_array().unwrap().len(), DOCS.len());
 
@@ -261,12 +277,32 @@ fn rerank_scores_are_the_heads() {
 
     // Bad bodies.
     for (body, param, msg) in [
-        (json!({"documents": DOCS}), "query", "\"query\" must be provided"),
-        (json!({"query": 1, "documents": DOCS}), "query", "\"query\" must be a string"),
-        (json!({"query": "q", "documents": []}), "documents", "non-empty string array"),
-        (json!({"query": "q", "documents": [1]}), "documents", "non-empty string array"),
+        (
+            json!({"documents": DOCS}),
+            "query",
+            "\"query\" must be provided",
+        ),
+        (
+            json!({"query": 1, "documents": DOCS}),
+            "query",
+            "\"query\" must be a string",
+        ),
+        (
+            json!({"query": "q", "documents": []}),
+            "documents",
+            "non-empty string array",
+        ),
+        (
+            json!({"query": "q", "documents": [1]}),
+            "documents",
+            "non-empty string array",
+        ),
         (json!({"query": "q"}), "documents", "non-empty string array"),
-        (json!({"query": "q", "documents": DOCS, "top_n": -1}), "top_n", "top_n"),
+        (
+            json!({"query": "q", "documents": DOCS, "top_n": -1}),
+            "top_n",
+            "top_n",
+        ),
     ] {
         let (st, v) = post(&s.addr, "/rerank", &body);
         assert_error(st, &v, 400, "invalid_request_error", msg);

@@ -183,11 +183,7 @@ impl RankHead {
         let silu = match file.get_str(&key) {
             None | Some("tanh") => false,
             Some("silu") => true,
-            Some(other) => {
-                return Err(format!(
-                    "{key} = {other}: not supported here (tanh, silu)"
-                ))
-            }
+            Some(other) => return Err(format!("{key} = {other}: not supported here (tanh, silu)")),
         };
         let read = |name: &str, want: &[Option<usize>]| -> Result<Option<Vec<f32>>, String> {
             let Some(t) = file.tensor(name) else {
@@ -195,9 +191,14 @@ impl RankHead {
             };
             let shape: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
             let fits = shape.len() == want.len()
-                && shape.iter().zip(want).all(|(d, w)| w.is_none_or(|w| *d == w));
+                && shape
+                    .iter()
+                    .zip(want)
+                    .all(|(d, w)| w.is_none_or(|w| *d == w));
             if !fits {
-                return Err(format!("{name} has shape {shape:?}, expected {want:?} (None: any)"));
+                return Err(format!(
+                    "{name} has shape {shape:?}, expected {want:?} (None: any)"
+                ));
             }
             let n = t.n_elements() as usize;
             crate::ggml::quant::dequantize(t.ty, file.tensor_data(t), n)

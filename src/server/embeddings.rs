@@ -115,7 +115,10 @@ fn base64_f32(v: &[f32]) -> String {
 }
 
 /// One input's embedding: its vectors (one, or one per position) and its token count.
-pub(super) async fn embed_one(st: &AppState, ids: Vec<u32>) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+pub(super) async fn embed_one(
+    st: &AppState,
+    ids: Vec<u32>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let n = ids.len();
     let engine = st.engine.clone();
     let mut gen = tokio::task::spawn_blocking(move || engine.embed(ids))

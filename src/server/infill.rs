@@ -128,9 +128,7 @@ pub fn assemble(
     }
     let quarter = budget.n_batch / 4;
     let n_prefix = prefix.len().min(3 * quarter);
-    let n_suffix = suffix
-        .len()
-        .min(quarter.saturating_sub(2 + prompt.len()));
+    let n_suffix = suffix.len().min(quarter.saturating_sub(2 + prompt.len()));
     let room = budget.n_ctx as i64 - budget.n_batch as i64 - 2 * budget.n_predict;
     let n_context = context.len().min(room.max(0) as usize);
 
@@ -157,7 +155,11 @@ fn fim_of(st: &AppState) -> Result<Fim, ApiError> {
     let v = st.engine.vocab().unwrap_or_default();
     let s = &v.special;
     let mut missing = String::new();
-    for (id, what) in [(s.fim_pre, "prefix"), (s.fim_suf, "suffix"), (s.fim_mid, "middle")] {
+    for (id, what) in [
+        (s.fim_pre, "prefix"),
+        (s.fim_suf, "suffix"),
+        (s.fim_mid, "middle"),
+    ] {
         if id.is_none() {
             missing.push_str(&format!("{what} token is missing. "));
         }
@@ -424,7 +426,15 @@ mod tests {
         want.extend([7, 2, 200, 3]);
         assert_eq!(got, want);
         // A prompt longer than the suffix's quarter leaves no suffix.
-        let got = assemble(&bare, budget(16, false), &[], &suffix, &[], &[7, 7, 7], &tok);
+        let got = assemble(
+            &bare,
+            budget(16, false),
+            &[],
+            &suffix,
+            &[],
+            &[7, 7, 7],
+            &tok,
+        );
         assert_eq!(got, vec![1, 7, 7, 7, 2, 3]);
         // Extra context: only its last n_ctx - n_batch - 2 * n_predict tokens.
         let extra = [Chunk {
@@ -443,14 +453,20 @@ mod tests {
         assert_eq!(got, want);
         // No room at all: no extra context.
         let b = Budget { n_ctx: 10, ..b };
-        assert_eq!(assemble(&bare, b, &[], &[], &extra, &[], &tok), vec![1, 2, 3]);
+        assert_eq!(
+            assemble(&bare, b, &[], &[], &extra, &[], &tok),
+            vec![1, 2, 3]
+        );
     }
 
     #[test]
     fn extra_chunks_are_checked() {
         use serde_json::json;
         assert_eq!(chunks(None).unwrap(), vec![]);
-        let c = chunks(Some(&json!([{"text": "t"}, {"text": "u", "filename": "f"}]))).unwrap();
+        let c = chunks(Some(
+            &json!([{"text": "t"}, {"text": "u", "filename": "f"}]),
+        ))
+        .unwrap();
         assert_eq!(c[0].filename, "tmp");
         assert_eq!(c[1].filename, "f");
         for bad in [

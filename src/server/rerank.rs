@@ -92,7 +92,10 @@ async fn handle(st: &AppState, req: Request) -> Result<Response, ApiError> {
         .and_then(strings)
         .filter(|d| !d.is_empty())
         .ok_or_else(|| {
-            ApiError::invalid(field, format!("\"{field}\" must be a non-empty string array"))
+            ApiError::invalid(
+                field,
+                format!("\"{field}\" must be a non-empty string array"),
+            )
         })?;
     if docs.len() > MAX_DOCUMENTS {
         return Err(ApiError::invalid(
@@ -135,15 +138,16 @@ async fn handle(st: &AppState, req: Request) -> Result<Response, ApiError> {
         .map(|d| prompt(&vocab, &query, d, &tok))
         .collect();
     // All documents queued at once: they are read together, in one batch where they fit.
-    let results = futures_util::future::join_all(prompts.into_iter().map(|p| embed_one(st, p))).await;
+    let results =
+        futures_util::future::join_all(prompts.into_iter().map(|p| embed_one(st, p))).await;
     let mut scored = Vec::with_capacity(results.len());
     let mut n_tokens = 0;
     for (i, r) in results.into_iter().enumerate() {
         let (rows, n) = r?;
         n_tokens += n;
-        let row = rows.first().ok_or_else(|| {
-            ApiError::Internal("the engine returned no hidden state".into())
-        })?;
+        let row = rows
+            .first()
+            .ok_or_else(|| ApiError::Internal("the engine returned no hidden state".into()))?;
         let score = head.scores(row).first().copied().unwrap_or(0.0);
         scored.push((i, score));
     }
@@ -208,16 +212,10 @@ mod tests {
         assert_eq!(prompt(&v, "q", "d", &tok), vec![1, 1000 + 113, 1000 + 100]);
         v.add_eos = true;
         v.add_sep = true;
-        assert_eq!(
-            prompt(&v, "q", "d", &tok),
-            vec![1, 1113, 2, 3, 1100, 2]
-        );
+        assert_eq!(prompt(&v, "q", "d", &tok), vec![1, 1113, 2, 3, 1100, 2]);
         // EOS falls back to SEP.
         v.special.eos = None;
-        assert_eq!(
-            prompt(&v, "q", "d", &tok),
-            vec![1, 1113, 3, 3, 1100, 3]
-        );
+        assert_eq!(prompt(&v, "q", "d", &tok), vec![1, 1113, 3, 3, 1100, 3]);
         v.rerank_template = Some("<{query}|{document}>".into());
         assert_eq!(prompt(&v, "q", "d", &tok), tok("<q|d>", true));
     }
