@@ -268,7 +268,8 @@ struct LlamaServerArgs {
     pooling: Option<pocketmoe::engine::embed::Pooling>,
     /// Serve reranking (POST /rerank, /reranking, /v1/rerank, /v1/reranking): as
     /// --embedding --pooling rank (also --rerank).
-    #[arg(long, visible_alias = "rerank", conflicts_with = "pooling")]
+    /// It replaces a --pooling given with it (a note says so).
+    #[arg(long, visible_alias = "rerank")]
     reranking: bool,
     /// Continuous batching is always on here: no effect.
     #[arg(long)]
@@ -531,7 +532,13 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
             "no effect here: slot save/restore is not implemented",
         );
     }
-    if a.pooling.is_some() && !a.embedding {
+    if let (true, Some(p)) = (a.reranking, a.pooling) {
+        note(
+            "--reranking",
+            &format!("replaces --pooling {} (reranking pools rank)", p.name()),
+        );
+    }
+    if a.pooling.is_some() && !a.embedding && !a.reranking {
         note(
             "--pooling",
             "no effect without --embedding (embeddings are not served)",
