@@ -11,6 +11,8 @@
 //!   documents' hidden states move by ~1e-5 in cosine (ggml's repacked CPU kernels round by
 //!   batch shape), which this random head amplifies to ~1% of the score; `texts` gives TEI's bare list with `return_text`; embeddings are refused
 //!   under rank pooling; bad bodies get 400s naming the field.
+//! - `many_documents_fit_a_small_queue`: 40 documents on `--parallel 2 --queue 1` are all
+//!   scored (in waves), not refused with 429.
 //! - `refused_without_the_flag`: without `--reranking`, 501 with llama-server's message.
 //! - `libllama_refuses_a_qwen3moe_head`: libllama cannot load the file with the head (extra
 //!   tensors for its qwen3moe), so the head is checked against the f64 computation instead.
@@ -308,6 +310,20 @@ fn rerank_scores_are_the_heads() {
         assert_error(st, &v, 400, "invalid_request_error", msg);
         assert_eq!(v["error"]["param"], param, "{v}");
     }
+}
+
+/// More documents than slots and queue places together: served in waves, not refused (429).
+#[test]
+fn many_documents_fit_a_small_queue() {
+    let s = Server::start(model(), &["--reranking", "--parallel", "2", "--queue", "1"]);
+    let docs: Vec<String> = (0..40).map(|i| format!("document number {i}")).collect();
+    let (st, v) = post(
+        &s.addr,
+        "/rerank",
+        &json!({"query": QUERY, "documents": docs, "top_n": 5}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["results"].as_array().unwrap().len(), 5);
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! "relevance_score"}]}`, best first, cut to `top_n`. A body with `texts` instead of
 //! `documents` is Hugging Face TEI's form and gets TEI's answer: a bare list of `{"index",
 //! "score"}` (with `"text"` when `return_text` is true). Without reranking on: 501
-//! `not_supported_error` with llama-server's message.
+//! `not_supported_error` with llama-server's message. Documents are read in waves of
+//! `--parallel`, so a list longer than the queue is served rather than refused with 429.
 use super::api::VocabInfo;
 use super::embeddings::embed_one;
 use super::{read_body, ApiError, AppState};
@@ -137,9 +138,16 @@ async fn handle(st: &AppState, req: Request) -> Result<Response, ApiError> {
         .iter()
         .map(|d| prompt(&vocab, &query, d, &tok))
         .collect();
-    // All documents queued at once: they are read together, in one batch where they fit.
-    let results =
-        futures_util::future::join_all(prompts.into_iter().map(|p| embed_one(st, p))).await;
+    // Documents go in waves of as many as there are slots, read together in one batch where
+    // they fit: a long list would otherwise overflow the queue (429) where llama-server queues
+    // every document.
+    let wave = st.engine.stats().parallel.max(1);
+    let mut results = Vec::with_capacity(prompts.len());
+    for chunk in prompts.chunks(wave) {
+        results.extend(
+            futures_util::future::join_all(chunk.iter().map(|p| embed_one(st, p.clone()))).await,
+        );
+    }
     let mut scored = Vec::with_capacity(results.len());
     let mut n_tokens = 0;
     for (i, r) in results.into_iter().enumerate() {
