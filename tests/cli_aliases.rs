@@ -271,6 +271,9 @@ fn serve_accepts_every_llama_server_flag() {
         &["--embedding"],
         &["--embeddings"],
         &["--pooling", "mean"],
+        &["--reranking"],
+        &["--rerank"],
+        &["--spm-infill"],
         &["--cont-batching"],
         &["-fa", "on"],
         &["--flash-attn", "auto"],
@@ -334,7 +337,8 @@ fn serve_accepts_every_llama_server_flag() {
         "note: --lora: ignored",
         "note: --reasoning-format none: ignored",
         "note: --n-cpu-moe/--cpu-moe: ignored",
-        "note: -b/--batch-size: no effect here",
+        "note: -b/--batch-size: sets /infill's prefix/suffix budget only",
+        "note: --reranking: replaces --pooling mean",
         "note: --kv-unified",
         "note: --mirostat: ignored",
         "note: --ignore-eos: ignored",
@@ -346,7 +350,7 @@ fn serve_accepts_every_llama_server_flag() {
     }
     // Embeddings are served (issue 29 item 6): no "no effect" note for them.
     assert!(!err.contains("--embedding"), "{err}");
-    for bad in ["rank", "avg"] {
+    for bad in ["avg", "sum"] {
         let o = serve(&[
             "-m",
             MISSING,

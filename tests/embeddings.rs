@@ -106,3 +106,49 @@ fn embeddings_across_micro_batches() {
         assert!(c > 0.9999, "position {i}: cosine {c}");
     }
 }
+
+/// Rank pooling (`--reranking`) against libllama's, on a model without a classification head:
+/// libllama builds no `cls*` tensors for these architectures (its loader would refuse a
+/// qwen3moe file carrying them as extra tensors), so its rank score is the first component of
+/// the last position's normed hidden state (`build_pooling` takes the last row for causal
+/// attention; `llama_get_embeddings_seq` then holds `n_cls_out` = 1 float). Ours, the
+/// last-row pooler and the empty head, must give the same float bit for bit on the CPU, for
+/// the reason `last` is bit-exact above. The head itself is checked in
+/// tests/server_rerank.rs against an f64 computation.
+#[test]
+fn cpu_rank_matches_libllama() {
+    use pocketmoe::engine::embed::RankHead;
+    let path = common::synth_tiny("embeddings", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let lm = LlamaModel::load(&path, 0).unwrap();
+    let prompt = lm.tokenize(PROMPT, true, false).unwrap();
+    let ids: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+    let mut eng = common::cpu_engine(&path, 256);
+    let rows = eng.forward_embd(&ids).unwrap();
+    let mut p = Pooler::new(Pooling::Rank);
+    p.push(rows[..5].to_vec());
+    p.push(rows[5..].to_vec());
+    let pooled = p.finish();
+    assert_eq!(pooled.len(), 1);
+    let head = RankHead::from_gguf(
+        &pocketmoe::gguf::GgufModel::open(&path).unwrap(),
+        eng.hp.n_embd as usize,
+    )
+    .unwrap();
+    assert!(
+        head.is_empty(),
+        "the synth model has no classification head"
+    );
+    let ours = head.scores(&pooled[0]);
+    let mut ctx = LlamaContext::new_embeddings(&lm, 256, 2, 4).unwrap();
+    let theirs = ctx.embeddings(&prompt).unwrap();
+    assert_eq!(theirs.len(), 1, "one result per sequence");
+    assert_eq!(theirs[0].len(), 1, "n_cls_out = 1 score");
+    eprintln!("rank score: ours {}, libllama {}", ours[0], theirs[0][0]);
+    assert_eq!(
+        ours[0].to_bits(),
+        theirs[0][0].to_bits(),
+        "rank score: ours {} vs libllama {}",
+        ours[0],
+        theirs[0][0]
+    );
+}

@@ -21,7 +21,8 @@ use std::time::Duration;
         Endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE), \
         GET /v1/models, GET /health (503 while loading), GET /metrics (Prometheus), \
         llama-server's /chat/completions, /models, /v1/health, /completion, /tokenize, \
-        /detokenize, /apply-template, /props, /slots, Anthropic's /v1/messages and \
+        /detokenize, /apply-template, /props, /slots, /infill (fill-in-the-middle), with \
+        --reranking /rerank, Anthropic's /v1/messages and \
         /v1/messages/count_tokens, with --embedding POST /v1/embeddings, /embedding and \
         /embeddings, and a chat \
         page at GET / (open without the API key; its API calls send the key entered on the \
@@ -217,9 +218,14 @@ struct LlamaServerArgs {
         allow_hyphen_values = true
     )]
     n_predict: Option<i64>,
-    /// llama.cpp's logical batch; here a forward pass takes --batch (-ub) tokens: no effect.
-    #[arg(short = 'b', long = "batch-size", value_name = "N")]
-    batch_size: Option<usize>,
+    /// llama.cpp's logical batch: here only /infill's budget (the prefix keeps 3/4 of it, the
+    /// suffix 1/4; default 2048); a forward pass takes --batch (-ub) tokens.
+    #[arg(short = 'b', long = "batch-size", value_name = "N", value_parser = clap::value_parser!(u64).range(4..))]
+    batch_size: Option<u64>,
+    /// /infill: suffix/prefix/middle order instead of prefix/suffix/middle (for models
+    /// trained so).
+    #[arg(long)]
+    spm_infill: bool,
     /// Chat templates are always rendered with Jinja here: no effect.
     #[arg(long)]
     jinja: bool,
@@ -256,10 +262,16 @@ struct LlamaServerArgs {
     #[arg(long, visible_alias = "embeddings")]
     embedding: bool,
     /// How embeddings pool the positions: none (one vector per position; /embedding only),
-    /// mean, cls (the first), last. Default, as llama-server: the model's
-    /// `{arch}.pooling_type`, else none.
-    #[arg(long, value_name = "none|mean|cls|last", value_parser = pocketmoe::engine::embed::Pooling::parse)]
+    /// mean, cls (the first), last, rank (reranking: /rerank scores with the GGUF's
+    /// classification head). Default, as llama-server: the model's `{arch}.pooling_type`,
+    /// else none.
+    #[arg(long, value_name = "none|mean|cls|last|rank", value_parser = pocketmoe::engine::embed::Pooling::parse)]
     pooling: Option<pocketmoe::engine::embed::Pooling>,
+    /// Serve reranking (POST /rerank, /reranking, /v1/rerank, /v1/reranking): as
+    /// --embedding --pooling rank (also --rerank).
+    /// It replaces a --pooling given with it (a note says so).
+    #[arg(long, visible_alias = "rerank")]
+    reranking: bool,
     /// Continuous batching is always on here: no effect.
     #[arg(long)]
     cont_batching: bool,
@@ -487,7 +499,7 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
     if a.batch_size.is_some() {
         note(
             "-b/--batch-size",
-            "no effect here: a forward pass takes --batch (-ub/--ubatch-size) tokens",
+            "sets /infill's prefix/suffix budget only: a forward pass takes --batch (-ub/--ubatch-size) tokens",
         );
     }
     if a.jinja {
@@ -518,7 +530,13 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
     if a.slots {
         note("--slots", "no effect here: /slots is on unless --no-slots");
     }
-    if a.pooling.is_some() && !a.embedding {
+    if let (true, Some(p)) = (a.reranking, a.pooling) {
+        note(
+            "--reranking",
+            &format!("replaces --pooling {} (reranking pools rank)", p.name()),
+        );
+    }
+    if a.pooling.is_some() && !a.embedding && !a.reranking {
         note(
             "--pooling",
             "no effect without --embedding (embeddings are not served)",
@@ -815,8 +833,12 @@ fn run(args: Args) -> Result<i32> {
         batch_invariant: args.batch_invariant,
         parse_special_in_content: args.parse_special_in_content,
         chat_template: template,
-        embedding: args.llama.embedding,
-        pooling: args.llama.pooling,
+        embedding: args.llama.embedding || args.llama.reranking,
+        pooling: if args.llama.reranking {
+            Some(pocketmoe::engine::embed::Pooling::Rank)
+        } else {
+            args.llama.pooling
+        },
         slot_similarity: args.llama.slot_prompt_similarity.unwrap_or(0.1),
     };
     let engine = Arc::new(LocalEngine::start(
@@ -828,6 +850,9 @@ fn run(args: Args) -> Result<i32> {
             "embeddings: pooling none (the model sets no pooling_type): /embedding answers one \
              vector per position, /v1/embeddings needs --pooling mean|cls|last"
         ),
+        Some(pocketmoe::engine::embed::Pooling::Rank) => {
+            eprintln!("reranking: POST /rerank (also /reranking, /v1/rerank, /v1/reranking)")
+        }
         Some(p) => eprintln!("embeddings: pooling {}", p.name()),
         None => {}
     }
@@ -854,6 +879,10 @@ fn run(args: Args) -> Result<i32> {
         slots: !args.llama.no_slots,
         slot_save_path,
         defaults,
+        infill: pocketmoe::server::infill::InfillConfig {
+            n_batch: args.llama.batch_size.map_or(2048, |b| b as usize),
+            spm: args.llama.spm_infill,
+        },
     };
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     // Watches the load: one line with the URL when ready, or the reason it failed.

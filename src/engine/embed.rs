@@ -9,6 +9,11 @@
 //! and prompts longer than a micro-batch pool like short ones (llama.cpp refuses those).
 //! Normalisation is llama.cpp's `common_embd_normalize` (what llama-server applies to pooled
 //! vectors: `embd_normalize`, 2 by default).
+//!
+//! `rank` (rerankers, llama.cpp's `LLAMA_POOLING_TYPE_RANK`): the pooled row is the last
+//! position's (llama.cpp takes the last one when attention is causal, as in every architecture
+//! here), then the GGUF's classification head ([`RankHead`]) maps it to `n_cls_out` scores; the
+//! first is the relevance score llama-server reports.
 
 /// How a prompt's hidden states become its embedding (llama.cpp's `llama_pooling_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,19 +25,21 @@ pub enum Pooling {
     Cls,
     /// The last position's.
     Last,
+    /// A reranker's: the last position's, then the classification head ([`RankHead`]).
+    Rank,
 }
 
 impl Pooling {
-    /// `--pooling NAME` (llama.cpp's names; `rank` is a reranker's and is refused).
+    /// `--pooling NAME` (llama.cpp's names).
     pub fn parse(name: &str) -> Result<Self, String> {
         match name {
             "none" => Ok(Pooling::None),
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
-            "rank" => Err("--pooling rank: reranking (a classifier head) is not supported here; use none, mean, cls or last".into()),
+            "rank" => Ok(Pooling::Rank),
             _ => Err(format!(
-                "--pooling {name}: not a pooling type (none, mean, cls, last)"
+                "--pooling {name}: not a pooling type (none, mean, cls, last, rank)"
             )),
         }
     }
@@ -45,8 +52,8 @@ impl Pooling {
             1 => Ok(Pooling::Mean),
             2 => Ok(Pooling::Cls),
             3 => Ok(Pooling::Last),
-            4 => Err("pooling_type = 4 (rank): reranking is not supported here; pass --pooling none|mean|cls|last".into()),
-            v => Err(format!("pooling_type = {v}: not a pooling type (0..=3)")),
+            4 => Ok(Pooling::Rank),
+            v => Err(format!("pooling_type = {v}: not a pooling type (0..=4)")),
         }
     }
 
@@ -56,6 +63,7 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
+            Pooling::Rank => "rank",
         }
     }
 }
@@ -86,7 +94,7 @@ impl Pooler {
                 Pooling::None => self.rows.push(r),
                 Pooling::Cls if self.n == 0 => self.rows = vec![r],
                 Pooling::Cls => {}
-                Pooling::Last => self.rows = vec![r],
+                Pooling::Last | Pooling::Rank => self.rows = vec![r],
                 Pooling::Mean => {
                     self.sum.resize(r.len(), 0.0);
                     for (s, x) in self.sum.iter_mut().zip(&r) {
@@ -109,6 +117,138 @@ impl Pooler {
             Pooling::Mean => Vec::new(),
             _ => self.rows,
         }
+    }
+}
+
+/// A reranker's classification head (llama.cpp `build_pooling`, `LLAMA_POOLING_TYPE_RANK`),
+/// read from the GGUF: `cls.weight` (+ `cls.bias`) then the activation
+/// (`{arch}.classifier.activation`: tanh by default, or silu), then `cls.output.weight`
+/// (+ `cls.output.bias`), each part optional. Without any of them the scores are the pooled row
+/// itself, as llama.cpp computes them for such a model (its first component then is the
+/// "score": not a relevance score, so the server says so at start).
+///
+/// Computed on the host in f64 from f32 (dequantised) weights: one row per request, a few
+/// thousand multiply-adds.
+#[derive(Debug, Clone, Default)]
+pub struct RankHead {
+    dense: Option<Linear>,
+    silu: bool,
+    out: Option<Linear>,
+}
+
+#[derive(Debug, Clone)]
+struct Linear {
+    /// `n_out` rows of `n_in` (ggml's `ne = [n_in, n_out]`).
+    w: Vec<f32>,
+    b: Option<Vec<f32>>,
+    n_in: usize,
+    n_out: usize,
+}
+
+impl Linear {
+    fn apply(&self, x: &[f32]) -> Vec<f32> {
+        (0..self.n_out)
+            .map(|j| {
+                let row = &self.w[j * self.n_in..(j + 1) * self.n_in];
+                let dot: f64 = row
+                    .iter()
+                    .zip(x)
+                    .map(|(w, x)| f64::from(*w) * f64::from(*x))
+                    .sum();
+                (dot + self.b.as_ref().map_or(0.0, |b| f64::from(b[j]))) as f32
+            })
+            .collect()
+    }
+}
+
+impl RankHead {
+    /// The head `file` carries for hidden states of `n_embd`; errors name the tensor or key.
+    pub fn from_gguf(file: &crate::gguf::GgufModel, n_embd: usize) -> Result<Self, String> {
+        use crate::gguf::Metadata;
+        for name in ["cls.norm.weight", "cls.norm.bias"] {
+            if file.tensor(name).is_some() {
+                return Err(format!(
+                    "{name}: a normed classification head (ModernBERT's) is not supported here"
+                ));
+            }
+        }
+        let arch = file.get_str("general.architecture").unwrap_or_default();
+        let key = format!("{arch}.classifier.pooling_type");
+        if file.get_u64(&key).is_some_and(|v| v != 2 && v != 3) {
+            return Err(format!(
+                "{key}: only the last position (causal attention) is pooled for ranking here"
+            ));
+        }
+        let key = format!("{arch}.classifier.activation");
+        let silu = match file.get_str(&key) {
+            None | Some("tanh") => false,
+            Some("silu") => true,
+            Some(other) => return Err(format!("{key} = {other}: not supported here (tanh, silu)")),
+        };
+        let read = |name: &str, want: &[Option<usize>]| -> Result<Option<Vec<f32>>, String> {
+            let Some(t) = file.tensor(name) else {
+                return Ok(None);
+            };
+            let shape: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
+            let fits = shape.len() == want.len()
+                && shape
+                    .iter()
+                    .zip(want)
+                    .all(|(d, w)| w.is_none_or(|w| *d == w));
+            if !fits {
+                return Err(format!(
+                    "{name} has shape {shape:?}, expected {want:?} (None: any)"
+                ));
+            }
+            let n = t.n_elements() as usize;
+            crate::ggml::quant::dequantize(t.ty, file.tensor_data(t), n)
+                .map(Some)
+                .map_err(|e| format!("{name}: {e}"))
+        };
+        let linear = |w: &str, b: &str, n_in: usize| -> Result<Option<Linear>, String> {
+            let Some(wv) = read(w, &[Some(n_in), None])? else {
+                if file.tensor(b).is_some() {
+                    return Err(format!("{b} without {w}"));
+                }
+                return Ok(None);
+            };
+            let n_out = wv.len() / n_in.max(1);
+            let bv = read(b, &[Some(n_out)])?;
+            Ok(Some(Linear {
+                w: wv,
+                b: bv,
+                n_in,
+                n_out,
+            }))
+        };
+        let dense = linear("cls.weight", "cls.bias", n_embd)?;
+        let n_mid = dense.as_ref().map_or(n_embd, |d| d.n_out);
+        let out = linear("cls.output.weight", "cls.output.bias", n_mid)?;
+        Ok(Self { dense, silu, out })
+    }
+
+    /// Whether the file has a head at all (else the scores are the pooled row).
+    pub fn is_empty(&self) -> bool {
+        self.dense.is_none() && self.out.is_none()
+    }
+
+    /// The head's outputs for one pooled row; the first is the relevance score.
+    pub fn scores(&self, pooled: &[f32]) -> Vec<f32> {
+        let mut cur = pooled.to_vec();
+        if let Some(d) = &self.dense {
+            cur = d.apply(&cur);
+            for x in &mut cur {
+                *x = if self.silu {
+                    *x / (1.0 + (-*x).exp())
+                } else {
+                    x.tanh()
+                };
+            }
+        }
+        if let Some(o) = &self.out {
+            cur = o.apply(&cur);
+        }
+        cur
     }
 }
 
@@ -163,15 +303,46 @@ mod tests {
     }
 
     #[test]
-    fn names_parse_and_rank_is_refused() {
-        for p in [Pooling::None, Pooling::Mean, Pooling::Cls, Pooling::Last] {
+    fn names_parse() {
+        for p in [
+            Pooling::None,
+            Pooling::Mean,
+            Pooling::Cls,
+            Pooling::Last,
+            Pooling::Rank,
+        ] {
             assert_eq!(Pooling::parse(p.name()), Ok(p));
         }
-        assert!(Pooling::parse("rank")
-            .unwrap_err()
-            .contains("not supported"));
         assert!(Pooling::parse("avg").is_err());
         assert_eq!(Pooling::from_gguf(1), Ok(Pooling::Mean));
-        assert!(Pooling::from_gguf(4).is_err() && Pooling::from_gguf(9).is_err());
+        assert_eq!(Pooling::from_gguf(4), Ok(Pooling::Rank));
+        assert!(Pooling::from_gguf(9).is_err());
+    }
+
+    #[test]
+    fn rank_pools_the_last_row_and_applies_the_head() {
+        let mut p = Pooler::new(Pooling::Rank);
+        p.push(vec![vec![1.0, 2.0], vec![3.0, -1.0]]);
+        let row = p.finish().remove(0);
+        assert_eq!(row, vec![3.0, -1.0]);
+        assert_eq!(RankHead::default().scores(&row), row, "no head: the row");
+        let head = RankHead {
+            dense: Some(Linear {
+                w: vec![1.0, 0.0, 0.5, 0.5],
+                b: Some(vec![0.0, -1.0]),
+                n_in: 2,
+                n_out: 2,
+            }),
+            silu: false,
+            out: Some(Linear {
+                w: vec![2.0, -1.0],
+                b: Some(vec![0.25]),
+                n_in: 2,
+                n_out: 1,
+            }),
+        };
+        // dense: [3, 1 - 1] -> tanh -> [tanh 3, 0]; out: 2 tanh 3 + 0.25.
+        let want = (2.0 * 3f64.tanh() + 0.25) as f32;
+        assert_eq!(head.scores(&row), vec![want]);
     }
 }

@@ -385,7 +385,8 @@ impl<'m> LlamaContext<'m> {
     }
 
     /// A context that computes embeddings (`llama_context_params.embeddings`), pooled by
-    /// `pooling` (llama.cpp's `llama_pooling_type`: 0 none, 1 mean, 2 cls, 3 last), on the CPU
+    /// `pooling` (llama.cpp's `llama_pooling_type`: 0 none, 1 mean, 2 cls, 3 last, 4 rank: then
+    /// [`LlamaContext::embeddings`] gives the `n_cls_out` scores), on the CPU
     /// settings of [`LlamaContext::new`]. A prompt must fit one micro-batch (512 tokens, or
     /// `n_ctx` when smaller): llama.cpp pools within one.
     pub fn new_embeddings(
@@ -416,8 +417,9 @@ impl<'m> LlamaContext<'m> {
     }
 
     /// The embeddings of `tokens` read as a fresh sequence 0 (a context from
-    /// [`LlamaContext::new_embeddings`]): one pooled vector (`llama_get_embeddings_seq`), or one
-    /// per position with pooling none (`llama_get_embeddings_ith`). Not normalised.
+    /// [`LlamaContext::new_embeddings`]): one pooled vector (`llama_get_embeddings_seq`; with
+    /// rank pooling its `n_cls_out` scores), or one per position with pooling none
+    /// (`llama_get_embeddings_ith`). Not normalised.
     pub fn embeddings(&mut self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
         let n = tokens.len();
         if n == 0 {
@@ -432,6 +434,12 @@ impl<'m> LlamaContext<'m> {
             let ctx = self.ptr.as_ptr();
             sys::llama_memory_clear(sys::llama_get_memory(ctx), true);
             let pooled = sys::llama_pooling_type(ctx) != sys::LLAMA_POOLING_TYPE_NONE;
+            // Rank pooling: libllama keeps n_cls_out scores per sequence, not a row.
+            let n_seq_out = if sys::llama_pooling_type(ctx) == sys::LLAMA_POOLING_TYPE_RANK {
+                sys::llama_model_n_cls_out(self.model.ptr.as_ptr()) as usize
+            } else {
+                n_embd
+            };
             let mut b = sys::llama_batch_init(n as i32, 0, 1);
             for (i, &t) in tokens.iter().enumerate() {
                 *b.token.add(i) = t;
@@ -442,22 +450,28 @@ impl<'m> LlamaContext<'m> {
             }
             b.n_tokens = n as i32;
             let rc = sys::llama_decode(ctx, b);
-            let row = |p: *const f32, what: String| {
+            let row = |p: *const f32, len: usize, what: String| {
                 if p.is_null() {
                     Err(err(format!("no embedding for {what}")))
                 } else {
-                    Ok(std::slice::from_raw_parts(p, n_embd).to_vec())
+                    Ok(std::slice::from_raw_parts(p, len).to_vec())
                 }
             };
             let result = if rc != 0 {
                 Err(err(format!("llama_decode returned {rc}")))
             } else if pooled {
-                row(sys::llama_get_embeddings_seq(ctx, 0), "sequence 0".into()).map(|v| vec![v])
+                row(
+                    sys::llama_get_embeddings_seq(ctx, 0),
+                    n_seq_out,
+                    "sequence 0".into(),
+                )
+                .map(|v| vec![v])
             } else {
                 (0..n)
                     .map(|i| {
                         row(
                             sys::llama_get_embeddings_ith(ctx, i as i32),
+                            n_embd,
                             format!("position {i}"),
                         )
                     })

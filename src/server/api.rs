@@ -292,4 +292,27 @@ pub trait Engine: Send + Sync + 'static {
             "this engine has no slots to save or restore".into(),
         ))
     }
+    /// The classification head `/rerank` scores with (`--pooling rank`); `None`: reranking is
+    /// off.
+    fn rank_head(&self) -> Option<std::sync::Arc<crate::engine::embed::RankHead>> {
+        None
+    }
+    /// The vocabulary's special tokens and flags, for the prompts `/infill` and `/rerank`
+    /// assemble from token ids; `None`: this engine has no vocabulary to show.
+    fn vocab(&self) -> Option<VocabInfo> {
+        None
+    }
+}
+
+/// What `/infill` and `/rerank` need of the vocabulary (llama.cpp's `llama_vocab_fim_pre`,
+/// `llama_vocab_get_add_bos`, ...).
+#[derive(Debug, Clone, Default)]
+pub struct VocabInfo {
+    pub special: crate::tokenizer::vocab::SpecialTokens,
+    /// Whether tokenizing with `add_special` prepends BOS / appends EOS / appends SEP.
+    pub add_bos: bool,
+    pub add_eos: bool,
+    pub add_sep: bool,
+    /// The GGUF's `tokenizer.chat_template.rerank` (with `{query}` and `{document}`).
+    pub rerank_template: Option<String>,
 }

@@ -115,7 +115,10 @@ fn base64_f32(v: &[f32]) -> String {
 }
 
 /// One input's embedding: its vectors (one, or one per position) and its token count.
-async fn embed_one(st: &AppState, ids: Vec<u32>) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+pub(super) async fn embed_one(
+    st: &AppState,
+    ids: Vec<u32>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let n = ids.len();
     let engine = st.engine.clone();
     let mut gen = tokio::task::spawn_blocking(move || engine.embed(ids))
@@ -140,6 +143,11 @@ async fn handle(st: &AppState, req: Request, oai: bool) -> Result<Response, ApiE
     let Some(pooling) = st.engine.pooling() else {
         return Err(ApiError::NotSupported(NO_EMBEDDINGS.into()));
     };
+    if pooling == Pooling::Rank {
+        return Err(ApiError::bad(
+            "this server ranks (--pooling rank): use /rerank, or restart it with --pooling none|mean|cls|last for embeddings",
+        ));
+    }
     if oai && pooling == Pooling::None {
         return Err(ApiError::bad(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type",

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::grammar::Grammars;
 use super::parse::prompt_opens_reasoning;
 use super::worker::{self, Config, Job, Msg, Shared, SlotError};
-use crate::engine::embed::Pooling;
+use crate::engine::embed::{Pooling, RankHead};
 use crate::engine::{Engine as Model, EngineOptions};
 use crate::gguf::{GgufModel, Metadata};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -106,6 +106,10 @@ pub struct LocalEngine {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Embeddings on (`--embedding`), pooled so.
     pooling: Option<Pooling>,
+    /// `tokenizer.chat_template.rerank`, for `/rerank`'s prompts.
+    rerank_template: Option<String>,
+    /// With `--pooling rank`: the GGUF's classification head.
+    rank_head: Option<Arc<RankHead>>,
 }
 
 impl LocalEngine {
@@ -135,6 +139,13 @@ impl LocalEngine {
             false => None,
         };
         let fingerprint = super::slotfile::model_fingerprint(&file);
+        let rank_head = match pooling {
+            Some(Pooling::Rank) => Some(Arc::new(Self::rank_head_of(&file, &tok)?)),
+            _ => None,
+        };
+        let rerank_template = file
+            .get_str("tokenizer.chat_template.rerank")
+            .map(str::to_string);
         drop(file);
         let stem = opts
             .model
@@ -218,7 +229,42 @@ impl LocalEngine {
             model_path: opts.model.display().to_string(),
             thread: Mutex::new(Some(thread)),
             pooling,
+            rerank_template,
+            rank_head,
         })
+    }
+
+    /// The classification head for `--pooling rank`, after llama.cpp's checks of the
+    /// vocabulary (a BOS token; an EOS or SEP token, or a rerank template): without them
+    /// llama-server does not start either.
+    fn rank_head_of(file: &GgufModel, tok: &Tokenizer) -> anyhow::Result<RankHead> {
+        let what = "--pooling rank (reranking)";
+        anyhow::ensure!(
+            tok.bos().is_some(),
+            "{what}: the vocabulary has no BOS token, which the reranking prompt starts with (llama.cpp refuses such a model too)"
+        );
+        let s = tok.special_tokens();
+        anyhow::ensure!(
+            s.eos.is_some()
+                || s.sep.is_some()
+                || file.get_str("tokenizer.chat_template.rerank").is_some(),
+            "{what}: the vocabulary has no EOS or SEP token and the file no tokenizer.chat_template.rerank (llama.cpp refuses such a model too)"
+        );
+        let arch = file.get_str("general.architecture").unwrap_or_default();
+        let key = format!("{arch}.embedding_length");
+        let n_embd = file
+            .get_u64(&key)
+            .ok_or_else(|| anyhow::anyhow!("{what}: {key} is missing"))?;
+        let head = RankHead::from_gguf(file, n_embd as usize)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        if head.is_empty() {
+            tracing::warn!(
+                "{what}: the model has no classification head (no cls.weight, no cls.output.weight): \
+                 its scores are the first component of the last position's hidden state, as \
+                 llama-server computes them for such a model, not a trained relevance score"
+            );
+        }
+        Ok(head)
     }
 
     /// The GGUF's default chat template; none (chat off) when it has no template at all.
@@ -535,6 +581,20 @@ impl Engine for LocalEngine {
 
     fn pooling(&self) -> Option<Pooling> {
         self.pooling
+    }
+
+    fn rank_head(&self) -> Option<Arc<RankHead>> {
+        self.rank_head.clone()
+    }
+
+    fn vocab(&self) -> Option<super::api::VocabInfo> {
+        Some(super::api::VocabInfo {
+            special: self.tok.special_tokens().clone(),
+            add_bos: self.tok.add_bos(),
+            add_eos: self.tok.add_eos(),
+            add_sep: self.tok.add_sep(),
+            rerank_template: self.rerank_template.clone(),
+        })
     }
 
     fn embed(&self, tokens: Vec<u32>) -> Result<Generation, ApiError> {

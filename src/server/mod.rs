@@ -3,12 +3,14 @@
 //! Routes: `POST /v1/chat/completions` (also `/chat/completions`), `POST /v1/completions`
 //! (JSON or SSE with `stream: true`), `GET /v1/models[/{id}]` (also `/models`), `GET /health`
 //! and `/v1/health` (503 while loading), `GET /metrics` (Prometheus, `llamacpp:*` included),
-//! llama.cpp's native `POST /completion` and `/completions` (`native`), Anthropic's
+//! llama.cpp's native `POST /completion` and `/completions` (`native`), fill-in-the-middle
+//! `POST /infill` (`infill`), Anthropic's
 //! `POST /v1/messages` and `/v1/messages/count_tokens` (`anthropic`), OpenAI's Responses API
 //! `POST /v1/responses` and `/responses` (`responses`), and llama-server's
 //! `POST /tokenize`, `POST /detokenize`, `POST /apply-template`, `GET /props` and `GET /slots`
 //! (`extra`), embeddings with `--embedding` (`POST /v1/embeddings`, `/embedding`,
-//! `/embeddings`: `embeddings`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
+//! `/embeddings`: `embeddings`), reranking with `--reranking` (`POST /rerank`, `/reranking`,
+//! `/v1/rerank`, `/v1/reranking`: `rerank`), and the built-in chat page at `GET /` (`web`; off with `--no-webui`). Parts: `api` (the engine boundary), `error` (the one mapping to HTTP), `types`
 //! (wire types), `validate` (body -> request, 4xx on anything off), `respond` (JSON / SSE),
 //! `parse` (stop strings, reasoning, tool calls), `worker` + `local` (the real engine: one
 //! thread, continuous batching), `metrics`, `conn` (below hyper: connection cap, header
@@ -33,10 +35,12 @@ pub mod error;
 mod extra;
 pub mod gbnf;
 pub mod grammar;
+pub mod infill;
 mod local;
 pub mod metrics;
 mod native;
 pub mod parse;
+mod rerank;
 mod respond;
 mod responses;
 pub mod slotfile;
@@ -97,6 +101,8 @@ pub struct ServerConfig {
     /// Sampling and length defaults for requests that do not set them (llama-server's
     /// `--temp`, `--top-k`, ..., `-n`).
     pub defaults: validate::Defaults,
+    /// `/infill`'s budget (`-b`) and order (`--spm-infill`).
+    pub infill: infill::InfillConfig,
 }
 
 impl Default for ServerConfig {
@@ -114,6 +120,7 @@ impl Default for ServerConfig {
             slots: true,
             slot_save_path: None,
             defaults: validate::Defaults::default(),
+            infill: infill::InfillConfig::default(),
         }
     }
 }
@@ -153,6 +160,7 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/v1/completions", post(completions))
         .route("/completion", post(native::completion))
         .route("/completions", post(native::completion))
+        .route("/infill", post(infill::infill))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::responses))
         .route("/responses", post(responses::responses))
@@ -160,6 +168,10 @@ fn app(engine: Arc<dyn Engine>, cfg: ServerConfig, conns: Option<Arc<conn::Conns
         .route("/v1/embeddings", post(embeddings::openai))
         .route("/embedding", post(embeddings::native))
         .route("/embeddings", post(embeddings::native))
+        .route("/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/v1/models/{id}", get(model))

@@ -75,6 +75,21 @@ pub(super) async fn completion(AxState(st): AxState<Arc<AppState>>, req: Request
             PromptInput::TokenLists(v) => vec![None; v.len()],
         };
         let plans = plans(&common, r, st.engine.card(), &st.cfg.defaults)?;
+        answer(&st, plans, prompt_texts, return_tokens).await
+    };
+    run.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Runs `plans` (one per prompt; `prompt_texts` the text each answer echoes as `prompt`) and
+/// answers in llama-server's native shape: an object, a JSON array for several prompts, or a
+/// stream. Shared by `/completion` and `/infill`.
+pub(super) async fn answer(
+    st: &AppState,
+    plans: Vec<Plan>,
+    prompt_texts: Vec<Option<String>>,
+    return_tokens: bool,
+) -> Result<Response, ApiError> {
+    {
         if plans.len() > 1 && plans.iter().any(|p| p.stream) {
             return Err(ApiError::invalid(
                 "prompt",
@@ -83,8 +98,8 @@ pub(super) async fn completion(AxState(st): AxState<Arc<AppState>>, req: Request
         }
         let mut states = Vec::new();
         for (i, plan) in plans.iter().enumerate() {
-            let (gen, t0) = super::submit(&st, plan.gen.clone()).await?;
-            let meta = super::meta(&st, plan, Kind::Completion, t0);
+            let (gen, t0) = super::submit(st, plan.gen.clone()).await?;
+            let meta = super::meta(st, plan, Kind::Completion, t0);
             states.push(Native {
                 st: State::new(meta, gen),
                 index: i,
@@ -116,8 +131,7 @@ pub(super) async fn completion(AxState(st): AxState<Arc<AppState>>, req: Request
         } else {
             Json(Value::Array(out)).into_response()
         })
-    };
-    run.await.unwrap_or_else(IntoResponse::into_response)
+    }
 }
 
 /// `generation_settings`: the request's sampling parameters, llama-server's names.

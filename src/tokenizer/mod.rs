@@ -379,6 +379,10 @@ impl Tokenizer {
     pub fn add_eos(&self) -> bool {
         self.vocab.add_eos
     }
+    /// `tokenizer.ggml.add_sep_token`: reranking prompts put SEP between query and document.
+    pub fn add_sep(&self) -> bool {
+        self.vocab.add_sep
+    }
     pub fn kind(&self) -> TokenizerKind {
         self.vocab.kind
     }

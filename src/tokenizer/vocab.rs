@@ -76,6 +76,8 @@ pub(crate) struct Vocab {
     pub special: SpecialTokens,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// `tokenizer.ggml.add_sep_token` (llama.cpp's `add_sep`; read by reranking prompts).
+    pub add_sep: bool,
     pub add_space_prefix: bool,
     /// Spaces are U+2581 in token texts (SPM, Gemma 4); else GPT-2 byte symbols.
     pub escape_whitespaces: bool,
@@ -379,6 +381,10 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
     if let Some(v) = model.get("tokenizer.ggml.add_eos_token") {
         add_eos = bool_of(v, "tokenizer.ggml.add_eos_token", &key_err)?;
     }
+    let mut add_sep = false;
+    if let Some(v) = model.get("tokenizer.ggml.add_sep_token") {
+        add_sep = bool_of(v, "tokenizer.ggml.add_sep_token", &key_err)?;
+    }
     if pre.is_some_and(|p| p.kind == "gemma4") {
         add_bos = true; // llama.cpp's Gemma 4 workaround (PR 21500)
     }
@@ -420,6 +426,7 @@ pub(crate) fn load(model: &GgufModel) -> Result<Vocab, TokenizerError> {
         special,
         add_bos,
         add_eos,
+        add_sep,
         add_space_prefix,
         escape_whitespaces: pre.is_none_or(|p| p.escape_whitespaces),
         clean_spaces,
