@@ -364,6 +364,7 @@ fn unsupported_heads_are_refused() {
         chat_template: None,
         embedding: true,
         pooling: Some(pocketmoe::engine::embed::Pooling::Rank),
+        slot_similarity: 0.1,
     };
     let err = match pocketmoe::server::LocalEngine::start(opts, Box::new(|_, _| {})) {
         Ok(_) => panic!("a head with cls.norm.weight was accepted"),
