@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::Child;
 use std::time::Duration;
 
 mod common;
@@ -213,7 +212,7 @@ fn real_qwen_tokenizer_and_template() {
 
 /// `pocketmoe-serve` on a free port, killed on drop; started with llama-server's option names.
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
 }
 
@@ -233,8 +232,8 @@ impl Server {
                 .map(std::ffi::OsString::from),
         );
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (child, addr) = common::spawn_serve(&args);
-        Server { child, addr }
+        let (_child, addr) = common::serve(&args);
+        Server { _child, addr }
     }
 
     fn request(&self, method: &str, path: &str, body: &str) -> Value {
@@ -262,13 +261,6 @@ impl Server {
         });
         let r = self.request("POST", "/v1/chat/completions", &body.to_string());
         r["usage"]["prompt_tokens"].as_u64().unwrap() as usize
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

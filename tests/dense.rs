@@ -20,8 +20,15 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog. 12345 tokens 
 
 /// The tiny llama (Mixtral) synth made dense: no `expert_*` keys, and per block
 /// `ffn_{gate,up,down}.weight` = expert 0's slice of `ffn_{gate,up,down}_exps.weight` (the first
-/// 1/n_expert of its bytes) instead of the router and the experts.
+/// 1/n_expert of its bytes) instead of the router and the experts. Made once per process: the
+/// tests run in parallel threads, and one rewriting the file another has mapped is a SIGBUS
+/// (CI, 2026-12-03).
 fn dense_tiny() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(make_dense_tiny).clone()
+}
+
+fn make_dense_tiny() -> PathBuf {
     let moe = common::synth_tiny("dense", "llama", QuantMix::Q8_0, 1.0, 11);
     let out = moe.with_file_name("llama-dense.gguf");
     let base = GgufModel::open(&moe).unwrap();

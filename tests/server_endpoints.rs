@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ fn tokenizer() -> Tokenizer {
 }
 
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
 }
 
@@ -55,15 +55,8 @@ impl Server {
         );
         args.extend(["--alias", "tiny"].iter().map(std::ffi::OsString::from));
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (child, addr) = common::spawn_serve(&args);
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let (_child, addr) = common::serve(&args);
+        Server { _child, addr }
     }
 }
 
@@ -73,13 +66,7 @@ fn http(addr: &str, head: &str, body: &[u8]) -> (u16, String, String) {
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
-    let b = body.to_string();
-    let head = format!("POST {path} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
-    let (status, _, text) = http(addr, &head, b.as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text:?}")),
-    )
+    common::post_json(addr, path, body, Some(KEY))
 }
 
 fn get(addr: &str, path: &str) -> (u16, Value) {

@@ -19,7 +19,6 @@ use pocketmoe::gguf::{GgufModel, GgufValue};
 use pocketmoe::synth::quantmix::QuantMix;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::OnceLock;
 
 fn model() -> &'static Path {
@@ -45,7 +44,7 @@ fn hermes_model() -> &'static Path {
 }
 
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
 }
 
@@ -64,8 +63,8 @@ impl Server {
             "--ctx",
             "2048",
         ];
-        let (child, addr) = common::spawn_serve(&args);
-        Server { child, addr }
+        let (_child, addr) = common::serve(&args);
+        Server { _child, addr }
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, String) {
@@ -122,13 +121,6 @@ impl Server {
                 c["finish_reason"].as_str().unwrap_or("").to_string(),
             )
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

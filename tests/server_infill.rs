@@ -21,7 +21,6 @@ use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::OnceLock;
 
 const KEY: &str = "infill-key";
@@ -88,7 +87,7 @@ fn models() -> &'static (PathBuf, PathBuf) {
 }
 
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
 }
 
@@ -116,23 +115,13 @@ impl Server {
             .map(std::ffi::OsString::from),
         );
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (child, addr) = common::spawn_serve(&args);
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let (_child, addr) = common::serve(&args);
+        Server { _child, addr }
     }
 }
 
 fn post_raw(addr: &str, path: &str, body: &Value) -> (u16, String) {
-    let b = body.to_string();
-    let head = format!("POST {path} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
-    let (status, _, text) = common::http_exchange(addr, &head, b.as_bytes());
-    (status, text)
+    common::post_text(addr, path, body, Some(KEY))
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {

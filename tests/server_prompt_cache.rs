@@ -21,7 +21,6 @@ mod common;
 use pocketmoe::synth::quantmix::QuantMix;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::OnceLock;
 
 fn model() -> &'static Path {
@@ -30,7 +29,7 @@ fn model() -> &'static Path {
 }
 
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
     /// The end-of-generation token ids (banned, so that every request runs its full length).
     ends: Vec<u64>,
@@ -53,9 +52,9 @@ impl Server {
             .map(std::ffi::OsString::from),
         );
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (child, addr) = common::spawn_serve(&args);
+        let (_child, addr) = common::serve(&args);
         let mut s = Server {
-            child,
+            _child,
             addr,
             ends: Vec::new(),
         };
@@ -89,26 +88,12 @@ impl Server {
     }
 
     fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let b = body.to_string();
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}",
-            b.len()
-        );
-        let (status, _, text) = common::http_exchange(&self.addr, &head, b.as_bytes());
-        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text:?}"));
-        (status, v)
+        common::post_json(&self.addr, path, body, None)
     }
 
     fn get(&self, path: &str) -> Value {
         let (_, _, text) = common::http_exchange(&self.addr, &format!("GET {path} HTTP/1.1"), b"");
         serde_json::from_str(&text).unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

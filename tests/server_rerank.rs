@@ -25,7 +25,6 @@ use pocketmoe::synth::quantmix::QuantMix;
 use pocketmoe::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::OnceLock;
 
 const KEY: &str = "rerank-key";
@@ -123,7 +122,7 @@ fn model() -> &'static Path {
 }
 
 struct Server {
-    child: Child,
+    _child: common::Served,
     addr: String,
 }
 
@@ -147,24 +146,13 @@ impl Server {
             .map(std::ffi::OsString::from),
         );
         args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (child, addr) = common::spawn_serve(&args);
-        Server { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let (_child, addr) = common::serve(&args);
+        Server { _child, addr }
     }
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
-    let b = body.to_string();
-    let head = format!("POST {path} HTTP/1.1\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}", b.len());
-    let (status, _, text) = common::http_exchange(addr, &head, b.as_bytes());
-    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
-    (status, v)
+    common::post_json(addr, path, body, Some(KEY))
 }
 
 fn assert_error(status: u16, v: &Value, want_status: u16, want_type: &str, msg: &str) {

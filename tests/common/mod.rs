@@ -59,15 +59,23 @@ pub fn synth_preset(
     } else {
         dir.join(format!("{arch}-{preset}-{routing_skew}-{seed}.gguf"))
     };
+    // Written under a name of this thread's and renamed into place: tests of one file run in
+    // parallel threads of one process and often synthesise the same file, and one truncating
+    // it while another has it mapped is a SIGBUS (tests/dense.rs in CI, 2026-12-03). A rename
+    // leaves a mapping of the old file intact; the bytes are the same either way.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = out.with_extension(format!("gguf.part{n}"));
     let opts = pocketmoe::synth::SynthOptions {
         arch: arch.into(),
         preset: preset.into(),
         quant,
         routing_skew,
         seed,
-        out: out.clone(),
+        out: tmp.clone(),
     };
     pocketmoe::synth::synth(&opts, &|_, _| {}).unwrap();
+    std::fs::rename(&tmp, &out).unwrap();
     out
 }
 
@@ -164,6 +172,53 @@ pub fn spawn_serve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (std::process::Chil
         .recv_timeout(std::time::Duration::from_secs(120))
         .expect("pocketmoe-serve did not report its URL");
     (child, addr)
+}
+
+/// A test's server process: killed and reaped when dropped, so no server outlives its test.
+pub struct Served(pub std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// [`spawn_serve`], the process held as [`Served`].
+pub fn serve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Served, String) {
+    let (child, addr) = spawn_serve(args);
+    (Served(child), addr)
+}
+
+/// `POST path` with a JSON `body` (and `Authorization: Bearer KEY` when `key` is given) to the
+/// server at `addr`: the status and the body parsed as JSON (a body that is not JSON is a panic
+/// naming the path and the text).
+pub fn post_json(
+    addr: &str,
+    path: &str,
+    body: &serde_json::Value,
+    key: Option<&str>,
+) -> (u16, serde_json::Value) {
+    let (status, text) = post_text(addr, path, body, key);
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text:?}"));
+    (status, v)
+}
+
+/// [`post_json`] without parsing: the status and the raw body.
+pub fn post_text(
+    addr: &str,
+    path: &str,
+    body: &serde_json::Value,
+    key: Option<&str>,
+) -> (u16, String) {
+    let b = body.to_string();
+    let auth = key.map_or(String::new(), |k| format!("\r\nAuthorization: Bearer {k}"));
+    let head = format!(
+        "POST {path} HTTP/1.1{auth}\r\nContent-Type: application/json\r\nContent-Length: {}",
+        b.len()
+    );
+    let (status, _, text) = http_exchange(addr, &head, b.as_bytes());
+    (status, text)
 }
 
 /// One raw HTTP/1.1 exchange with the server at `addr`: `head` is the request line and headers
