@@ -25,6 +25,7 @@ mod direct;
 mod direct_prefetch;
 mod hook;
 mod load;
+mod miss;
 mod planner;
 mod readback;
 mod slots;
@@ -34,7 +35,7 @@ mod tensors;
 pub use super::mats::{ExpertMat, MATS};
 pub use super::options::{Admit, Mode, OffloadOptions};
 pub use hook::StepHook;
-pub use planner::MissModel;
+pub use miss::MissModel;
 pub use readback::predicted_experts;
 pub use tensors::Ctl;
 

@@ -1,0 +1,258 @@
+//! The miss cost model (docs/design.md §4.5): what a miss costs on each channel (PCIe, the CPU),
+//! when each channel is next free, the greedy split between them, and the slack controller that
+//! corrects the CPU's start cost from what each job's join measured.
+use std::time::{Duration, Instant};
+
+/// What a miss costs on each channel, and when each channel is next free.
+#[derive(Debug, Clone)]
+pub struct MissModel {
+    /// Host-to-device copies, bytes/s.
+    pub pcie_bw: f64,
+    /// Expert bytes the CPU channel computes per second (one token).
+    pub cpu_bw: f64,
+    /// Fixed cost of a CPU job: the hand-over to the worker, its graph, the join (and, on a
+    /// GPU, the step's second stop), seconds.
+    pub cpu_start_s: f64,
+    /// Whether the rates were measured on this box (else: given, or the defaults).
+    pub measured: bool,
+    /// The slack controller's correction to `cpu_start_s` (see [`MissModel::observe`]), and
+    /// whether the controller runs (with the balance only).
+    pub cpu_correction_s: f64,
+    pub slack_control: bool,
+    /// Whether the balance (copy-engine backlog, prefetch budget) is on; off: PCIe first at
+    /// every stop from an idle copy engine, every predicted expert prefetched (the planner
+    /// before 2026-12-02, kept to measure against).
+    pub balance: bool,
+    /// When the copies queued so far should have landed (estimated at `pcie_bw`).
+    copy_idle_at: Option<Instant>,
+    /// When the CPU job in flight should be done.
+    pub(super) cpu_idle_at: Option<Instant>,
+}
+
+/// GPU time from an offloaded layer's expert matmuls to the next offloaded layer's stop
+/// (its experts, the next attention and router): the head start a prefetch has over the next
+/// stop. ~70 us on the H200 (a 3.3 ms resident Qwen3-30B-A3B step over 48 layers).
+pub(super) const GPU_LAYER_S: f64 = 50e-6;
+
+/// The GPU's extra cost of a layer with a CPU job: the graph stops a second time after its GPU
+/// experts (a host round trip, ~30 us on the H200), which a start-up job does not see.
+pub(super) const SECOND_STOP_S: f64 = 30e-6;
+
+/// How long a CPU job's result should wait for the join, on average: the slack the controller
+/// ([`MissModel::observe`]) aims at. Below it a job's jitter (H200 host: compute of one shape
+/// spreads by ~10-20 us) would make the step wait; above it the CPU idles while the copy engine
+/// still works.
+const SLACK_TARGET_S: f64 = 20e-6;
+
+/// The share of a job's slack error the controller corrects per job: ~48 jobs a token, so it
+/// settles within a token or two and one outlier job moves the charge by a quarter of its error.
+const SLACK_GAIN: f64 = 0.25;
+
+/// The bounds of the correction: at most a few experts' worth of CPU time either way, so a
+/// stalled or pre-empted worker cannot push the split to an extreme that takes long to undo.
+const MAX_CORRECTION_S: f64 = 300e-6;
+
+impl MissModel {
+    /// Given rates (`bw`: PCIe, CPU, bytes/s), or the defaults until [`Offload::measure_rates`].
+    pub(super) fn new(bw: Option<(f64, f64)>, cuda: bool, balance: bool) -> Self {
+        Self {
+            pcie_bw: bw.map_or(if cuda { 45e9 } else { 20e9 }, |b| b.0),
+            cpu_bw: bw.map_or(30e9, |b| b.1),
+            cpu_start_s: 40e-6,
+            measured: false,
+            cpu_correction_s: 0.0,
+            slack_control: true,
+            balance,
+            copy_idle_at: None,
+            cpu_idle_at: None,
+        }
+    }
+
+    /// The rates, for the statistics.
+    pub fn rates(&self) -> crate::experts::stats::ChannelRates {
+        crate::experts::stats::ChannelRates {
+            pcie_gb_s: self.pcie_bw / 1e9,
+            cpu_gb_s: self.cpu_bw / 1e9,
+            cpu_start_us: self.cpu_start_s * 1e6,
+            measured: self.measured,
+            cpu_correction_us: self.cpu_correction_s * 1e6,
+        }
+    }
+
+    /// The start cost a CPU job is charged: the measured one plus the slack controller's
+    /// correction (none without the balance).
+    pub(super) fn cpu_start(&self) -> f64 {
+        if self.balance {
+            self.cpu_start_s + self.cpu_correction_s
+        } else {
+            self.cpu_start_s
+        }
+    }
+
+    /// The slack controller: a CPU job's result waited `idle` seconds for the join, and the
+    /// step waited `waited` seconds for the result (one of the two is ~0). The rates and start
+    /// cost are measured once, on jobs that do not run beside a step; in a step the GPU's side
+    /// (the copies, its experts, the second stop) and the CPU's (sharing DRAM with the copy
+    /// engine) take what they take. A result that waited means the CPU could have taken more:
+    /// charge it less; a step that waited: charge it more. An integral correction, so the
+    /// average slack settles at [`SLACK_TARGET_S`].
+    pub(super) fn observe(&mut self, idle: f64, waited: f64) {
+        if !(self.balance && self.slack_control) {
+            return;
+        }
+        let err = idle - waited - SLACK_TARGET_S;
+        self.cpu_correction_s =
+            (self.cpu_correction_s - SLACK_GAIN * err).clamp(-MAX_CORRECTION_S, MAX_CORRECTION_S);
+    }
+
+    /// A stop sent all its misses over PCIe: the CPU idled through the layer. A positive
+    /// correction (the CPU charged more than measured) decays towards zero by what a job whose
+    /// result waited a GPU layer would take off, so one that priced the CPU out of every split
+    /// does not stay where no job is left to measure it. It never goes below zero this way:
+    /// an idle layer says nothing about how much more the CPU could take (at high hit rates
+    /// most layers send a lone miss over PCIe rightly).
+    pub(super) fn idle_layer(&mut self) {
+        if self.balance && self.slack_control && self.cpu_correction_s > 0.0 {
+            self.cpu_correction_s = (self.cpu_correction_s - SLACK_GAIN * GPU_LAYER_S).max(0.0);
+        }
+    }
+
+    /// Seconds until the copy engine has landed what is queued (0 without the balance).
+    pub(super) fn copy_backlog(&self, now: Instant) -> f64 {
+        match (self.balance, self.copy_idle_at) {
+            (true, Some(t)) => t.saturating_duration_since(now).as_secs_f64(),
+            _ => 0.0,
+        }
+    }
+
+    /// `bytes` were queued on the copy engine at `now`.
+    pub(super) fn queued(&mut self, now: Instant, bytes: u64) {
+        let start = self.copy_idle_at.filter(|&t| t > now).unwrap_or(now);
+        self.copy_idle_at = Some(start + secs(bytes as f64 / self.pcie_bw));
+    }
+
+    /// Greedy split of misses of `bytes` each between a copy engine free in `t_pcie` seconds
+    /// and a CPU free in `t_cpu`: each to the channel that would finish it first; the first
+    /// `forced` go to the CPU whatever it costs. Returns, per miss, whether the CPU takes it.
+    pub(super) fn split(
+        &self,
+        n: usize,
+        bytes: f64,
+        t_pcie: f64,
+        t_cpu: f64,
+        forced: usize,
+    ) -> Vec<bool> {
+        let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
+        let (mut p, mut c) = (t_pcie, t_cpu);
+        (0..n)
+            .map(|i| {
+                let cpu = i < forced || c + cc < p + cp;
+                if cpu {
+                    c += cc;
+                } else {
+                    p += cp;
+                }
+                cpu
+            })
+            .collect()
+    }
+}
+
+pub(super) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MissModel;
+
+    fn model(pcie: f64, cpu: f64, start: f64) -> MissModel {
+        let mut m = MissModel::new(Some((pcie, cpu)), true, true);
+        m.cpu_start_s = start;
+        m
+    }
+
+    #[test]
+    fn split_balances_the_two_channels() {
+        // 1 MB experts, PCIe 50 GB/s (20 us each), CPU 50 GB/s + 30 us start: from idle
+        // channels the first two misses go to PCIe (20, 40 us vs 50), then they alternate.
+        let m = model(50e9, 50e9, 30e-6);
+        let s = m.split(6, 1e6, 0.0, m.cpu_start_s, 0);
+        assert_eq!(s, [false, false, true, false, true, false]);
+        // A copy engine still busy for 100 us with prefetches: the CPU takes the first ones.
+        let s = m.split(3, 1e6, 100e-6, m.cpu_start_s, 0);
+        assert_eq!(s, [true, true, true]);
+        // Forced picks (more than the slots) go to the CPU whatever it costs.
+        let s = m.split(3, 1e6, 0.0, 1.0, 2);
+        assert_eq!(s, [true, true, false]);
+    }
+
+    #[test]
+    fn slack_controller_settles_where_results_wait_the_target() {
+        // A box whose real CPU jobs finish 100 us before the step joins them (the GPU's side
+        // costs more than the model says): the correction falls until the split hands the CPU
+        // enough to close the gap. Simulated: each extra us charged less gives the CPU 1 us
+        // more work, so the slack is 100 us + correction.
+        let mut m = model(50e9, 50e9, 60e-6);
+        for _ in 0..200 {
+            let slack = 100e-6 + m.cpu_correction_s;
+            let (idle, waited) = if slack >= 0.0 {
+                (slack, 0.0)
+            } else {
+                (0.0, -slack)
+            };
+            m.observe(idle, waited);
+        }
+        let want = -(100e-6 - super::SLACK_TARGET_S);
+        assert!(
+            (m.cpu_correction_s - want).abs() < 1e-7,
+            "correction {} us, want {} us",
+            m.cpu_correction_s * 1e6,
+            want * 1e6
+        );
+        // Charged less, the CPU takes more of the same misses: 1 MB experts, 20 us each on
+        // either channel, both idle.
+        let before = model(50e9, 50e9, 60e-6).split(8, 1e6, 0.0, 60e-6, 0);
+        let after = m.split(8, 1e6, 0.0, m.cpu_start(), 0);
+        let n = |s: &[bool]| s.iter().filter(|&&c| c).count();
+        assert!(n(&after) > n(&before), "{before:?} -> {after:?}");
+    }
+
+    #[test]
+    fn slack_controller_charges_more_when_the_step_waits_and_is_bounded() {
+        let mut m = model(50e9, 50e9, 60e-6);
+        m.observe(0.0, 80e-6); // the step waited 80 us for the CPU
+        let c = m.cpu_correction_s;
+        assert!(
+            (c - super::SLACK_GAIN * 100e-6).abs() < 1e-12,
+            "correction {c}"
+        );
+        // A stalled worker (the step waited a second) moves it by the bound only.
+        m.observe(0.0, 1.0);
+        assert_eq!(m.cpu_correction_s, super::MAX_CORRECTION_S);
+        // Layers that gave the CPU nothing bring it back down to zero, not below: it is not
+        // stuck priced out, and an idle CPU beside a lone PCIe miss is no sign of slack.
+        for _ in 0..100 {
+            m.idle_layer();
+        }
+        assert_eq!(m.cpu_correction_s, 0.0);
+        // Without the balance (the old planner, kept to measure against) nothing moves.
+        let mut m = model(50e9, 50e9, 60e-6);
+        m.balance = false;
+        m.observe(0.0, 80e-6);
+        assert_eq!((m.cpu_correction_s, m.cpu_start()), (0.0, 60e-6));
+    }
+
+    #[test]
+    fn backlog_follows_what_was_queued() {
+        let mut m = model(1e9, 1e9, 0.0);
+        let t = std::time::Instant::now();
+        m.queued(t, 1_000_000); // 1 ms at 1 GB/s
+        m.queued(t, 1_000_000); // behind it: 2 ms
+        let b = m.copy_backlog(t);
+        assert!((b - 2e-3).abs() < 1e-9, "backlog {b}");
+        // Without the balance the planner sees an idle copy engine (the old planner).
+        m.balance = false;
+        assert_eq!(m.copy_backlog(t), 0.0);
+    }
+}
