@@ -36,9 +36,9 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
-        let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model().into()];
-        args.extend(
-            [
+        let (_child, addr) = common::serve_model(
+            model(),
+            &[
                 "--port",
                 "0",
                 "--threads",
@@ -49,12 +49,9 @@ impl Server {
                 "tiny",
                 "--ctx",
                 "256",
-            ]
-            .iter()
-            .map(std::ffi::OsString::from),
+            ],
+            extra,
         );
-        args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (_child, addr) = common::serve(&args);
         Server { _child, addr }
     }
 }

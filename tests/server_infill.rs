@@ -93,9 +93,9 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
-        args.extend(
-            [
+        let (_child, addr) = common::serve_model(
+            model,
+            &[
                 "--port",
                 "0",
                 "--threads",
@@ -110,12 +110,9 @@ impl Server {
                 "16",
                 "--temp",
                 "0",
-            ]
-            .iter()
-            .map(std::ffi::OsString::from),
+            ],
+            extra,
         );
-        args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (_child, addr) = common::serve(&args);
         Server { _child, addr }
     }
 }

@@ -37,9 +37,9 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
-        let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model().into()];
-        args.extend(
-            [
+        let (_child, addr) = common::serve_model(
+            model(),
+            &[
                 "--port",
                 "0",
                 "--threads",
@@ -47,12 +47,9 @@ impl Server {
                 "--ctx",
                 "1024",
                 "--batch-invariant",
-            ]
-            .iter()
-            .map(std::ffi::OsString::from),
+            ],
+            extra,
         );
-        args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (_child, addr) = common::serve(&args);
         let mut s = Server {
             _child,
             addr,

@@ -128,9 +128,9 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Self {
-        let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
-        args.extend(
-            [
+        let (_child, addr) = common::serve_model(
+            model,
+            &[
                 "--port",
                 "0",
                 "--threads",
@@ -141,12 +141,9 @@ impl Server {
                 "256",
                 "--alias",
                 "tiny",
-            ]
-            .iter()
-            .map(std::ffi::OsString::from),
+            ],
+            extra,
         );
-        args.extend(extra.iter().map(std::ffi::OsString::from));
-        let (_child, addr) = common::serve(&args);
         Server { _child, addr }
     }
 }

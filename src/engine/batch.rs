@@ -287,12 +287,7 @@ impl BatchModel for Engine {
     }
 
     fn read_seq(&self, pages: &[u32], n: usize) -> Result<Vec<u8>, EngineError> {
-        let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
-            path: "the KV cache".into(),
-            msg,
-        })?;
-        let runs = page_runs(pages, n, self.kv.n_ctx)?;
-        let total: usize = tensors.iter().map(|t| t.row_bytes * n).sum();
+        let (tensors, runs, total) = self.seq_rows(pages, n)?;
         let mut out = vec![0u8; total];
         let mut at = 0;
         for t in &tensors {
@@ -307,12 +302,7 @@ impl BatchModel for Engine {
     }
 
     fn write_seq(&mut self, pages: &[u32], n: usize, data: &[u8]) -> Result<(), EngineError> {
-        let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
-            path: "the KV cache".into(),
-            msg,
-        })?;
-        let runs = page_runs(pages, n, self.kv.n_ctx)?;
-        let total: usize = tensors.iter().map(|t| t.row_bytes * n).sum();
+        let (tensors, runs, total) = self.seq_rows(pages, n)?;
         if data.len() != total {
             return Err(EngineError::Model {
                 path: "the KV cache".into(),
@@ -357,6 +347,30 @@ impl Engine {
     /// The cache tensors that hold a sequence's state, one row per position; Err (why) when the
     /// model keeps per-sequence state besides (DeepSeek-V4: its compressors pool positions
     /// into per-slot rings and compressed rows, which no prefix of rows can be cut back to).
+    /// What `read_seq` / `write_seq` move for `n` positions in `pages`: the per-position
+    /// tensors, the runs of consecutive rows (first, count), and the total bytes.
+    #[allow(clippy::type_complexity)]
+    fn seq_rows(
+        &self,
+        pages: &[u32],
+        n: usize,
+    ) -> Result<
+        (
+            Vec<crate::graph::kv::PositionTensor>,
+            Vec<(usize, usize)>,
+            usize,
+        ),
+        EngineError,
+    > {
+        let tensors = self.seq_tensors().map_err(|msg| EngineError::Model {
+            path: "the KV cache".into(),
+            msg,
+        })?;
+        let runs = page_runs(pages, n, self.kv.n_ctx)?;
+        let total = tensors.iter().map(|t| t.row_bytes * n).sum();
+        Ok((tensors, runs, total))
+    }
+
     fn seq_tensors(&self) -> Result<Vec<crate::graph::kv::PositionTensor>, String> {
         if self.keeps_compressors() {
             return Err(

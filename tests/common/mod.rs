@@ -190,6 +190,14 @@ pub fn serve<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Served, String) {
     (Served(child), addr)
 }
 
+/// [`serve`] with `--model model`, then `args`, then `extra` (a test's own flags after its
+/// file's common ones).
+pub fn serve_model(model: &Path, args: &[&str], extra: &[&str]) -> (Served, String) {
+    let mut all: Vec<std::ffi::OsString> = vec!["--model".into(), model.into()];
+    all.extend(args.iter().chain(extra).map(std::ffi::OsString::from));
+    serve(&all)
+}
+
 /// `POST path` with a JSON `body` (and `Authorization: Bearer KEY` when `key` is given) to the
 /// server at `addr`: the status and the body parsed as JSON (a body that is not JSON is a panic
 /// naming the path and the text).
