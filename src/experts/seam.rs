@@ -51,13 +51,22 @@ impl RoutedExperts for OffloadedExperts<'_> {
         let nt = g.batch.n_tokens as i64;
         let k = g.hp.n_expert_used as i64;
         let biases = g.expert_biases(il);
-        // The hook reads these after the anchor; outputs are never overwritten by the allocator.
-        ctx.set_output(r.selected);
+        let mode = off.mode(nt as usize);
         let weights = g.cb(r.weights, "ffn_moe_weights_final", il as i32);
-        ctx.set_output(weights);
+        if mode == Mode::Direct {
+            // Read after the step: outputs, so the allocator never reuses their memory.
+            ctx.set_output(r.selected);
+            ctx.set_output(weights);
+        }
+        // Slots and staging read the routing at the stop right after it. Their memory must not
+        // be reused before then: a consumer after the stop keeps it (below for the selected ids
+        // of slot steps, whose matmuls read the control ids instead; the weights' and staging's
+        // ids' consumers are the expert matmuls). Not `set_output`: ggml flags a view's source
+        // too, and a flagged argsort or norm stops ggml-cuda's fused top-k routing kernel
+        // (softmax, argsort, rows, norm in one): 6 kernels instead of 1 per layer, 0.55 ms of a
+        // 12 GiB decode step on the H200 (docs/bench-h200.md, 2026-12-03 late).
         let x = g.cb(x, "ffn_moe_in", il as i32);
         ctx.set_output(x);
-        let mode = off.mode(nt as usize);
         let mut node = MoeNode {
             il,
             mode,
@@ -137,6 +146,10 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 g.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
             }
             Mode::Slots => {
+                // After the anchor (the graph's last node so far), so the ids live until the
+                // stop has read them (see above); one small copy kernel.
+                let keep = ctx.cont(r.selected);
+                g.graph.build_forward(g.cb(keep, "ffn_moe_topk_kept", il as i32));
                 let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
                 let ctl = off.ctl(il);
                 let (ids, mask) = (ctl.ids, ctl.mask);

@@ -52,13 +52,16 @@ def load(path, logits_bytes, last):
     ends = ends[-(last + 1):]
     lo, hi = ends[0], ends[-1]
     kern = sorted(k for k in kern if lo < k[0] and k[1] <= hi)
+    copies = [c for c in copies if lo < c[0] and c[1] <= hi]
     api = [a for a in api if lo < a[0] and a[1] <= hi]
     # GPU busy: union of kernel intervals (several streams may overlap).
     busy, cur_s, cur_e = 0, None, None
+    gaps = []  # GPU idle intervals between kernels (ns)
     for s, e, _ in kern:
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 busy += cur_e - cur_s
+                gaps.append(s - cur_e)
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
@@ -72,7 +75,14 @@ def load(path, logits_bytes, last):
     for s, e, n in api:
         apis[n][0] += 1
         apis[n][1] += e - s
+    cp = collections.defaultdict(lambda: [0, 0, 0])  # kind -> count, bytes, ns
+    for s, e, kind, nbytes in copies:
+        cp[kind][0] += 1
+        cp[kind][1] += nbytes
+        cp[kind][2] += e - s
     return {
+        "copies": cp,
+        "gaps": gaps,
         "path": path,
         "cmdline": cmdline,
         "steps": last,
@@ -116,6 +126,22 @@ def main():
             f"wall {t['wall_us']:.1f} us/step ({1e6 / t['wall_us']:.1f} tok/s), GPU busy {t['busy_us']:.1f}, "
             f"kernel sum {t['kern_us']:.1f}, {t['n_kern']:.1f} kernels/step, idle {t['wall_us'] - t['busy_us']:.1f}"
         )
+    kinds = {1: "HtoD", 2: "DtoH", 8: "DtoD", 10: "PtoP"}
+    for i, t in enumerate(ts):
+        n = t["steps"]
+        cps = ", ".join(
+            f"{kinds.get(k, k)} {c / n:.1f} x, {b / n / 1e6:.2f} MB, {d / n / 1e3:.1f} us"
+            for k, (c, b, d) in sorted(t["copies"].items())
+        )
+        g = t["gaps"]
+        bins = [(0, 5), (5, 20), (20, 50), (50, 200), (200, 10**9)]
+        gs = ", ".join(
+            f"{lo}-{hi if hi < 10**9 else 'inf'} us: {sum(1 for x in g if lo * 1e3 <= x < hi * 1e3) / n:.1f} x "
+            f"{sum(x for x in g if lo * 1e3 <= x < hi * 1e3) / n / 1e3:.0f} us"
+            for lo, hi in bins
+        )
+        print(f"#{i} copies per step: {cps or 'none'}")
+        print(f"#{i} GPU idle gaps per step: {gs}")
     table("kernels", ts, "kernels", a.top)
     table("runtime API", ts, "api", a.top)
 
