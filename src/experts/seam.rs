@@ -149,7 +149,8 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 // After the anchor (the graph's last node so far), so the ids live until the
                 // stop has read them (see above); one small copy kernel.
                 let keep = ctx.cont(r.selected);
-                g.graph.build_forward(g.cb(keep, "ffn_moe_topk_kept", il as i32));
+                g.graph
+                    .build_forward(g.cb(keep, "ffn_moe_topk_kept", il as i32));
                 let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
                 let ctl = off.ctl(il);
                 let (ids, mask) = (ctl.ids, ctl.mask);
