@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: checks a change kept behaviour and speed: CUDA tests, serving, decode (`device.sh verify`).
+#
 # One device call that checks a change did not alter behaviour or speed on the H200:
 #  1. the CUDA test executables named in TESTS (default: parity, offload, batch, graph_order),
 #  2. with SERVE=1: pocketmoe-serve at 8 GiB under 1, 4 and 16 concurrent streams
