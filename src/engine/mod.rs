@@ -59,6 +59,19 @@ impl Device {
     }
 }
 
+/// Whether the engine's CPU thread pool polls between graphs (ggml's `poll`: idle workers spin
+/// up to ~10^8 cycles for the next graph before they sleep), given whether a GPU runs the step,
+/// whether the offload path's own CPU-expert threads need the cores, and `n_threads` (0 = all).
+/// A CPU-only engine whose pool takes every core waits instead: its spinning workers would
+/// starve every other thread of the machine (the server's, another engine's, another process's),
+/// and on an oversubscribed 2-core machine each graph then stalled for whole time slices
+/// (issue 27).
+fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = if n_threads == 0 { cores } else { n_threads };
+    !cpu_experts && (gpu || n < cores)
+}
+
 /// `names` for the unused-tensor warning: each by name, except that a multi-token-prediction
 /// block (`blk.N.*` with N at or past `n_decode`, not built) is one entry with its count.
 fn unused_summary(names: &[String], n_decode: usize) -> String {
@@ -304,11 +317,9 @@ impl Engine {
         let offload = opts
             .gpu_mem
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
-        // The CPU backend's threads spin between graphs, except while the offload path's own
-        // CPU-expert threads need the cores.
         let cpu = Rc::new(Backend::cpu_polling(
             opts.n_threads,
-            !(offload && opts.cpu_experts),
+            cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
         )?);
         let main = gpu.clone().unwrap_or_else(|| cpu.clone());
         // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
