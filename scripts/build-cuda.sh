@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Builds PocketMoE with CUDA here (PyPI toolkit, no system CUDA) into a persistent target dir.
+#
 # Builds PocketMoE with CUDA on this machine (no system CUDA needed: the PyPI toolkit from
 # scripts/setup-cuda-pypi.sh), binaries and test executables, into a persistent target dir.
 #

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The README's first command: a small real model, made a MoE, answers a question through the MoE path.
+#
 # The first command that talks: fetches a small real model, turns it into a Mixture-of-Experts
 # model and asks it a question through PocketMoE's MoE path.
 #

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: the bench matrix, ours beside stock llama-bench, with the resident floor guard (`device.sh bench`).
+#
 # The standard bench matrix on the device machine (the H200), in one run of under 10 minutes:
 # synthesises the Qwen3-30B-A3B shape in q4_k_m (default routing skew) and runs
 # `pocketmoe bench` for both engines at: resident, --gpu-mem 12GiB, --gpu-mem 8GiB;

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: A/B of the offloaded decode paths (POCKETMOE_* switches), ours only (`device.sh decode-ab`).
+#
 # A/B of the offloaded decode paths on the device machine (the H200), ours only, same sitting:
 # tg128 at each budget for each variant of the POCKETMOE_* experiment switches (the stopping
 # path: DIRECT=0; direct decode: DIRECT=1 with STOP_EVERY=n and, without stops, ADMIT=sync|async|off;

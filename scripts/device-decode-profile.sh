@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: nsys summaries of offloaded and resident decode, CUDA graphs on/off (`device.sh profile`).
+#
 # Where offloaded decode's time goes, on the device machine (the H200): nsys kernel/API/memcpy
 # summaries of `pocketmoe run` decoding at a budget and fully resident, and tg128 with ggml-cuda's
 # CUDA graphs on and off. From the repo root with dist/ carried (model as scripts/device-bench.sh).
@@ -14,6 +16,8 @@ MODEL=/tmp/pmoe-models/qwen3-30b-a3b-q4_k_m.gguf
 NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 echo "nsys: ${NSYS:-none}"
 rc=0   # every step runs even after another failed; any failure makes the exit status 1
+# The profile is this script's point: without nsys the bench rows still run, but the exit is 1.
+[ -n "$NSYS" ] || { echo "nsys not found: no profile taken (FAILED)" >&2; rc=1; }
 for mem in "${BUDGET:-12GiB}" resident; do
   flag=(--gpu-mem "$mem"); [ "$mem" = resident ] && flag=()
   if [ -n "$NSYS" ]; then

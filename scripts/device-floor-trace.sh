@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: resident decode kernel by kernel (CUPTI traces), ours beside libllama (`device.sh floor-trace`).
+#
 # Issue 30, the resident decode floor, kernel by kernel: traces (tools/kernel-trace, CUPTI) of
 # resident tg128 on the synthetic Qwen3-30B-A3B q4_k_m: ours in a fresh process beside the
 # in-process libllama baseline (its child process), ours after a pp512, and ours fresh with CUDA

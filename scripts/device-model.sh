@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: prints the path of a synthetic model, synthesising it once (`device.sh model`).
+#
 # The device scripts' synthetic model: prints the path of /tmp/pmoe-models/PRESET-QUANT[-skewS].gguf,
 # synthesising it first (through scripts/device-run.sh) when it is not there yet.
 #   M=$(scripts/device-model.sh ARCH PRESET QUANT [SKEW]) || exit 1

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: the server's prompt cache reuses a shared prefix, resident and offloaded (`device.sh prompt-cache`).
+#
 # The server's prompt cache on the device (CUDA), resident and offloaded: a request whose prompt
 # shares a long prefix with its slot's last one must reuse it (`timings.cache_n` > 0, `prompt_n`
 # only the rest), and should answer what the same request answers on another slot with

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: CUDA-graph replay gives what direct execution gives, every arch (`device.sh replay`).
+#
 # Checks on the device machine that CUDA-graph replay computes exactly what direct execution
 # does: for every architecture's tiny preset (and MODELS="path ..." if given), resident and
 # offloaded (a budget of the resident floor + 1/4 of the routed experts, so the expert cache

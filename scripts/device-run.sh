@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: unpacks the packed CUDA build and runs its tests, its CLI or a command (`device.sh tests|run`).
+#
 # Runs on the device machine (the H200), from the repo root of the copied working tree, with
 # dist/ carried. Unpacks the CUDA build from scripts/pack-device.sh once into /tmp/pmoe, then:
 #

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: pocketmoe-serve against stock llama-server, same GGUF and sitting (`device.sh serve-compare`).
+#
 # pocketmoe-serve against stock llama-server on the device machine (issue 17 item 10), same GGUF
 # (the synthetic Qwen3-30B-A3B shape, q4_k_m), same machine, same sitting, in two device calls
 # that must follow each other while the machine is warm (/tmp holds the builds and models):

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: builds stock llama-bench of the same llama.cpp tree and prints its path (`device.sh build-stock`).
+#
 # On the device machine: builds stock llama-bench from dist/stock/llama.cpp.tar.xz
 # (scripts/stock-llama-tarball.sh) exactly as llama.cpp builds itself for CUDA releases, into
 # /tmp/stock-llama (kept while the machine stays warm: a second call right after reuses it), and

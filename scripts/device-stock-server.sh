@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: builds stock llama-server and prints a wrapper's path (`device.sh build-stock-server`).
+#
 # On the device machine: builds stock llama-server from dist/stock/llama-server.tar.xz
 # (scripts/stock-llama-server-tarball.sh) with llama.cpp's own CUDA release options, into
 # /tmp/stock-server (reused while the machine stays warm), and prints a wrapper's path on its last

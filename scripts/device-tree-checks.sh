@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Device: the GPU checks of a llama.cpp pin move in one call (`device.sh tree-checks`).
+#
 # The GPU checks of a llama.cpp pin move, in one device run of under 10 minutes, from the repo
 # root with dist/ carried (scripts/pack-device.sh, scripts/stock-llama-tarball.sh):
 #

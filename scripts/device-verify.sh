@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
+# Device: checks a change kept behaviour and speed: CUDA tests, serving, decode (`device.sh verify`).
+#
 # One device call that checks a change did not alter behaviour or speed on the H200:
 #  1. the CUDA test executables named in TESTS (default: parity, offload, batch, graph_order),
 #  2. with SERVE=1: pocketmoe-serve at 8 GiB under 1, 4 and 16 concurrent streams
 #     (`pocketmoe serve-bench`, as in scripts/device-serve-compare.sh), with the expert cache's
 #     figures per level (serve.md, ours-8GiB.json, ours-8GiB.metrics);
 #  3. single-stream decode, resident and at 8 GiB (`pocketmoe bench -p 0 -n 128 --reps 3
-#     --no-baseline`, calibrated routing), to set beside earlier sessions' figures.
+#     --no-baseline`, calibrated routing), to set beside earlier sittings' figures.
 # SKIP_BENCH=1 skips 3. Output under OUTDIR: tests.log, tests-summary.log, bench.md, verify.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

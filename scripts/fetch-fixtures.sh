@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Fetches the tests' fixtures (real vocab GGUFs, chat templates) from PyPI into target/fixtures.
+#
 # Fetches test fixtures from registry packages (nothing is committed): the vocab-only GGUFs of
 # real tokenizers (with llama.cpp's tokenizer test vectors, *.inp/*.out) and the real chat
 # templates (models/templates/*.jinja) that the llama-cpp-python sdist on PyPI ships under

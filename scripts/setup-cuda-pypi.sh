@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Installs a CUDA 13.0 compiler toolchain from PyPI wheels into a venv.
+#
 # Installs a complete CUDA 13.0 compiler toolchain from PyPI wheels into a venv, for machines
 # without a system CUDA toolkit (ours). Prints the environment to source afterwards.
 #

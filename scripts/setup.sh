@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The one set-up step: installs what building and testing needs (apt-get), or names it.
+#
 # The one set-up step (idempotent): installs what building and testing PocketMoE needs, when it
 # is missing, through apt-get (Debian 12 / Ubuntu), as root or through sudo. Called by the
 # README's two commands (scripts/demo.sh, scripts/test.sh) and by .ci/run; quiet when everything

@@ -1,4 +1,4 @@
-# Sourced by scripts/stock-llama-tarball.sh and scripts/stock-llama-server-tarball.sh.
+# Sourced by scripts/stock-llama-tarball.sh and stock-llama-server-tarball.sh: packs a trimmed llama.cpp tree.
 # pack_trimmed SRC OUT: removes the ggml GPU backends other than CUDA from the llama.cpp tree SRC
 # (the device builds CUDA only, and what is carried there is limited to 64 MiB), then packs the
 # tree as OUT (tar.xz, top folder `llama.cpp`).

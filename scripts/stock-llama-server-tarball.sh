@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Packs the stock llama-server source (llama-cpp-python 0.3.36's tree) for the device.
+#
 # The opponent's server: the llama.cpp tree vendored in the PyPI sdist llama-cpp-python==0.3.36
 # (its tools/server is complete), trimmed to what building llama-server needs (no other GPU
 # backends, models, docs, web UI sources, tests), packed as dist/stock/llama-server.tar.xz for the

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Packs the stock llama.cpp source of our pin (llama-cpp-sys-4 0.11.0) for the device.
+#
 # The opponent's source: the llama.cpp tree of the crates.io package llama-cpp-sys-4 0.11.0
 # (ggml 0.28, tools/llama-bench complete), trimmed of the GPU backends other than CUDA, packed as
 # dist/stock/llama.cpp.tar.xz (~4 MiB) for the device machine, which has no network. Nothing of it

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# The README's test command: scripts/setup.sh, then cargo test --release.
+#
 # The README's test command: the set-up step (scripts/setup.sh: installs what is missing, or names
 # it), then `cargo test --release` (arguments passed on). On the first run the tests fetch from
 # PyPI: the llama-cpp-python sdist (real tokenizers' vocab GGUFs and chat templates, into

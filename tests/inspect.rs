@@ -16,7 +16,8 @@ fn args(model: &Path, gpu_mem: u64) -> InspectArgs {
         model: model.to_path_buf(),
         json: false,
         gpu_mem,
-        ctx: 4096,
+        ctx: Some(4096),
+        parallel: 1,
         hit_rate: None,
         hbm_gbps: 4470.0,
         pcie_gbps: 50.7,
@@ -199,4 +200,53 @@ fn real_gguf_files_match_ggml_and_libllama() {
             r.findings
         );
     }
+}
+
+/// `inspect` without `--ctx` plans for the context `pocketmoe-serve` picks with the same budget
+/// and its default `--parallel`, not a fixed 4096 (issue 27): a file trained for 32768 positions
+/// whose KV cache fits beside it gets 32768 from both, for every one of the parallel sequences.
+#[test]
+fn default_context_is_the_one_pocketmoe_serve_fits() {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        inspect: InspectArgs,
+    }
+    let base = tiny("qwen3moe");
+    let path = base.with_extension("ctx32k.gguf");
+    common::write_with_key(
+        &GgufModel::open(&base).unwrap(),
+        "qwen3moe.context_length",
+        &pocketmoe::gguf::GgufValue::U32(32768),
+        &path,
+    );
+    for budget in ["1TiB", "24GiB"] {
+        let cli = Cli::parse_from(["inspect", path.to_str().unwrap(), "--gpu-mem", budget]);
+        let rep = report(&cli.inspect).unwrap();
+        // What pocketmoe-serve runs: `cli::context_for` -> `fit_context_for` with its defaults
+        // (micro-batch 512, f16 KV, --parallel 4) on a GPU with this budget.
+        let serve = pocketmoe::engine::EngineOptions {
+            device: pocketmoe::engine::Device::Cuda(0),
+            gpu_mem: Some(parse_bytes(budget).unwrap()),
+            n_ubatch: 512,
+            ..Default::default()
+        };
+        let fit = pocketmoe::engine::context::fit_context_for(&path, &serve, 4).unwrap();
+        assert_eq!(fit.ctx, 32768, "{budget}: {}", fit.why);
+        let p = rep.placement.unwrap();
+        assert_eq!(
+            p.n_ctx as usize,
+            pocketmoe::engine::batch::rows_for(4, fit.ctx),
+            "{budget}: inspect's KV positions are not pocketmoe-serve's 4 x {}",
+            fit.ctx
+        );
+        assert_eq!(p.kv_bytes, kv_bytes(&rep_hp(&path), p.n_ctx));
+    }
+}
+
+fn rep_hp(path: &Path) -> pocketmoe::model::Hparams {
+    let model = GgufModel::open(path).unwrap();
+    let arch = pocketmoe::arch::by_name("qwen3moe").unwrap();
+    pocketmoe::model::Hparams::from_meta(&arch.spec, &model).unwrap()
 }

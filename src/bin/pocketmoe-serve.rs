@@ -103,7 +103,7 @@ struct Args {
     #[arg(long, value_parser = pocketmoe::cli::parse_cache_type, conflicts_with = "cache_type")]
     cache_type_v: Option<pocketmoe::ggml::GgmlType>,
     /// Requests decoded together (continuous batching); also -np N, as llama-server.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = pocketmoe::cli::DEFAULT_PARALLEL)]
     parallel: usize,
     /// Requests that may wait for a free slot; when full, new requests get 429 (0: no waiting,
     /// a request is served only if a slot is free).

@@ -43,8 +43,12 @@ enum Cmd {
 }
 
 fn main() {
+    // Warnings show without RUST_LOG (e.g. tensors a model's graph never reads).
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let version: &'static str = Box::leak(pocketmoe::version().into_boxed_str());

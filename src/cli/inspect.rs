@@ -20,9 +20,16 @@ pub struct InspectArgs {
     /// GPU memory budget for the placement report: bytes, or with a unit (24GiB, 8G, 512MiB).
     #[arg(long, default_value = "24GiB", value_parser = parse_bytes)]
     pub gpu_mem: u64,
-    /// Context length for the KV-cache estimate.
-    #[arg(long, default_value_t = 4096)]
-    pub ctx: u64,
+    /// Context length of each sequence for the KV-cache estimate. Default: what
+    /// `pocketmoe-serve` picks for this budget (`engine::context::fit_context`: the trained
+    /// context if it fits beside the whole model for --parallel sequences, else the most that
+    /// does, down to 4096).
+    #[arg(long)]
+    pub ctx: Option<u64>,
+    /// Sequences the KV cache holds, each of --ctx positions (default: pocketmoe-serve's
+    /// --parallel).
+    #[arg(long, default_value_t = super::DEFAULT_PARALLEL)]
+    pub parallel: usize,
     /// Expected expert-cache hit rate for the bound (default: the cached fraction, i.e. uniform
     /// routing, the pessimistic case).
     #[arg(long)]
@@ -81,6 +88,11 @@ pub struct Report {
     pub valid: bool,
     pub kernels: BTreeMap<String, Kernels>,
     pub placement: Option<Placement>,
+    /// The context of each sequence the placement is for, and why (given, or fitted as
+    /// `pocketmoe-serve` fits it).
+    pub ctx: Option<u64>,
+    pub ctx_why: String,
+    pub parallel: usize,
 }
 
 fn hparams_table(h: &Hparams) -> BTreeMap<&'static str, String> {
@@ -146,6 +158,9 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
         valid: false,
         kernels,
         placement: None,
+        ctx: None,
+        ctx_why: String::new(),
+        parallel: args.parallel,
     };
     let Some(arch) = crate::arch::by_name(&arch_name).map(|a| &a.spec) else {
         rep.findings.push(crate::arch::not_built_reason(&arch_name));
@@ -173,15 +188,32 @@ pub fn report(args: &InspectArgs) -> Result<Report> {
         pcie: args.pcie_gbps * 1e9,
         cpu: args.cpu_gbps * 1e9,
     };
+    let (ctx, why) = match args.ctx {
+        Some(c) => (c, "given (--ctx)".to_string()),
+        None => {
+            let f = crate::engine::context::fit_context(
+                hp.n_ctx_train as usize,
+                tensors.iter().map(|t| t.n_bytes).sum(),
+                crate::engine::context::kv_row_bytes(&hp, GgmlType::F16),
+                crate::engine::EngineOptions::default().n_ubatch,
+                Some(args.gpu_mem),
+                args.parallel,
+            );
+            (f.ctx as u64, f.why.replace("-c to set", "--ctx to set"))
+        }
+    };
+    let positions = crate::engine::batch::rows_for(args.parallel.max(1), ctx as usize);
     rep.placement = Some(placement::plan(
         &hp,
         &tensors,
         &v.roles,
         args.gpu_mem,
-        args.ctx,
+        positions as u64,
         args.hit_rate,
         bw,
     ));
+    rep.ctx = Some(ctx);
+    rep.ctx_why = why;
     rep.hparams = Some(hparams_table(&hp));
     Ok(rep)
 }
@@ -265,9 +297,12 @@ fn print_text(r: &Report) {
     }
     if let Some(p) = &r.placement {
         println!(
-            "  placement for --gpu-mem {} --ctx {}:",
+            "  placement for --gpu-mem {} --ctx {} --parallel {} ({} KV positions); context: {}:",
             human_bytes(p.gpu_mem),
-            p.n_ctx
+            r.ctx.unwrap_or(p.n_ctx),
+            r.parallel,
+            p.n_ctx,
+            r.ctx_why
         );
         println!(
             "    resident (non-expert) weights {}",

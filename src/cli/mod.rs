@@ -68,6 +68,10 @@ pub const GPU_LAYERS_HELP: &str = "llama.cpp's -ngl (also --gpu-layers): PocketM
     memory. A one-line note at start says what it chose. Use --gpu N / --gpu-mem SIZE for \
     control.";
 
+/// `pocketmoe-serve`'s default `--parallel` (requests decoded together), which `inspect` fits
+/// its default context for too.
+pub const DEFAULT_PARALLEL: usize = 4;
+
 /// The context per sequence: `given` (`-c`), or what fits beside the model at `path` for
 /// `n_seq` sequences (`engine::context`), printed with its reason.
 pub fn context_for(

@@ -59,6 +59,43 @@ impl Device {
     }
 }
 
+/// Whether the engine's CPU thread pool polls between graphs (ggml's `poll`: idle workers spin
+/// up to ~10^8 cycles for the next graph before they sleep), given whether a GPU runs the step,
+/// whether the offload path's own CPU-expert threads need the cores, and `n_threads` (0 = all).
+/// A CPU-only engine whose pool takes every core waits instead: its spinning workers would
+/// starve every other thread of the machine (the server's, another engine's, another process's),
+/// and on an oversubscribed 2-core machine each graph then stalled for whole time slices
+/// (issue 27).
+fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = if n_threads == 0 { cores } else { n_threads };
+    !cpu_experts && (gpu || n < cores)
+}
+
+/// `names` for the unused-tensor warning: each by name, except that a multi-token-prediction
+/// block (`blk.N.*` with N at or past `n_decode`, not built) is one entry with its count.
+fn unused_summary(names: &[String], n_decode: usize) -> String {
+    let mtp_block = |name: &str| {
+        let n: usize = name.strip_prefix("blk.")?.split('.').next()?.parse().ok()?;
+        (n >= n_decode).then_some(n)
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut blocks: Vec<(usize, usize)> = Vec::new();
+    for name in names {
+        match mtp_block(name) {
+            Some(b) => match blocks.iter_mut().find(|(n, _)| *n == b) {
+                Some((_, k)) => *k += 1,
+                None => blocks.push((b, 1)),
+            },
+            None => out.push(name.clone()),
+        }
+    }
+    out.extend(blocks.into_iter().map(|(b, k)| {
+        format!("blk.{b}.* ({k} tensors of a multi-token-prediction block, not built)")
+    }));
+    out.join(", ")
+}
+
 /// `b` bytes as GiB with two decimals, for messages.
 fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
@@ -167,6 +204,8 @@ pub struct Engine {
     /// Page-locked memory the logits come back through, on a GPU (up to [`MAX_SLOT_TOKENS`]
     /// rows; more are read directly).
     stage: Option<crate::ggml::HostStage>,
+    /// The file's tensors no graph reads (`unread_tensors`), warned about at load.
+    unused: Vec<String>,
 }
 
 /// Where a single-token step's wall time goes on the host (`POCKETMOE_STEP_PROFILE=1`; issue 30:
@@ -278,11 +317,9 @@ impl Engine {
         let offload = opts
             .gpu_mem
             .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
-        // The CPU backend's threads spin between graphs, except while the offload path's own
-        // CPU-expert threads need the cores.
         let cpu = Rc::new(Backend::cpu_polling(
             opts.n_threads,
-            !(offload && opts.cpu_experts),
+            cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
         )?);
         let main = gpu.clone().unwrap_or_else(|| cpu.clone());
         // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
@@ -387,6 +424,7 @@ impl Engine {
             profile: std::env::var("POCKETMOE_STEP_PROFILE")
                 .is_ok_and(|v| v == "1")
                 .then(StepProfile::default),
+            unused: Vec::new(),
         };
         if repack {
             eng.fill_weights(progress)?;
@@ -397,31 +435,78 @@ impl Engine {
         if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
             eng.plan_slots(&main, budget)?;
         }
+        // A tensor the graphs never read is loaded for nothing, and usually means the file
+        // holds something this build does not compute (issue 27): say which, by name.
+        eng.unused = eng.unread_tensors()?;
+        if !eng.unused.is_empty() {
+            tracing::warn!(
+                "{}: {} tensor(s) that no graph reads (loaded, unused): {}",
+                path.display(),
+                eng.unused.len(),
+                unused_summary(&eng.unused, eng.hp.n_layer_decode())
+            );
+        }
         // The server (and RUST_LOG=info) shows it at start; `pocketmoe run` prints it itself.
         tracing::info!("{}", eng.plan());
         Ok(eng)
     }
 
+    /// The file's tensors, in file order, that no graph of [`Engine::shape_graphs`] reads, as
+    /// weights here or through the offload store (the routed experts it holds count as read:
+    /// the expert path computes them).
+    fn unread_tensors(&self) -> Result<Vec<String>, EngineError> {
+        let graphs = self.shape_graphs()?;
+        let read: std::collections::HashSet<usize> = graphs
+            .iter()
+            .flat_map(|g| g.graph().reads().into_iter().map(|(_, _, src)| src))
+            .collect();
+        let is_read = |name: &str| {
+            let main = self.weights.get(name);
+            let host = (name == weights::TOKEN_EMBD)
+                .then(|| self.weights.embedding())
+                .flatten();
+            match (main, host) {
+                (None, None) => self.offload.is_some(),
+                (m, h) => [m, h].into_iter().flatten().any(|t| read.contains(&t.id())),
+            }
+        };
+        Ok(self
+            ._file
+            .tensors()
+            .filter(|t| !is_read(&t.name))
+            .map(|t| t.name.clone())
+            .collect())
+    }
+
+    /// Tensors of the file that no graph reads (see [`Engine::load`]'s warning), in file order.
+    pub fn unused_tensors(&self) -> &[String] {
+        &self.unused
+    }
+
+    /// Graphs of the shapes this engine runs, built but not allocated: a decode step at the
+    /// start and at the end of the context, and the largest micro-batch at the end of the
+    /// context (as `reserve_largest` builds it), so that shape-dependent paths (DeepSeek-V4's
+    /// compressors, the sparse-attention indexer) are present.
+    fn shape_graphs(&self) -> Result<Vec<OwnedGraph>, EngineError> {
+        let n_ctx = self.opts.n_ctx.max(1);
+        let n = self.opts.n_ubatch.min(n_ctx).max(1);
+        [(1, 0, false), (1, n_ctx - 1, false), (n, n_ctx - n, true)]
+            .into_iter()
+            .map(|(n, n_past, last_only)| self.graph_at(n, n_past, last_only))
+            .collect()
+    }
+
     /// Fills the declared weights of a CPU-only engine, each matrix that only ever is the
     /// matrix of a product in one of the CPU device's extra buffer types where its kernels take
-    /// it (`Weights::extra_placement`). The uses are read from the graphs this engine builds:
-    /// a decode step at the start and at the end of the context, and the largest micro-batch
-    /// (at the end of the context, as `reserve_largest` builds it), so that shape-dependent
-    /// paths (DeepSeek-V4's compressors, the sparse-attention indexer) are present; a weight
-    /// none of them reads stays plain.
+    /// it (`Weights::extra_placement`). The uses are read from the graphs this engine builds
+    /// ([`Engine::shape_graphs`]); a weight none of them reads stays plain.
     fn fill_weights(&mut self, progress: &dyn Fn(u64, u64)) -> Result<(), EngineError> {
         let cpu = self._backends.last().expect("the CPU backend").clone();
         let bufts = cpu.extra_buffer_types();
         let place = if bufts.is_empty() {
             weights::ExtraPlacement::new()
         } else {
-            let n_ctx = self.opts.n_ctx;
-            let n = self.opts.n_ubatch.min(n_ctx).max(1);
-            let shapes = [(1, 0, false), (1, n_ctx - 1, false), (n, n_ctx - n, true)];
-            let graphs = shapes
-                .into_iter()
-                .map(|(n, n_past, last_only)| self.graph_at(n, n_past, last_only))
-                .collect::<Result<Vec<_>, _>>()?;
+            let graphs = self.shape_graphs()?;
             let gs: Vec<_> = graphs.iter().map(|g| g.graph()).collect();
             self.weights.extra_placement(&gs, &bufts)
         };

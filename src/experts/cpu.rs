@@ -98,9 +98,9 @@ pub struct CpuChannel {
 
 impl CpuChannel {
     /// Starts the worker with `n_threads` ggml CPU threads. With `spin`, hand-overs poll before
-    /// they sleep ([`WORKER_SPIN`]): only where the cores are spare (a GPU does the step's other
-    /// work; on a CPU-only engine the spinning thread would take a core from the step). Fails
-    /// when the OS gives no thread.
+    /// they sleep ([`WORKER_SPIN`]), and so do the ggml pool's idle threads between jobs: only
+    /// where the cores are spare (a GPU does the step's other work; on a CPU-only engine the
+    /// spinning threads would take cores from the step). Fails when the OS gives no thread.
     pub fn new(model: CpuModel, n_threads: usize, spin: bool) -> Result<Self, GgmlError> {
         let (worker_spin, finish_spin) = if spin {
             (WORKER_SPIN, FINISH_SPIN)
@@ -115,7 +115,9 @@ impl CpuChannel {
                 // One graph per (layer, experts per token, tokens), built at its first job: a
                 // job then only writes its inputs (decode uses a few dozen shapes).
                 let mut graphs: HashMap<(usize, usize, usize), OwnedGraph> = HashMap::new();
-                let backend = match Backend::cpu(n_threads) {
+                // Its pool polls only where its hand-overs spin (a spare core beside a GPU step):
+                // on a CPU-only engine polling workers would take the cores the step computes on.
+                let backend = match Backend::cpu_polling(n_threads, spin) {
                     Ok(b) => b,
                     Err(e) => {
                         let _ = res_tx.send(Err(e.to_string()));

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The device machine's (H200) one entry point: `scripts/device.sh SUBCOMMAND ARGS...` runs one job.
+#
+# Run from the repo root of the copied working tree with dist/ carried (scripts/pack-device.sh;
+# dist/stock/*.tar.xz from scripts/stock-llama-tarball.sh and stock-llama-server-tarball.sh for
+# the stock builds). Each subcommand is one of the scripts below (their headers say the details
+# and the environment variables they take); a failure prints "device.sh SUBCOMMAND: FAILED" with
+# the exit status and exits with it. OUT is the device tool's output folder.
+#
+#   build-stock                  stock llama-bench of the same llama.cpp tree (device-stock-llama.sh)
+#   build-stock-server           stock llama-server (device-stock-server.sh)
+#   bench OUT                    the bench matrix beside stock llama-bench (device-bench.sh)
+#   floor OUT                    resident tg128 floor guard: Qwen3-30B-A3B and GPT-OSS-20B vs stock
+#   tests [FILTER]               the packed CUDA test executables, TESTS="a b" picks (device-run.sh)
+#   verify OUT                   tests + (SERVE=1) serving + decode figures (device-verify.sh)
+#   serve-compare prep|bench OUT pocketmoe-serve vs stock llama-server (device-serve-compare.sh)
+#   replay OUT                   CUDA-graph replay = direct execution (device-replay-check.sh)
+#   tree-checks OUT              the GPU checks of a llama.cpp pin move (device-tree-checks.sh)
+#   prompt-cache OUT             the server's prompt cache, resident and offloaded (device-prompt-cache.sh)
+#   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
+#   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
+#   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
+#   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
+#   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2; }
+sub="${1:-}"
+[ -n "$sub" ] || usage
+shift
+case "$sub" in
+  build-stock) cmd=(scripts/device-stock-llama.sh "$@") ;;
+  build-stock-server) cmd=(scripts/device-stock-server.sh "$@") ;;
+  bench) cmd=(scripts/device-bench.sh "$@") ;;
+  floor)
+    # Issue 30's floor guard in one device call (< 10 min): resident tg128 beside stock
+    # llama-bench of the same tree for Qwen3-30B-A3B q4_k_m (after a pp512 in the same process)
+    # and GPT-OSS-20B mxfp4 (tg128 alone: a fresh process), each through device-bench.sh and its
+    # floor check (FLOOR, default 0.95x stock). Ours runs with POCKETMOE_STEP_PROFILE=1: the host
+    # time per step by phase lands in each bench.log.
+    floor() {
+      local out="${1:?usage: scripts/device.sh floor OUT}" start rc=0 left
+      mkdir -p "$out"; start=$(date +%s)
+      export POCKETMOE_STEP_PROFILE=1 BUDGETS=resident DEPTHS=0 REPS="${REPS:-3}"
+      PROMPTS=512 DEADLINE=440 scripts/device-bench.sh "$out/qwen3-pp512-tg128" || rc=1
+      left=$(( 585 - ($(date +%s) - start) ))
+      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 PROMPTS=0 DEADLINE=$left \
+        scripts/device-bench.sh "$out/gpt-oss-20b-tg128" || rc=1
+      grep -h "step profile\|^floor" "$out"/*/bench.log
+      return $rc
+    }
+    cmd=(floor "$@") ;;
+  tests) cmd=(scripts/device-run.sh tests "$@") ;;
+  verify) cmd=(scripts/device-verify.sh "$@") ;;
+  serve-compare) cmd=(scripts/device-serve-compare.sh "$@") ;;
+  replay) cmd=(scripts/device-replay-check.sh "$@") ;;
+  tree-checks) cmd=(scripts/device-tree-checks.sh "$@") ;;
+  prompt-cache) cmd=(scripts/device-prompt-cache.sh "$@") ;;
+  decode-ab) cmd=(scripts/device-decode-ab.sh "$@") ;;
+  floor-trace) cmd=(scripts/device-floor-trace.sh "$@") ;;
+  profile) cmd=(scripts/device-decode-profile.sh "$@") ;;
+  model) cmd=(scripts/device-model.sh "$@") ;;
+  run) cmd=(scripts/device-run.sh "$@") ;;
+  -h|--help|help) usage ;;
+  *) echo "device.sh: unknown subcommand '$sub'" >&2; usage ;;
+esac
+"${cmd[@]}"
+rc=$?
+[ "$rc" = 0 ] || echo "device.sh $sub: FAILED (exit $rc)" >&2
+exit "$rc"
