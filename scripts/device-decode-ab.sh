@@ -2,14 +2,13 @@
 # Device: A/B of the offloaded decode paths (POCKETMOE_* switches), ours only (`device.sh decode-ab`).
 #
 # A/B of the offloaded decode paths on the device machine (the H200), ours only, same sitting:
-# tg128 at each budget for each variant of the POCKETMOE_* experiment switches (the stopping
-# path: DIRECT=0; direct decode: DIRECT=1 with STOP_EVERY=n and, without stops, ADMIT=sync|async|off;
-# see src/experts/direct.rs). From the repo root with dist/ carried, like scripts/device-bench.sh
+# tg128 at each budget for each variant of the POCKETMOE_* switches (e.g. SLACK_CONTROL=0|1,
+# CPU_SPIN=0|1, CUDA_GRAPHS=0|1). From the repo root with dist/ carried, like scripts/device-bench.sh
 # (same model file, same synthesis):
 #
 #   scripts/device-decode-ab.sh "$OUT"   # BUDGETS (default 12GiB,8GiB), REPS (3), SKEW, DEPTHS (0),
 #                                        # ARCH, PRESET, QUANT (as scripts/device-bench.sh),
-#                                        # PROMPTS (0), VARIANTS (default "DIRECT=0 DIRECT=1"; one
+#                                        # PROMPTS (0), VARIANTS (default "CUDA_GRAPHS=1 CUDA_GRAPHS=0"; one
 #                                        # variant is VAR=value[+VAR=value...], POCKETMOE_ implied)
 #
 # Writes OUTDIR/ab.md (one table per variant), ab.log (with the offload statistics) and the JSON.
@@ -24,7 +23,7 @@ MODEL=$(scripts/device-model.sh "${ARCH:-qwen3moe}" "${PRESET:-qwen3-30b-a3b}" "
 echo "synth done at $(( $(date +%s) - start )) s" | tee -a "$OUTDIR/ab.log"
 : > "$OUTDIR/ab.md"
 rc=0   # every variant runs even after another failed; any failure makes the exit status 1
-for v in ${VARIANTS:-DIRECT=0 DIRECT=1}; do
+for v in ${VARIANTS:-CUDA_GRAPHS=1 CUDA_GRAPHS=0}; do
   vars=()
   for a in ${v//+/ }; do vars+=("POCKETMOE_$a"); done
   name="ab-${v//[=+]/_}"

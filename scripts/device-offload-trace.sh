@@ -20,7 +20,7 @@ t() { # LABEL BUDGET [ENV...]
 t resident resident
 t g12 12GiB
 t g8 8GiB
-for v in ${VARIANTS:-}; do  # e.g. VARIANTS="direct12=12GiB:POCKETMOE_DIRECT=1"
+for v in ${VARIANTS:-}; do  # e.g. VARIANTS="nog12=12GiB:POCKETMOE_CUDA_GRAPHS=0"
   label=${v%%=*}; rest=${v#*=}; budget=${rest%%:*}; envs=${rest#*:}; [ "$envs" = "$rest" ] && envs=
   t "$label" "$budget" ${envs//,/ }
 done

@@ -24,22 +24,19 @@ fn device() -> Device {
 }
 
 fn engine(path: &Path, gpu_mem: Option<u64>, policy: PolicyKind) -> Engine {
-    engine_bw(path, gpu_mem, policy, None, false)
+    engine_bw(path, gpu_mem, policy, None)
 }
 
-/// With a cost model (`offload_bandwidths`) and the decode path (`direct`: stop-free decode,
-/// a GPU build only; the CPU channel serves only the stopping path).
+/// With a cost model (`offload_bandwidths`).
 fn engine_bw(
     path: &Path,
     gpu_mem: Option<u64>,
     policy: PolicyKind,
     offload_bandwidths: Option<(f64, f64)>,
-    direct_decode: bool,
 ) -> Engine {
     let opts = EngineOptions {
         policy,
         offload_bandwidths,
-        direct_decode,
         ..small(gpu_mem)
     };
     Engine::load(path, opts, &|_, _| {}).unwrap()
@@ -104,35 +101,26 @@ fn check_arch(arch: &str) {
     let fixed = budget_floor(&path, small(None));
     let probe = engine(&path, Some(fixed), PolicyKind::default());
     assert_eq!(probe.expert_slots(), Some(0));
-    // The cache's size for a case (direct decode reserves placement slack, the stopping path
-    // does not: see `Offload::alloc_slots`).
-    let probe_direct = engine_bw(&path, Some(fixed), PolicyKind::default(), None, true);
-    let cache_bytes = |n: usize, direct: bool| {
-        let p = if direct { &probe_direct } else { &probe };
-        p.expert_cache_bytes(n).unwrap()
-    };
+    let cache_bytes = |n: usize| probe.expert_cache_bytes(n).unwrap();
     let n_expert = probe.hp.n_expert;
     let k = probe.hp.n_expert_used;
 
-    // (slots, policy, cost model, direct decode): a slow PCIe and a fast CPU push misses to the
-    // CPU channel; fewer slots than experts per token make the CPU take the excess. Direct
-    // (stop-free) decode runs on GPU builds only; elsewhere those cases stop like the rest.
+    // (slots, policy, cost model): a slow PCIe and a fast CPU push misses to the CPU channel;
+    // fewer slots than experts per token make the CPU take the excess.
     let cpu_heavy = Some((1e9, 1e12));
     let cases = [
-        (0, PolicyKind::default(), None, false),
-        (k - 1, PolicyKind::default(), None, false),
-        (k - 1, PolicyKind::default(), None, true),
-        (k, PolicyKind::Lru, None, true),
-        (k, PolicyKind::Lfu, cpu_heavy, false),
-        (k + 1, PolicyKind::default(), None, false),
-        (k + 1, PolicyKind::default(), None, true),
-        (n_expert - 1, PolicyKind::default(), cpu_heavy, false),
+        (0, PolicyKind::default(), None),
+        (k - 1, PolicyKind::default(), None),
+        (k, PolicyKind::Lru, None),
+        (k, PolicyKind::Lfu, cpu_heavy),
+        (k + 1, PolicyKind::default(), None),
+        (n_expert - 1, PolicyKind::default(), cpu_heavy),
     ];
     let mut cpu_uses = 0;
-    for (slots, policy, bw, direct) in cases {
-        // The cache's own figure, padding (and direct decode's placement slack) included.
-        let budget = fixed + cache_bytes(slots as usize, direct);
-        let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw, direct);
+    for (slots, policy, bw) in cases {
+        // The cache's own figure, padding included.
+        let budget = fixed + cache_bytes(slots as usize);
+        let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw);
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
         // The prompt's last micro-batch (8 of 40 tokens) runs from the slots, so the CPU channel
@@ -179,10 +167,9 @@ fn check_arch(arch: &str) {
         // round differently (q8_K vs q8_1 activations), and on these tiny models that can flip
         // a later layer's top-k choice — a discrete change, as between llama.cpp's own GPU and
         // `--n-cpu-moe` runs. Only there must the decode steps merely agree on average and on
-        // most tokens; slots, staging, prefetch and direct decode are held to the resident path.
+        // most tokens; slots, staging and prefetch are held to the resident path.
         let st = eng.offload_stats().unwrap();
         let case_cpu: u64 = st.layers.iter().map(|l| l.cpu).sum();
-        let in_place: u64 = st.layers.iter().map(|l| l.in_place).sum();
         let cpu_vs_gpu = cfg!(feature = "cuda") && case_cpu > 0;
         let cos: Vec<f64> = (0..got.len())
             .map(|i| cosine(&got_logits[i], &want_logits[i]))
@@ -190,24 +177,11 @@ fn check_arch(arch: &str) {
         let same = got.iter().zip(&want).filter(|(g, w)| g == w).count();
         let min_cos = cos.iter().cloned().fold(f64::INFINITY, f64::min);
         eprintln!(
-            "{arch} {slots} slots {policy:?} {bw:?}: direct {}, {case_cpu} CPU-channel experts, \
-             {in_place} read in place, hit rate {:.3}, min cosine {min_cos:.6}, {same}/{} tokens",
-            eng.direct_decode(),
+            "{arch} {slots} slots {policy:?} {bw:?}: {case_cpu} CPU-channel experts, \
+             hit rate {:.3}, min cosine {min_cos:.6}, {same}/{} tokens",
             st.hit_rate(),
             got.len()
         );
-        assert_eq!(
-            eng.direct_decode(),
-            direct && cfg!(feature = "cuda"),
-            "{arch} {slots} slots: direct decode"
-        );
-        if eng.direct_decode() && slots < n_expert {
-            // Direct decode ran: with fewer slots than experts, some misses were read in place.
-            assert!(
-                in_place > 0,
-                "{arch} {slots} slots: direct decode read nothing in place"
-            );
-        }
         if cpu_vs_gpu {
             let mean = cos.iter().sum::<f64>() / cos.len() as f64;
             assert!(
@@ -300,7 +274,6 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
     for (slots, bw) in [(3u64, None), (1, Some((1e9, 1e12)))] {
         let mut o = small(Some(need + slots * slot + slot / 2));
         o.offload_bandwidths = bw;
-        o.direct_decode = false; // the stopping path is what this test counts
         let mut eng = Engine::load(&path, o, &|_, _| {}).unwrap();
         assert_eq!(eng.expert_slots(), Some(slots as usize));
         eng.forward(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
@@ -330,10 +303,7 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
     let path = tiny("qwen3moe");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 200).collect();
     // Prefetch and the CPU channel belong to the stopping decode path.
-    let opts = EngineOptions {
-        direct_decode: false,
-        ..small(None)
-    };
+    let opts = EngineOptions { ..small(None) };
     let mut resident = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
     let (want, want_logits) = run(&mut resident, &prompt, None);
     drop(resident);

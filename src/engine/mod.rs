@@ -137,14 +137,6 @@ pub struct EngineOptions {
     pub miss_balance: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
-    /// Offloading on a GPU: decode single tokens without graph stops (misses read in place
-    /// from the host store, the cache updated between tokens; `experts::offload::direct`).
-    pub direct_decode: bool,
-    /// How direct decode admits misses into the cache (without stops).
-    pub admit: crate::experts::Admit,
-    /// Direct decode stops at every this many offloaded layers to prefetch for the following
-    /// ones (0: never stops; misses then enter the cache after the step, per `admit`).
-    pub direct_stop_every: usize,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
     /// state some architectures keep besides the KV rows (DeepSeek-V4's compressor rings) is
     /// sized for this many.
@@ -171,10 +163,6 @@ impl Default for EngineOptions {
             cpu_experts: true,
             offload_bandwidths: None,
             miss_balance: true,
-            // Measured slower than the stopping path so far (docs/bench-h200.md, session 6).
-            direct_decode: false,
-            admit: crate::experts::Admit::Sync,
-            direct_stop_every: 0,
             repack: true,
         }
     }
@@ -358,24 +346,6 @@ impl Engine {
                 prefetch: opts.prefetch,
                 bandwidths: opts.offload_bandwidths,
                 balance: opts.miss_balance,
-                // Experiment switches (until the defaults are settled by measurement).
-                direct: std::env::var("POCKETMOE_DIRECT").map_or(opts.direct_decode, |v| v != "0"),
-                stop_every: match std::env::var("POCKETMOE_STOP_EVERY") {
-                    Ok(v) => v.parse().map_err(|_| EngineError::Model {
-                        path: "POCKETMOE_STOP_EVERY".into(),
-                        msg: format!("{v:?} is not a layer count"),
-                    })?,
-                    Err(_) => opts.direct_stop_every,
-                },
-                admit: match std::env::var("POCKETMOE_ADMIT") {
-                    Ok(v) => {
-                        crate::experts::Admit::parse(&v).map_err(|msg| EngineError::Model {
-                            path: "POCKETMOE_ADMIT".into(),
-                            msg,
-                        })?
-                    }
-                    Err(_) => opts.admit,
-                },
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()
@@ -699,11 +669,6 @@ impl Engine {
             .map(|o| o.slots_alloc_bytes(n_slots) as u64)
     }
 
-    /// Whether single-token decode runs without graph stops (`experts::offload::direct`).
-    pub fn direct_decode(&self) -> bool {
-        self.offload.as_ref().is_some_and(|o| o.direct_ready())
-    }
-
     /// The prefill micro-batch (the offload planner may have lowered the requested one).
     pub fn n_ubatch(&self) -> usize {
         self.opts.n_ubatch
@@ -908,8 +873,6 @@ impl Engine {
                 keep.push(n.input.clone());
                 keep.extend(n.pred.clone());
                 keep.extend(n.gpu_out.clone());
-                keep.extend(n.direct_preds.iter().map(|p| p.1.clone()));
-                keep.extend(n.direct_ids.clone());
             }
             Ok::<_, EngineError>(keep)
         })?;
@@ -1062,22 +1025,7 @@ pub(crate) fn run_graph(
         Some(off) => {
             off.begin_step(n);
             let t0 = std::time::Instant::now();
-            if nodes.is_direct() {
-                off.begin_direct()?;
-            }
-            let t1 = std::time::Instant::now();
-            if nodes.is_direct() && off.follows() {
-                // Followed: the host prefetches from the GPU's mailboxes while the graph runs.
-                sched.compute_async(&g.graph())?;
-                // Experiment switch: follow only once the step has finished (no overlap).
-                let late = std::env::var("POCKETMOE_FOLLOW_LATE").is_ok_and(|v| v == "1");
-                if late {
-                    sched.synchronize();
-                }
-                let followed = off.follow_step(nodes);
-                sched.synchronize();
-                followed?;
-            } else if nodes.has_stops() {
+            if nodes.has_stops() {
                 let mut hook = StepHook {
                     off: &mut *off,
                     nodes,
@@ -1089,14 +1037,7 @@ pub(crate) fn run_graph(
                 // as a CUDA graph).
                 sched.compute(&g.graph())?;
             }
-            let t2 = std::time::Instant::now();
-            if nodes.is_direct() {
-                off.end_direct(nodes)?;
-            }
-            off.add_step_time(
-                (t2 - t1).as_secs_f64(),
-                (t1 - t0 + t2.elapsed()).as_secs_f64(),
-            );
+            off.add_step_time(t0.elapsed().as_secs_f64());
         }
         None => sched.compute(&g.graph())?,
     }

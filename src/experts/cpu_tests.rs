@@ -1,6 +1,6 @@
 //! Dropping an [`Offload`] with a CPU job in flight (a step that failed half-way leaves one):
 //! the job must finish before the host store it reads is freed.
-use super::super::offload::{Admit, Offload, OffloadOptions};
+use super::super::offload::{Offload, OffloadOptions};
 use super::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -76,9 +76,6 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         cpu_threads: 1,
         bandwidths: None,
         balance: true,
-        direct: false,
-        admit: Admit::Sync,
-        stop_every: 0,
     };
     let mut off = Offload::load(&file, &hp, &backend, opts, &|_, _| {}).unwrap();
     drop(file);

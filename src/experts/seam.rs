@@ -1,7 +1,7 @@
 //! The offloaded experts' side of the graph seam (docs/design.md §4.2): [`OffloadedExperts`]
 //! implements `graph`'s [`RoutedExperts`] for one graph build. An offloaded layer's experts run
-//! from cache slots with remapped ids and a mask (decode), from the staging area (prefill), or
-//! through the device-side id table (direct decode); the layer is recorded as a [`MoeNode`] for
+//! from cache slots with remapped ids and a mask (decode) or from the staging area (prefill);
+//! the layer is recorded as a [`MoeNode`] for
 //! the step hook, which stops after the routing (see `experts::step`). Layers that are not
 //! offloaded run resident.
 use super::offload::{ExpertMat, Mode, Offload};
@@ -53,12 +53,7 @@ impl RoutedExperts for OffloadedExperts<'_> {
         let biases = g.expert_biases(il);
         let mode = off.mode(nt as usize);
         let weights = g.cb(r.weights, "ffn_moe_weights_final", il as i32);
-        if mode == Mode::Direct {
-            // Read after the step: outputs, so the allocator never reuses their memory.
-            ctx.set_output(r.selected);
-            ctx.set_output(weights);
-        }
-        // Slots and staging read the routing at the stop right after it. Their memory must not
+        // Slots and staging read the routing at the stop right after it. Its memory must not
         // be reused before then: a consumer after the stop keeps it (below for the selected ids
         // of slot steps, whose matmuls read the control ids instead; the weights' and staging's
         // ids' consumers are the expert matmuls). Not `set_output`: ggml flags a view's source
@@ -77,9 +72,6 @@ impl RoutedExperts for OffloadedExperts<'_> {
             pred: None,
             gpu_out: None,
             act: opts.act,
-            direct_stop: false,
-            direct_preds: Vec::new(),
-            direct_ids: None,
         };
         // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
         // right after this router, so the hook's one stop reads the prediction with the routing.
@@ -96,54 +88,6 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 let w = ExpertMat::ALL.map(|m| off.staging_tensor(il, m));
                 let t = ExpertTensors { w, biases };
                 g.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
-            }
-            Mode::Direct => {
-                // A stop layer (every `stop_every`-th offloaded layer) predicts the following
-                // layers' routing from this layer's FFN input (their routers on it, FATE-style),
-                // so the hook's one stop here can prefetch for all of them.
-                let ahead = off.direct_stop(il).unwrap_or_default();
-                for &next in &ahead {
-                    let name = format!("ffn_moe_pred_logits_{next}");
-                    let pred = output(g, predicted_logits(g, x, next, il, &name)); // [n_expert, 1]
-                    node.anchor = pred.name();
-                    node.direct_preds.push((next, pred.name()));
-                }
-                node.direct_stop = off.direct_stop(il).is_some();
-                // Each selected expert's id through the layer's device-side table: its slot, or
-                // its place in the host store (read in place). One table per matrix, since each
-                // matrix's store lies at its own distance from its slots.
-                let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
-                let ids: [Tensor<'a>; 3] = ExpertMat::ALL.map(|m| {
-                    let t = ctx.get_rows(off.remap_view(ctx, il, m), r.selected); // i32 [1, k, 1]
-                    if m == ExpertMat::Up && off.follows() {
-                        // Written straight into the layer's mailbox: the host reads the step's
-                        // hits and misses there (experts::offload::direct).
-                        off.preset_mailbox(t, il, false);
-                        // An output: the graph allocator never frees (reuses) its memory.
-                        ctx.set_output(t);
-                    }
-                    let t = ctx.reshape(t, &[k, nt]).expect("direct ids"); // i32 [k, nt]
-                    g.cb(t, &format!("ffn_moe_direct_ids{}", m.index()), il as i32)
-                });
-                let pred_on = std::env::var("POCKETMOE_MBOX_PRED").map_or(true, |v| v != "0");
-                if let Some(next) = (off.follows() && pred_on)
-                    .then(|| off.next_offloaded(il))
-                    .flatten()
-                {
-                    // FATE: the next layer's router on this layer's FFN input, into the mailbox,
-                    // which the host follows while the graph runs on.
-                    let pred = predicted_logits(g, x, next, il, "ffn_moe_pred_logits"); // [n_expert, 1]
-
-                    // Copied into the mailbox by a plain elementwise kernel.
-                    let pred = ctx.scale(pred, 1.0);
-                    off.preset_mailbox(pred, il, true);
-                    output(g, pred);
-                }
-                // Read back after the step: which picks hit a slot.
-                ctx.set_output(ids[0]);
-                node.direct_ids = Some(ids[0].name());
-                let t = ExpertTensors { w, biases };
-                g.expert_ffn(&t, x, il, ids, r.selected, weights, opts)
             }
             Mode::Slots => {
                 // After the anchor (the graph's last node so far), so the ids live until the

@@ -15,8 +15,6 @@ pub struct LayerStats {
     pub misses: u64,
     /// Misses computed on the CPU.
     pub cpu: u64,
-    /// Misses the GPU read in place from the host store (direct decode).
-    pub in_place: u64,
     /// Experts whose bytes crossed PCIe (miss copies, prefetches and prefill staging).
     pub copies: u64,
     /// Prefetched experts, and how many of them the layer then used.
@@ -71,16 +69,10 @@ pub struct Stats {
     /// which the GPU has nothing queued: the per-layer overhead of decode.
     pub stops: u64,
     pub hook_s: f64,
-    /// Wall seconds of the forward passes' graph computes (stops included), and of the direct
-    /// decode's host work around them (`experts::offload::direct`): where a decode step's time
-    /// goes.
+    /// Wall seconds of the forward passes' graph computes (stops included): where a decode
+    /// step's time goes.
     #[serde(default)]
     pub compute_s: f64,
-    #[serde(default)]
-    pub direct_s: f64,
-    /// Seconds the host waited for the GPU's mailboxes while following steps.
-    #[serde(default)]
-    pub follow_wait_s: f64,
     /// Tokens and forward passes (micro-batches) seen.
     pub tokens: u64,
     pub steps: u64,
@@ -100,7 +92,6 @@ impl Stats {
             t.hits += l.hits;
             t.misses += l.misses;
             t.cpu += l.cpu;
-            t.in_place += l.in_place;
             t.copies += l.copies;
             t.prefetched += l.prefetched;
             t.prefetch_used += l.prefetch_used;
@@ -147,14 +138,13 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU, {:.1}% read in place; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); per step {:.0} us computing, {:.0} us in direct-decode bookkeeping; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
             t.hits,
             t.misses,
             100.0 * self.cpu_share(),
-            100.0 * ratio(t.in_place, t.misses),
             self.cache_hit_rate(),
             self.h2d_bytes as f64 / 1e9,
             self.wait_copy_s,
@@ -162,7 +152,6 @@ impl Stats {
             self.stops,
             1e6 * self.hook_s / self.stops.max(1) as f64,
             1e6 * self.compute_s / self.steps.max(1) as f64,
-            1e6 * self.direct_s / self.steps.max(1) as f64,
             self.prefetch_precision(),
             self.prefetch_recall(),
         );
@@ -208,7 +197,6 @@ impl Stats {
             l.hits -= e.hits;
             l.misses -= e.misses;
             l.cpu -= e.cpu;
-            l.in_place -= e.in_place;
             l.copies -= e.copies;
             l.prefetched -= e.prefetched;
             l.prefetch_used -= e.prefetch_used;
@@ -227,8 +215,6 @@ impl Stats {
         d.stops -= earlier.stops;
         d.hook_s -= earlier.hook_s;
         d.compute_s -= earlier.compute_s;
-        d.direct_s -= earlier.direct_s;
-        d.follow_wait_s -= earlier.follow_wait_s;
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d

@@ -40,43 +40,11 @@ pub struct MoeNode {
     /// Name of the GPU experts' sum when the CPU channel adds its share after it.
     pub gpu_out: Option<String>,
     pub act: crate::graph::blocks::ExpertAct,
-    /// Direct mode: whether the layer stops (to prefetch), the predicted layers' router logits
-    /// on its FFN input (layer, name; f32 [n_expert, 1]), and its slot-or-store ids of the up
-    /// matrix (i32 [k, 1], read after the step).
-    pub direct_stop: bool,
-    pub direct_preds: Vec<(usize, String)>,
-    pub direct_ids: Option<String>,
 }
 
 /// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
     pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
-    /// Direct layers, read after the step.
-    pub(super) direct: Vec<DirectLayer>,
-    /// Direct stop layers: predicted layers and the addresses of their logits.
-    pub(super) direct_stops: HashMap<usize, DirectStop>,
-}
-
-/// A direct layer: the addresses of its selected ids and of its up-matrix ids (slot or store).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct DirectLayer {
-    pub(super) il: usize,
-    pub(super) sel_addr: usize,
-    pub(super) ids_addr: usize,
-}
-
-/// A direct layer that stops: its selected ids, and the layers it predicts.
-pub(super) struct DirectStop {
-    pub(super) il: usize,
-    pub(super) sel_addr: usize,
-    pub(super) preds: Vec<PredictedLayer>,
-}
-
-/// A layer predicted at a direct stop, and the address of its predicted router logits.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PredictedLayer {
-    pub(super) il: usize,
-    pub(super) logits_addr: usize,
 }
 
 /// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
@@ -106,35 +74,7 @@ impl GraphNodes {
     /// Resolves names to node ids and data addresses; call after the graph is allocated.
     pub fn resolve(nodes: &[MoeNode], g: &OwnedGraph) -> Self {
         let mut by_anchor = HashMap::new();
-        let mut direct = Vec::new();
-        let mut direct_stops = HashMap::new();
         for n in nodes {
-            if n.mode == Mode::Direct {
-                let sel_addr = g.tensor(&n.selected).data_addr();
-                let ids = n.direct_ids.as_ref().expect("direct ids recorded");
-                direct.push(DirectLayer {
-                    il: n.il,
-                    sel_addr,
-                    ids_addr: g.tensor(ids).data_addr(),
-                });
-                if n.direct_stop {
-                    let preds = n
-                        .direct_preds
-                        .iter()
-                        .map(|(j, p)| PredictedLayer {
-                            il: *j,
-                            logits_addr: g.tensor(p).data_addr(),
-                        })
-                        .collect();
-                    let stop = DirectStop {
-                        il: n.il,
-                        sel_addr,
-                        preds,
-                    };
-                    direct_stops.insert(g.tensor(&n.anchor).id(), stop);
-                }
-                continue;
-            }
             let r = Resolved {
                 il: n.il,
                 mode: n.mode,
@@ -150,21 +90,12 @@ impl GraphNodes {
                 by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
             }
         }
-        Self {
-            by_anchor,
-            direct,
-            direct_stops,
-        }
+        Self { by_anchor }
     }
 
     /// Whether the step stops at all (else the scheduler runs it without the eval callback,
     /// in one piece).
     pub fn has_stops(&self) -> bool {
-        !self.by_anchor.is_empty() || !self.direct_stops.is_empty()
-    }
-
-    /// Whether the step has direct layers (see `experts::offload::direct`).
-    pub fn is_direct(&self) -> bool {
-        !self.direct.is_empty()
+        !self.by_anchor.is_empty()
     }
 }

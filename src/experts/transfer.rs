@@ -27,12 +27,6 @@ pub trait Transfer {
     /// on the compute stream after this call runs once they have landed. The host does not wait
     /// (where the device has no events, it does).
     fn fence(&mut self) -> Result<(), GgmlError>;
-    /// Marks the copies queued so far under `tag` (two tags alternate: a mark overwrites the
-    /// one two marks back).
-    fn mark(&mut self, tag: u64) -> Result<(), GgmlError>;
-    /// Waits (on the host) until the copies marked `tag` have landed — not later ones, unless
-    /// the mark was overwritten since (then those too).
-    fn wait_mark(&mut self, tag: u64) -> Result<(), GgmlError>;
 }
 
 /// The copy engine for `backend`.
@@ -67,12 +61,6 @@ impl Transfer for HostCopy {
     fn fence(&mut self) -> Result<(), GgmlError> {
         Ok(())
     }
-    fn mark(&mut self, _tag: u64) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn wait_mark(&mut self, _tag: u64) -> Result<(), GgmlError> {
-        Ok(())
-    }
 }
 
 #[cfg(feature = "cuda-api")]
@@ -86,7 +74,6 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
         copies: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
         reads: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
         landed: Event::new(backend),
-        marks: [Event::new(backend), Event::new(backend)],
         backend: backend.clone(),
         unfenced: false,
     }))
@@ -111,8 +98,6 @@ struct CudaCopy {
     reads: extra_kernels::CopyStream,
     /// Recorded on `copies` by `fence`, waited for by the compute stream.
     landed: Option<Event>,
-    /// Recorded on `copies` by `mark`, by tag parity.
-    marks: [Option<Event>; 2],
     backend: Rc<Backend>,
     /// Copies queued since the last fence.
     unfenced: bool,
@@ -149,21 +134,5 @@ impl Transfer for CudaCopy {
         ev.wait_on(&self.backend);
         self.unfenced = false;
         Ok(())
-    }
-    fn mark(&mut self, tag: u64) -> Result<(), GgmlError> {
-        let Some(ev) = &self.marks[(tag % 2) as usize] else {
-            return Ok(()); // no events: wait_mark waits for everything
-        };
-        // SAFETY: a live CUDA event of the copy stream's device (both from `backend`).
-        unsafe { self.copies.record(ev.cuda_event()) }.map_err(cuda_err)
-    }
-    fn wait_mark(&mut self, tag: u64) -> Result<(), GgmlError> {
-        match &self.marks[(tag % 2) as usize] {
-            Some(ev) => {
-                ev.synchronize();
-                Ok(())
-            }
-            None => self.wait(),
-        }
     }
 }

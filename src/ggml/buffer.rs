@@ -97,11 +97,6 @@ impl<'ctx> BufferRef<'ctx> {
     }
 
     /// Address of the first byte (host address for host buffers, device address otherwise).
-    /// The raw buffer handle, for [`super::Tensor::preset`].
-    pub(crate) fn raw_addr(&self) -> usize {
-        self.ptr as usize
-    }
-
     pub fn base_addr(&self) -> usize {
         // SAFETY: as above.
         unsafe { sys::ggml_backend_buffer_get_base(self.ptr) as usize }

@@ -928,32 +928,15 @@ impl<'ctx> Tensor<'ctx> {
         self.raw() as usize
     }
 
-    /// The address of the tensor's data in its buffer (a device address for GPU buffers, a host
-    /// address for host buffers), or 0 when it has none yet. For copy engines that take raw
-    /// addresses; reading through it is the caller's (unsafe) business.
-    /// Gives a graph node a fixed home before the graph is allocated: its result is written at
-    /// `addr`, and the allocator leaves it there. `buffer` (a raw buffer handle, see
-    /// `BufferRef::raw_addr`) decides which backend computes it.
-    ///
-    /// # Safety
-    /// `addr` must hold the node's bytes for as long as the graph is computed, and be memory
-    /// the backend of `buffer` can write (device memory, or page-locked host memory that a
-    /// CUDA device reaches at the same address through unified addressing).
-    pub unsafe fn preset(self, buffer: usize, addr: usize) {
-        // SAFETY: per the contract; a node not yet allocated (data null) is only redirected.
-        unsafe {
-            let t = self.raw();
-            (*t).buffer = buffer as sys::ggml_backend_buffer_t;
-            (*t).data = addr as *mut std::ffi::c_void;
-        }
-    }
-
     /// Whether the tensor has memory (an input no graph node reads is never allocated).
     pub fn is_allocated(&self) -> bool {
         let t = self.get();
         !t.buffer.is_null() && !t.data.is_null()
     }
 
+    /// The address of the tensor's data in its buffer (a device address for GPU buffers, a host
+    /// address for host buffers), or 0 when it has none yet. For copy engines that take raw
+    /// addresses; reading through it is the caller's (unsafe) business.
     pub fn data_addr(&self) -> usize {
         self.get().data as usize
     }

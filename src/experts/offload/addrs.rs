@@ -1,5 +1,4 @@
-//! Where a layer's experts lie, by address (store, slots, staging), and direct decode's
-//! mailboxes.
+//! Where a layer's experts lie, by address (store, slots, staging).
 use super::*;
 
 /// Where one matrix of one layer's experts lies, by address: the host store, the slot tensor
@@ -60,21 +59,4 @@ impl Offload {
             })
         }))
     }
-
-    /// [`Admit::Prefetch`] decode: the mailbox of layer `il`.
-    pub(super) fn mailbox_of(&self, il: usize) -> Mailbox {
-        let at = self.mailbox + 4 * (self.k + self.n_expert) * il;
-        Mailbox {
-            ids: at,
-            logits: at + 4 * self.k,
-        }
-    }
-}
-
-/// [`Admit::Prefetch`]: a layer's mailbox, as host addresses.
-pub(super) struct Mailbox {
-    /// Its k up-matrix ids.
-    pub(super) ids: usize,
-    /// The next layer's n_expert predicted logits.
-    pub(super) logits: usize,
 }

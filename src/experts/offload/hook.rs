@@ -16,10 +16,9 @@ impl Offload {
         self.stats.tokens += n_tokens as u64;
     }
 
-    /// Adds a step's time: on the device (compute) and on the host around it (direct decode).
-    pub fn add_step_time(&mut self, compute_s: f64, direct_s: f64) {
+    /// Adds a step's graph compute time (stops included).
+    pub fn add_step_time(&mut self, compute_s: f64) {
         self.stats.compute_s += compute_s;
-        self.stats.direct_s += direct_s;
     }
 
     /// Counts a graph stop that began at `t0`.
@@ -38,9 +37,6 @@ pub struct StepHook<'a> {
 
 impl EvalHook for StepHook<'_> {
     fn wants(&mut self, id: usize) -> bool {
-        if self.nodes.direct_stops.contains_key(&id) {
-            return true;
-        }
         match self.nodes.by_anchor.get(&id) {
             Some((Stop::Routing, _)) => true,
             // Asked after this layer's routing stop: only a layer whose misses went to the CPU
@@ -54,11 +50,6 @@ impl EvalHook for StepHook<'_> {
 
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
         let t0 = std::time::Instant::now();
-        if let Some(d) = self.nodes.direct_stops.get(&id) {
-            let r = self.off.on_direct_stop(d);
-            self.off.count_stop(t0);
-            return r;
-        }
         let (stop, n) = self.nodes.by_anchor[&id];
         let r = match stop {
             Stop::Routing => self.off.on_routing(&n, self.n_tokens),

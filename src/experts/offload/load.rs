@@ -1,4 +1,4 @@
-//! Loading: the host store filled from the file, staging, control and direct-mode buffers.
+//! Loading: the host store filled from the file, staging and control buffers.
 use super::*;
 
 impl Offload {
@@ -41,9 +41,6 @@ impl Offload {
                     prefetched: Vec::new(),
                     predicted: Vec::new(),
                     staged_ahead: None,
-                    direct_base: None,
-                    pending: Vec::new(),
-                    copied_at_stop: Vec::new(),
                 })
             } else {
                 None
@@ -114,21 +111,6 @@ impl Offload {
         let ctl_buf =
             dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
         ctl_buf.clear(0);
-        // Direct mode's id table: per layer and matrix, i32 [n_expert] (slot, or store offset).
-        let remap_bytes = 4 * n_expert * 3 * n_layer;
-        let remap_buf = dev.new_buffer(backend, Memory::Device, remap_bytes + 256)?;
-        let remap = dev
-            .new_tensor(GgmlType::I32, &[n_expert as i64, 3 * n_layer as i64])?
-            .set_name("off.remap");
-        remap_buf.place(remap, 0)?;
-        // Host side: the table, the cells prefetch flips copy from, and the read-back of a
-        // step's routing (selected and up-matrix ids, k each per layer).
-        let mirror_bytes = 2 * remap_bytes + 8 * k * n_layer + 256;
-        let mirror_buf = store.new_buffer(backend, Memory::Host, mirror_bytes)?;
-        let mirror = mirror_buf.base_addr();
-        let mailbox_buf =
-            store.new_buffer(backend, Memory::Host, 4 * (k + n_expert) * n_layer + 256)?;
-        let (mailbox, mailbox_owner) = (mailbox_buf.base_addr(), remap_buf.raw_addr());
         let mut ctl_off = 0;
         for (i_moe, (il, l)) in layers
             .iter()
@@ -243,12 +225,7 @@ impl Offload {
             backend: backend.clone(),
             stats,
             step: 0,
-            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe + remap_bytes,
-            mirror,
-            mirror_len: mirror_bytes,
-            direct_ready: false,
-            mailbox,
-            mailbox_owner,
+            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
             host_bytes,
             n_slots: 0,
             n_embd,

@@ -17,12 +17,9 @@
 //! The code is split by job, each a child module (they alone see the fields): `load` and
 //! `alloc` (memory), `addrs` (where an expert lies), `tensors` (what graphs read), `hook` (the
 //! step hook), `readback` (a stop's routing to the host), `slots` (a stop's cache
-//! protocol), `staging` (prefill), `planner` (the CPU channel's share), `direct` and
-//! `direct_prefetch` (stop-free decode).
+//! protocol), `staging` (prefill), `planner` and `miss` (the CPU channel's share).
 mod addrs;
 mod alloc;
-mod direct;
-mod direct_prefetch;
 mod hook;
 mod load;
 mod miss;
@@ -33,7 +30,7 @@ mod staging;
 mod tensors;
 
 pub use super::mats::{ExpertMat, MATS};
-pub use super::options::{Admit, Mode, OffloadOptions};
+pub use super::options::{Mode, OffloadOptions};
 pub use hook::StepHook;
 pub use miss::MissModel;
 pub use readback::predicted_experts;
@@ -43,22 +40,13 @@ use addrs::LayerAddrs;
 
 use super::cache::LayerCache;
 use super::cpu::CpuChannel;
-use super::step::{DirectStop, GraphNodes, Resolved};
+use super::step::{GraphNodes, Resolved};
 use super::transfer::{self, Transfer};
 use super::Stats;
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorIndex};
 use crate::gguf::GgufModel;
 use crate::model::Hparams;
 use std::rc::Rc;
-
-/// Direct mode: an admission whose copy may still be in flight.
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    expert: u32,
-    slot: u32,
-    /// The step that queued it.
-    step: u64,
-}
 
 /// One matrix of one layer's experts.
 #[derive(Debug, Clone)]
@@ -89,14 +77,6 @@ struct Layer {
     /// Prefill: the step whose experts were all staged ahead of this layer's router (see
     /// `staging`), if any.
     staged_ahead: Option<u64>,
-    /// Direct mode, per matrix: the expert id that addresses expert 0 in the host store
-    /// relative to the slot tensor (`(store - slots) / expert_bytes`); `None` when the layer
-    /// cannot run direct.
-    direct_base: Option<[Option<i32>; 3]>,
-    /// Direct mode: admissions whose copies may still be in flight.
-    pending: Vec<Pending>,
-    /// Direct mode: misses of this step copied in at this layer's own stop.
-    copied_at_stop: Vec<u32>,
 }
 
 impl Layer {
@@ -136,16 +116,6 @@ pub struct Offload {
     /// see `step::Resolved::sel_row`), compacted on the host.
     sel_rows: usize,
     sel_rows_len: usize,
-    /// Page-locked host copy of the direct-mode id table (`off.remap`), then room for the
-    /// routing read-back of every layer of a direct step.
-    mirror: usize,
-    mirror_len: usize,
-    /// Every offloaded layer can run [`Mode::Direct`] (set by `alloc_slots`).
-    direct_ready: bool,
-    /// [`Admit::Prefetch`]: page-locked mailboxes (per layer: k up-matrix ids, then n_expert
-    /// predicted logits) and the raw handle of a device buffer the nodes writing them name.
-    mailbox: usize,
-    mailbox_owner: usize,
     xfer: Box<dyn Transfer>,
     /// The compute backend: miss copies and control writes queue on its stream.
     backend: Rc<Backend>,
@@ -181,11 +151,6 @@ fn name(il: usize, what: &str) -> String {
 }
 
 impl Offload {
-    /// Whether single-token steps run [`Mode::Direct`].
-    pub fn direct_ready(&self) -> bool {
-        self.direct_ready
-    }
-
     pub fn is_offloaded(&self, il: usize) -> bool {
         self.layers.get(il).is_some_and(Option::is_some)
     }

@@ -32,7 +32,6 @@ impl Offload {
         layer.predicted.clear();
         match mode {
             Mode::Staging => self.stage_used(il, &used, n_tokens),
-            Mode::Direct => unreachable!("direct layers never stop"),
             Mode::Slots => self.slots_used(n, n_tokens, &routing, &used, &on_cpu),
         }
     }

@@ -1,6 +1,5 @@
 //! What graphs read of the offloaded experts: the mode of a micro-batch and, per layer, the
-//! tensors its experts run from (slots, staging, control, the CPU channel's result, direct
-//! decode's id table and mailboxes).
+//! tensors its experts run from (slots, staging, control, the CPU channel's result).
 use super::*;
 
 impl Offload {
@@ -15,9 +14,6 @@ impl Offload {
     /// Slots when the micro-batch's experts fit the cache, or for a decode micro-batch (up to
     /// `max_slot_tokens`) when the CPU channel can take what does not fit; staging otherwise.
     pub fn mode(&self, n_tokens: usize) -> Mode {
-        if n_tokens == 1 && self.direct_ready {
-            return Mode::Direct;
-        }
         let overflow_to_cpu = n_tokens <= self.opts.max_slot_tokens
             && self.n_slots > 0
             && self.cpu.is_some()
@@ -27,34 +23,6 @@ impl Offload {
         } else {
             Mode::Staging
         }
-    }
-
-    /// Whether direct decode follows the step through mailboxes ([`Admit::Prefetch`]).
-    pub fn follows(&self) -> bool {
-        self.opts.stop_every == 0 && self.opts.admit == Admit::Prefetch
-    }
-
-    /// Gives node `t` of layer `il` its mailbox (`pred`: the predicted logits, else the ids).
-    ///
-    /// The mailbox is page-locked host memory that lives as long as the engine; the GPU writes
-    /// it through unified addressing (see `direct`).
-    pub fn preset_mailbox(&self, t: Tensor<'_>, il: usize, pred: bool) {
-        let mb = self.mailbox_of(il);
-        // SAFETY: per the doc: live page-locked memory of the right size, reachable by the GPU
-        // at its host address (the CUDA host buffer type; direct decode runs on CUDA only).
-        unsafe { t.preset(self.mailbox_owner, if pred { mb.logits } else { mb.ids }) }
-    }
-
-    /// Direct mode: the layers a stop at layer `il` prefetches for (the offloaded layers after
-    /// it up to and including the next stop layer), or `None` when `il` does not stop.
-    pub fn direct_stop(&self, il: usize) -> Option<Vec<usize>> {
-        let every = self.opts.stop_every;
-        let moe: Vec<usize> = (0..self.layers.len())
-            .filter(|&j| self.is_offloaded(j))
-            .collect();
-        let pos = moe.iter().position(|&j| j == il)?;
-        (every > 0 && pos % every == 0)
-            .then(|| moe[pos + 1..].iter().take(every).copied().collect())
     }
 
     /// Slot tensor of matrix `m` of layer `il` [ne0, ne1, n_slots].
@@ -89,25 +57,6 @@ impl Offload {
             .get(&self.dev_idx, &name(il, "cpu"))
             .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
     }
-
-    /// Direct mode's id table of layer `il`, matrix `m`: i32 [1, n_expert], a view of
-    /// `off.remap` (rows of one element, so `get_rows` maps expert ids through it).
-    pub fn remap_view<'a>(&'a self, ctx: &'a Context, il: usize, m: ExpertMat) -> Tensor<'a> {
-        let t = self.remap();
-        ctx.view(
-            t,
-            &[1, self.n_expert as i64],
-            &[4],
-            4 * self.n_expert * (3 * il + m.index()),
-        )
-    }
-
-    pub(super) fn remap(&self) -> Tensor<'_> {
-        self.dev
-            .get(&self.dev_idx, "off.remap")
-            .expect("the offload id table exists")
-    }
-
     /// Control tensors of layer `il` (see [`Ctl`]).
     pub fn ctl(&self, il: usize) -> Ctl<'_> {
         let get = |w: &str| {
