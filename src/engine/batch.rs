@@ -20,9 +20,8 @@
 //! scheduler takes them from one [`PagePool`]).
 //! Reference: llama.cpp `llama_kv_cache::set_input_kq_mask` (per-token mask rows over a unified
 //! cache) and `llama_batch` / `inp_out_ids`.
-use super::run_graph;
+use super::step::{Mask, Outputs, StepPlan};
 use super::{Engine, EngineError};
-use crate::experts::step::GraphNodes;
 use crate::graph::BatchInputs;
 
 /// Cache rows per page: the unit in which sequences get cache rows, and the padding of `n_kv`
@@ -158,17 +157,6 @@ pub fn rows_for(n_seq: usize, ctx: usize) -> usize {
     n_seq * ctx.div_ceil(KV_PAGE) * KV_PAGE
 }
 
-/// The shape a cached multi-sequence graph was built for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GraphKey {
-    n_tokens: usize,
-    n_kv: usize,
-    n_out: usize,
-    embd: bool,
-    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
-    comp: Vec<(usize, usize)>,
-}
-
 /// What a model must offer the server's scheduler: batched forward passes over sequences in
 /// disjoint cache ranges. [`Engine`] is the real one; tests use fakes.
 pub trait BatchModel {
@@ -253,9 +241,9 @@ fn page_runs(pages: &[u32], n: usize, rows: usize) -> Result<Vec<(usize, usize)>
 
 /// A token of a batch: which chunk, its position, and the token.
 #[derive(Clone, Copy)]
-struct Tok {
-    chunk: usize,
-    pos: usize,
+pub(super) struct Tok {
+    pub(super) chunk: usize,
+    pub(super) pos: usize,
     id: u32,
     /// The chunk's last token, whose logits were asked for.
     out: bool,
@@ -520,68 +508,17 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let key = GraphKey {
-            n_tokens: n,
+        let plan = StepPlan {
+            ids: toks.iter().map(|t| t.id as i32).collect(),
+            pos: toks.iter().map(|t| t.pos as i32).collect(),
+            rows: toks.iter().map(|t| row(t) as i64).collect(),
             n_kv,
-            n_out: outs.len(),
+            mask: Mask::Seqs { chunks, toks },
+            out: Outputs::of_rows(outs, n),
             embd,
-            comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
+            comp,
         };
-        // The single-sequence path shares the scheduler: if it ran since, our allocation is gone.
-        let stale = self.graph.take().is_some();
-        if self.batch_graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
-            self.batch_graph = None;
-            let (g, nodes) =
-                self.build_graph(n, 0, n_kv, outs.is_empty(), outs.len(), embd, &comp)?;
-            self.sched.alloc(&g.graph())?;
-            let nodes = GraphNodes::resolve(&nodes, &g);
-            self.batch_graph = Some((key, g, nodes));
-        } else if stale {
-            let (_, g, _) = self.batch_graph.as_ref().expect("cached");
-            self.sched.alloc(&g.graph())?;
-        }
-        let (_, g, nodes) = self.batch_graph.as_ref().expect("built above");
-        for (r, p, n_comp) in &comp {
-            crate::graph::dsv4::fill(|name| g.tensor(name), *r, p, *n_comp)?;
-        }
-        let ids: Vec<i32> = toks.iter().map(|t| t.id as i32).collect();
-        g.tensor("inp_tokens").write_i32(&ids)?;
-        let pos: Vec<i32> = toks.iter().map(|t| t.pos as i32).collect();
-        g.tensor("inp_pos").write_i32(&pos)?;
-        let rows: Vec<i64> = toks.iter().map(|t| row(t) as i64).collect();
-        g.tensor("inp_kv_idxs").write_i64(&rows)?;
-        let window = self.hp.sliding_window as usize;
-        let mask = |window: usize| {
-            let mut m = vec![half::f16::NEG_INFINITY.to_bits(); n_kv * n];
-            for (t, row) in toks.iter().zip(m.chunks_exact_mut(n_kv)) {
-                mask_row(row, &chunks[t.chunk], t.pos, window);
-            }
-            m
-        };
-        let full = g.tensor("attn_inp_kq_mask");
-        if full.is_allocated() {
-            full.write_bytes(bytemuck::cast_slice(&mask(usize::MAX)))?;
-        }
-        if g.has("attn_inp_kq_mask_swa") {
-            g.tensor("attn_inp_kq_mask_swa")
-                .write_bytes(bytemuck::cast_slice(&mask(window)))?;
-        }
-        if !outs.is_empty() {
-            g.tensor("inp_out_ids").write_i32(&outs)?;
-        }
-        run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
-        if outs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let flat = g
-            .tensor(super::out_name(embd))
-            .read_f32_via(self.stage.as_ref())?;
-        let width = if embd {
-            self.hp.n_embd as usize
-        } else {
-            self.hp.n_vocab as usize
-        };
-        Ok(flat.chunks_exact(width).map(<[f32]>::to_vec).collect())
+        self.run_step(&plan)
     }
 }
 
@@ -589,7 +526,7 @@ impl Engine {
 /// token at position `pos` of sequence `c`: 0 at the rows of its positions `j <= pos` with
 /// `pos - j < window`; other sequences, later positions and padding stay -inf. Page-wise slice
 /// fills: a 2048-token micro-batch at depth 8192 has 25M mask entries.
-fn mask_row(row: &mut [u16], c: &SeqChunk<'_>, pos: usize, window: usize) {
+pub(super) fn mask_row(row: &mut [u16], c: &SeqChunk<'_>, pos: usize, window: usize) {
     let zero = half::f16::ZERO.to_bits();
     let mut j = (pos + 1).saturating_sub(window);
     while j <= pos {

@@ -1,14 +1,26 @@
 //! The engine: a GGUF model loaded on one backend (CPU, or one GPU with the CPU as fallback for
-//! unsupported ops), its KV cache, and the forward pass over micro-batches.
+//! unsupported ops), its KV cache, and the forward pass over micro-batches. One job per file:
+//! `options` (what a caller asks for), `load` (loading and the offload plan), `step` (one
+//! forward pass, planned and run, for one sequence or many), `graph` (a step's graph built and
+//! computed), `batch` (several sequences over a shared cache), `embed`, `sampling`, `context`
+//! (the context a budget fits); this file holds the engine and its single-sequence API.
 //!
 //! Invariants: the cache holds positions `0..n_past`; `forward` appends; exceeding `n_ctx` is an
 //! error (`ContextFull`) before any graph is built. Logits are returned for every input position.
 pub mod batch;
 pub mod context;
 pub mod embed;
+mod graph;
+mod load;
+mod options;
 pub mod sampling;
+mod step;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
+use graph::{causal_mask_f16, graph_size};
+pub(crate) use graph::{out_name, run_graph};
+use options::gib;
+pub use options::{auto_budget, Device, EngineOptions, AUTO_MARGIN, AUTO_MARGIN_FRACTION};
 
 use crate::arch;
 use crate::experts::step::GraphNodes;
@@ -39,144 +51,13 @@ pub enum EngineError {
     BadToken { id: u32, n_vocab: u64 },
 }
 
-/// Where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-    /// GPU 0 when this is a CUDA build and a GPU is present, else the CPU.
-    Auto,
-}
-
-impl Device {
-    /// [`Device::Auto`] resolved for this build and machine; others as they are.
-    pub fn resolve(self) -> Device {
-        match self {
-            Device::Auto if Backend::cuda_device_count() > 0 => Device::Cuda(0),
-            Device::Auto => Device::Cpu,
-            d => d,
-        }
-    }
-}
-
-/// Whether the engine's CPU thread pool polls between graphs (ggml's `poll`: idle workers spin
-/// up to ~10^8 cycles for the next graph before they sleep), given whether a GPU runs the step,
-/// whether the offload path's own CPU-expert threads need the cores, and `n_threads` (0 = all).
-/// A CPU-only engine whose pool takes every core waits instead: its spinning workers would
-/// starve every other thread of the machine (the server's, another engine's, another process's),
-/// and on an oversubscribed 2-core machine each graph then stalled for whole time slices
-/// (issue 27).
-fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> bool {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let n = if n_threads == 0 { cores } else { n_threads };
-    !cpu_experts && (gpu || n < cores)
-}
-
-/// `names` for the unused-tensor warning: each by name, except that a multi-token-prediction
-/// block (`blk.N.*` with N at or past `n_decode`, not built) is one entry with its count.
-fn unused_summary(names: &[String], n_decode: usize) -> String {
-    let mtp_block = |name: &str| {
-        let n: usize = name.strip_prefix("blk.")?.split('.').next()?.parse().ok()?;
-        (n >= n_decode).then_some(n)
-    };
-    let mut out: Vec<String> = Vec::new();
-    let mut blocks: Vec<(usize, usize)> = Vec::new();
-    for name in names {
-        match mtp_block(name) {
-            Some(b) => match blocks.iter_mut().find(|(n, _)| *n == b) {
-                Some((_, k)) => *k += 1,
-                None => blocks.push((b, 1)),
-            },
-            None => out.push(name.clone()),
-        }
-    }
-    out.extend(blocks.into_iter().map(|(b, k)| {
-        format!("blk.{b}.* ({k} tensors of a multi-token-prediction block, not built)")
-    }));
-    out.join(", ")
-}
-
-/// `b` bytes as GiB with two decimals, for messages.
-fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-}
-
-/// VRAM left free when the budget is automatic (no `gpu_mem`): the larger of this and
-/// [`AUTO_MARGIN_FRACTION`] of the device, for the CUDA runtime, cuBLAS and other processes.
-pub const AUTO_MARGIN: u64 = 1 << 30;
-pub const AUTO_MARGIN_FRACTION: f64 = 0.05;
-
-/// The automatic budget on a device with `free` of `total` bytes free: free minus the margin.
-pub fn auto_budget(free: u64, total: u64) -> u64 {
-    let margin = AUTO_MARGIN.max((total as f64 * AUTO_MARGIN_FRACTION) as u64);
-    free.saturating_sub(margin)
-}
-
-#[derive(Debug, Clone)]
-pub struct EngineOptions {
-    pub device: Device,
-    pub n_ctx: usize,
-    pub n_threads: usize,
-    pub n_ubatch: usize,
-    pub kv_type: GgmlType,
-    /// Memory budget on the main device (bytes). With a budget the model does not fit in,
-    /// routed experts are offloaded (docs/design.md §4.1). `None` on a GPU: the device's free
-    /// memory minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by
-    /// itself.
-    pub gpu_mem: Option<u64>,
-    /// Prefetch experts of the next layer while the current one runs (when offloading).
-    pub prefetch: bool,
-    /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
-    pub cpu_experts: bool,
-    /// Offload cost model: (PCIe, CPU-channel) bytes/s; `None`: measured on the box at the
-    /// first decode step that may use the CPU channel.
-    pub offload_bandwidths: Option<(f64, f64)>,
-    /// Offloading: balance each decode step's misses between the copy engine and the CPU
-    /// channel (its backlog counted, part of the predicted experts left to the CPU instead of
-    /// prefetched; docs/design.md §4.5). `false`: the planner before 2026-12-02.
-    pub miss_balance: bool,
-    /// Expert-cache policy when offloading.
-    pub policy: crate::experts::policy::PolicyKind,
-    /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
-    /// state some architectures keep besides the KV rows (DeepSeek-V4's compressor rings) is
-    /// sized for this many.
-    pub n_seq: usize,
-    /// On the CPU (no GPU, no offload): weights read only as the matrix of a matrix product go
-    /// into the CPU's extra buffer types where its kernels take them (ggml-cpu's repack layout:
-    /// interleaved Q4_K/Q4_0/IQ4_NL/MXFP4 blocks, faster products), as llama.cpp does by default
-    /// (its `--no-repack` turns it off, as `false` here does). See `Engine::fill_weights`.
-    pub repack: bool,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        Self {
-            n_seq: 1,
-            device: Device::Cpu,
-            n_ctx: 4096,
-            n_threads: 0,
-            n_ubatch: 512,
-            kv_type: GgmlType::F16,
-            gpu_mem: None,
-            policy: Default::default(),
-            prefetch: true,
-            cpu_experts: true,
-            offload_bandwidths: None,
-            miss_balance: true,
-            repack: true,
-        }
-    }
-}
-
 pub struct Engine {
     pub hp: Hparams,
     opts: EngineOptions,
     // Field order = drop order: the cached graph first, the file map last.
-    /// The last graph built and allocated, with its (n_tokens, n_kv, last_only) shape and its
-    /// offloaded layers.
-    graph: Option<(GraphKey, OwnedGraph, GraphNodes)>,
-    /// The last multi-sequence graph (`batch`), likewise.
-    batch_graph: Option<(batch::GraphKey, OwnedGraph, GraphNodes)>,
+    /// The last step graph built and allocated, with its shape and its offloaded layers
+    /// (`step`: single-sequence and multi-sequence steps share it).
+    graph: Option<(step::GraphKey, OwnedGraph, GraphNodes)>,
     offload: Option<Offload>,
     sched: Sched,
     kv: kv::KvCache,
@@ -229,351 +110,6 @@ impl Drop for StepProfile {
 }
 
 impl Engine {
-    /// Opens, validates and loads `path`. `progress(done, total)` reports weight bytes.
-    pub fn load(
-        path: &Path,
-        opts: EngineOptions,
-        progress: &dyn Fn(u64, u64),
-    ) -> Result<Self, EngineError> {
-        let model_err = |msg: String| EngineError::Model {
-            path: path.display().to_string(),
-            msg,
-        };
-        let file = GgufModel::open(path)?;
-        let (arch, hp) = arch::hparams(&file).map_err(model_err)?;
-        let spec = &arch.spec;
-        if arch.graph.is_none() {
-            return Err(model_err(format!(
-                "no graph for architecture {:?} yet (built: {})",
-                spec.name,
-                arch::built_names()
-            )));
-        }
-        if let Some(msg) = arch::unsupported(&hp) {
-            return Err(model_err(msg));
-        }
-        let tensors: Vec<_> = file.tensors().cloned().collect();
-        let v = validate(spec, &hp, &tensors);
-        if let Some(e) = v.errors().next() {
-            return Err(model_err(e.to_string()));
-        }
-        check_expert_ids(&file, &hp).map_err(model_err)?;
-        // Before any weight is loaded: refuse what the options cannot give.
-        if opts.kv_type.is_quantized() && (hp.is_mla() || !arch.quantized_kv) {
-            return Err(model_err(format!(
-                "a {:?} KV cache is not built for {}'s attention yet (use f16)",
-                opts.kv_type, spec.name
-            )));
-        }
-        let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
-        let mut opts = opts;
-        opts.device = opts.device.resolve();
-        // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache;
-        // nor does an architecture whose attention reads V from the K row (`arch.kv.k_only`).
-        let v_width = if hp.is_mla() || arch.kv.k_only {
-            0
-        } else {
-            hp.v_dim() as usize
-        };
-        let widths: Vec<(usize, usize)> = (0..hp.n_layer)
-            .map(|_| (hp.k_dim() as usize, v_width))
-            .collect();
-        let kv_row = context::kv_row_bytes(&hp, opts.kv_type);
-        // On a GPU without a budget: its free memory minus a margin.
-        let gpu = match opts.device {
-            Device::Cuda(i) => Some(Rc::new(Backend::cuda(i)?)),
-            _ => None,
-        };
-        // Whole 256-row blocks on a GPU, where ggml-cuda's kernel choice needs them
-        // (`kv_rows_for`). The CPU keeps the exact context for now: padded, DeepSeek-V4's
-        // offloaded decode with CPU-channel experts moved one step off the resident one
-        // (cosine 0.99995, tests/offload.rs), not yet understood (docs/design.md §3.4).
-        let kv_ctx = if gpu.is_some() {
-            kv_rows_for(opts.n_ctx)
-        } else {
-            opts.n_ctx
-        };
-        let auto_budget = opts.gpu_mem.is_none() && gpu.is_some();
-        if auto_budget {
-            opts.gpu_mem = gpu
-                .as_ref()
-                .and_then(|g| g.memory())
-                .map(|(free, total)| self::auto_budget(free as u64, total as u64));
-        }
-        let kv_bytes = kv_row * kv_ctx as u64;
-        // Offload when the budget is below the whole model (+ KV + a compute reserve).
-        let offload = opts
-            .gpu_mem
-            .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
-        let cpu = Rc::new(Backend::cpu_polling(
-            opts.n_threads,
-            cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
-        )?);
-        let main = gpu.clone().unwrap_or_else(|| cpu.clone());
-        // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
-        // out of the weights: the offload store holds them.
-        let resident = |name: &str| v.roles.get(name).is_none_or(|r| r.is_resident());
-        let keep = |name: &str| !offload || resident(name);
-        // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
-        // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
-        // it stays on the GPU: no CPU split and host round trip at every step.
-        let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
-        // CPU-only and resident: the weights are filled once the engine can build graphs on
-        // them, which decide what goes into the CPU's extra buffer types (`fill_weights`).
-        let repack = opts.repack && Rc::ptr_eq(&main, &cpu) && !offload;
-        let mut weights = weights::Weights::declare(&file, host.is_some(), &keep)?;
-        if !repack {
-            let none = weights::ExtraPlacement::new();
-            weights.fill(&file, &main, host, &none, progress)?;
-        }
-        let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
-        let kv = kv::KvCache::new(
-            &main,
-            &widths,
-            kv_ctx,
-            opts.kv_type,
-            rot,
-            // The architecture's own caches (DeepSeek-3.2's indexer keys, DeepSeek-V4's
-            // compressed rows) are read through the same padded views: the same rows.
-            &(arch.kv.extra)(&hp, kv_ctx, opts.n_seq.max(1)),
-        )?;
-        let off = if offload {
-            let o = OffloadOptions {
-                policy: opts.policy.clone(),
-                max_slot_tokens: MAX_SLOT_TOKENS,
-                // Sizes the host scratch for a micro-batch of up to the whole context.
-                n_ubatch: opts.n_ctx.max(1),
-                prefetch: opts.prefetch,
-                bandwidths: opts.offload_bandwidths,
-                balance: opts.miss_balance,
-                cpu_threads: if opts.cpu_experts {
-                    match opts.n_threads {
-                        0 => std::thread::available_parallelism()
-                            .map_or(1, |n| n.get())
-                            .saturating_sub(1)
-                            .max(1),
-                        // The main thread waits on the GPU meanwhile: leave it a core.
-                        n => n.saturating_sub(1).max(1),
-                    }
-                } else {
-                    0
-                },
-            };
-            Some(Offload::load(&file, &hp, &main, o, progress)?)
-        } else {
-            None
-        };
-        let backends = if Rc::ptr_eq(&main, &cpu) {
-            vec![cpu]
-        } else {
-            vec![main.clone(), cpu]
-        };
-        let sched = Sched::new(&backends, graph_size(&hp), false)?;
-        let stage = match &gpu {
-            Some(g) => Some(crate::ggml::HostStage::new(
-                g,
-                hp.n_vocab as usize * 4 * MAX_SLOT_TOKENS,
-            )?),
-            None => None,
-        };
-        let mut eng = Self {
-            hp,
-            opts,
-            graph: None,
-            batch_graph: None,
-            offload: off,
-            sched,
-            kv,
-            weights,
-            _backends: backends,
-            _file: file,
-            n_past: 0,
-            model_bytes: total_bytes,
-            budget_auto: auto_budget,
-            stage,
-            profile: std::env::var("POCKETMOE_STEP_PROFILE")
-                .is_ok_and(|v| v == "1")
-                .then(StepProfile::default),
-            unused: Vec::new(),
-        };
-        if repack {
-            eng.fill_weights(progress)?;
-        }
-        // Resident models do not reserve the largest graph up front: tried for issue 30's
-        // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
-        // docs/bench-h200.md, 2026-12-02).
-        if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
-            eng.plan_slots(&main, budget)?;
-        }
-        // A tensor the graphs never read is loaded for nothing, and usually means the file
-        // holds something this build does not compute (issue 27): say which, by name.
-        eng.unused = eng.unread_tensors()?;
-        if !eng.unused.is_empty() {
-            tracing::warn!(
-                "{}: {} tensor(s) that no graph reads (loaded, unused): {}",
-                path.display(),
-                eng.unused.len(),
-                unused_summary(&eng.unused, eng.hp.n_layer_decode())
-            );
-        }
-        // The server (and RUST_LOG=info) shows it at start; `pocketmoe run` prints it itself.
-        tracing::info!("{}", eng.plan());
-        Ok(eng)
-    }
-
-    /// The file's tensors, in file order, that no graph of [`Engine::shape_graphs`] reads, as
-    /// weights here or through the offload store (the routed experts it holds count as read:
-    /// the expert path computes them).
-    fn unread_tensors(&self) -> Result<Vec<String>, EngineError> {
-        let graphs = self.shape_graphs()?;
-        let read: std::collections::HashSet<usize> = graphs
-            .iter()
-            .flat_map(|g| g.graph().reads().into_iter().map(|(_, _, src)| src))
-            .collect();
-        let is_read = |name: &str| {
-            let main = self.weights.get(name);
-            let host = (name == weights::TOKEN_EMBD)
-                .then(|| self.weights.embedding())
-                .flatten();
-            match (main, host) {
-                (None, None) => self.offload.is_some(),
-                (m, h) => [m, h].into_iter().flatten().any(|t| read.contains(&t.id())),
-            }
-        };
-        Ok(self
-            ._file
-            .tensors()
-            .filter(|t| !is_read(&t.name))
-            .map(|t| t.name.clone())
-            .collect())
-    }
-
-    /// Tensors of the file that no graph reads (see [`Engine::load`]'s warning), in file order.
-    pub fn unused_tensors(&self) -> &[String] {
-        &self.unused
-    }
-
-    /// Graphs of the shapes this engine runs, built but not allocated: a decode step at the
-    /// start and at the end of the context, and the largest micro-batch at the end of the
-    /// context (as `reserve_largest` builds it), so that shape-dependent paths (DeepSeek-V4's
-    /// compressors, the sparse-attention indexer) are present.
-    fn shape_graphs(&self) -> Result<Vec<OwnedGraph>, EngineError> {
-        let n_ctx = self.opts.n_ctx.max(1);
-        let n = self.opts.n_ubatch.min(n_ctx).max(1);
-        [(1, 0, false), (1, n_ctx - 1, false), (n, n_ctx - n, true)]
-            .into_iter()
-            .map(|(n, n_past, last_only)| self.graph_at(n, n_past, last_only))
-            .collect()
-    }
-
-    /// Fills the declared weights of a CPU-only engine, each matrix that only ever is the
-    /// matrix of a product in one of the CPU device's extra buffer types where its kernels take
-    /// it (`Weights::extra_placement`). The uses are read from the graphs this engine builds
-    /// ([`Engine::shape_graphs`]); a weight none of them reads stays plain.
-    fn fill_weights(&mut self, progress: &dyn Fn(u64, u64)) -> Result<(), EngineError> {
-        let cpu = self._backends.last().expect("the CPU backend").clone();
-        let bufts = cpu.extra_buffer_types();
-        let place = if bufts.is_empty() {
-            weights::ExtraPlacement::new()
-        } else {
-            let graphs = self.shape_graphs()?;
-            let gs: Vec<_> = graphs.iter().map(|g| g.graph()).collect();
-            self.weights.extra_placement(&gs, &bufts)
-        };
-        self.weights
-            .fill(&self._file, &cpu, None, &place, progress)?;
-        let (n, bytes) = self.weights.extra();
-        tracing::info!(
-            "weights: {n} matrices ({bytes} B) in the CPU's extra buffer types ({})",
-            bufts
-                .iter()
-                .map(|b| b.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        Ok(())
-    }
-
-    /// Weights in the CPU device's extra buffer types (repacked): (tensors, bytes).
-    pub fn repacked(&self) -> (usize, u64) {
-        self.weights.extra()
-    }
-
-    /// Reserves the scheduler's buffers for the largest graph: a full micro-batch at the end of
-    /// the context (staging mode when offloading). Returns the compute buffer's size.
-    fn reserve_largest(&mut self) -> Result<u64, EngineError> {
-        let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
-        let g = self.graph_at(n, self.opts.n_ctx - n, false)?;
-        self.sched.reserve(&g.graph())?;
-        drop(g);
-        Ok(self.sched.buffer_size(0) as u64)
-    }
-
-    /// The graph of a single-sequence micro-batch of `n` tokens at `n_past`, with its padded
-    /// KV view and compressor plans, built but not allocated (for sizing and inspection).
-    fn graph_at(
-        &self,
-        n: usize,
-        n_past: usize,
-        last_only: bool,
-    ) -> Result<OwnedGraph, EngineError> {
-        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
-        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-        Ok(self
-            .build_graph(n, n_past, n_kv, last_only, 0, false, &comp)?
-            .0)
-    }
-
-    /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
-    /// staging mode), then gives the expert cache what is left of `budget`.
-    ///
-    /// Large micro-batches amortise prefill copies but need a large compute buffer; while that
-    /// leaves the cache fewer than two tokens' worth of slots, the micro-batch is halved (down
-    /// to 512).
-    fn plan_slots(&mut self, main: &Backend, budget: u64) -> Result<(), EngineError> {
-        let margin = if main.is_cuda() { CUDA_MARGIN } else { 0 };
-        let k = self.hp.n_expert_used.max(1);
-        let (fixed, per_slot) = loop {
-            let compute = self.reserve_largest()?;
-            let off = self.offload.as_ref().expect("offloading");
-            let fixed = self.weights.bytes()
-                + self.kv.bytes() as u64
-                + off.dev_bytes() as u64
-                + compute
-                + margin;
-            let per_slot = off.slot_bytes_all_layers().max(1) as u64;
-            let slots = budget.saturating_sub(fixed) / per_slot;
-            if slots >= 2 * k || self.opts.n_ubatch <= 512 {
-                break (fixed, per_slot);
-            }
-            // A fresh scheduler: reserved buffers only ever grow.
-            self.opts.n_ubatch /= 2;
-            self.sched = Sched::new(&self._backends, graph_size(&self.hp), false)?;
-        };
-        let off = self.offload.as_mut().expect("offloading");
-        if fixed > budget {
-            return Err(EngineError::BudgetTooSmall {
-                budget,
-                need: fixed,
-            });
-        }
-        let mut n_slots = (budget - fixed) / per_slot;
-        // Padding and alignment per matrix: step down until the slots really fit.
-        while n_slots > 0 && off.slots_alloc_bytes(n_slots as usize) as u64 > budget - fixed {
-            n_slots -= 1;
-        }
-        tracing::info!(
-            "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, micro-batch {} -> {n_slots} expert slots per layer of {}",
-            self.weights.bytes(),
-            self.kv.bytes(),
-            off.dev_bytes(),
-            self.opts.n_ubatch,
-            self.hp.n_expert
-        );
-        off.alloc_slots(main, n_slots as usize)?;
-        Ok(())
-    }
-
     /// Device bytes this engine allocated itself: weights, KV cache, offload buffers and the
     /// scheduler's compute buffer (what a `--gpu-mem` budget covers, minus the backend's own
     /// workspace).
@@ -763,122 +299,8 @@ impl Engine {
         )
     }
 
-    /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
-    /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
-    /// `embd`: the output (named [`out_name`]) is the final normed hidden state, not logits.
-    #[allow(clippy::too_many_arguments)]
-    fn build_graph(
-        &self,
-        n: usize,
-        n_past: usize,
-        n_kv: usize,
-        last_only: bool,
-        n_out: usize,
-        embd: bool,
-        comp: &[(usize, dsv4::CompPlan, usize)],
-    ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
-        let size = graph_size(&self.hp);
-        let window = self.hp.sliding_window as usize;
-        let mut nodes = Vec::new();
-        let offloaded = self.offload.as_ref().map(Offload::graph_experts);
-        let experts: &dyn RoutedExperts = match &offloaded {
-            Some(o) => o,
-            None => &Resident,
-        };
-        let g = OwnedGraph::build(Context::new(size, size)?, size, |ctx, graph| {
-            let input = |ty, ne: &[i64], name: &'static str| -> Result<_, EngineError> {
-                let t = ctx.new_tensor(ty, ne)?.set_name(name);
-                ctx.set_input(t);
-                Ok(t)
-            };
-            let t_tok = input(GgmlType::I32, &[n as i64], "inp_tokens")?; // [n]
-            let t_pos = input(GgmlType::I32, &[n as i64], "inp_pos")?; // [n]
-            let t_mask = input(GgmlType::F16, &[n_kv as i64, n as i64], "attn_inp_kq_mask")?; // [n_kv, n]
-            let t_idx = input(GgmlType::I64, &[n as i64], "inp_kv_idxs")?; // [n]
-            let t_mask_swa = if window > 0 {
-                Some(input(
-                    GgmlType::F16,
-                    &[n_kv as i64, n as i64],
-                    "attn_inp_kq_mask_swa",
-                )?) // [n_kv, n]
-            } else {
-                None
-            };
-            let t_out = match n_out {
-                0 => None,
-                k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
-            };
-            let mut keep: Vec<String> = Vec::new();
-            let mut dsv4_inputs = None;
-            for (r, p, n_comp) in comp {
-                let inp = dsv4::CompInputs::create(ctx, *r, p, n, *n_comp, &mut keep)?;
-                let d = dsv4_inputs.get_or_insert(dsv4::Dsv4Inputs {
-                    csa: None,
-                    hca: None,
-                });
-                match r {
-                    4 => d.csa = Some(inp),
-                    _ => d.hca = Some(inp),
-                }
-            }
-            let batch = BatchInputs {
-                tokens: t_tok,
-                pos: t_pos,
-                mask: t_mask,
-                mask_swa: t_mask_swa,
-                kv_idx: t_idx,
-                n_tokens: n,
-                n_past,
-                n_kv,
-                last_only,
-                out_ids: t_out,
-                embd,
-                dsv4: dsv4_inputs,
-            };
-            let g = GraphBuilder {
-                ctx,
-                w: &self.weights,
-                kv: &self.kv,
-                hp: &self.hp,
-                batch,
-                graph,
-                experts,
-            };
-            let logits = arch::build(&g).map_err(|msg| EngineError::Model {
-                path: String::new(),
-                msg,
-            })?;
-            g.finish(logits.set_name(out_name(embd)));
-            keep.extend(
-                [
-                    "inp_tokens",
-                    "inp_pos",
-                    "attn_inp_kq_mask",
-                    "inp_kv_idxs",
-                    out_name(embd),
-                ]
-                .map(String::from),
-            );
-            if t_mask_swa.is_some() {
-                keep.push("attn_inp_kq_mask_swa".into());
-            }
-            if t_out.is_some() {
-                keep.push("inp_out_ids".into());
-            }
-            nodes = offloaded.as_ref().map_or_else(Vec::new, |o| o.take_nodes());
-            for n in &nodes {
-                keep.push(n.anchor.clone());
-                keep.push(n.selected.clone());
-                keep.push(n.weights.clone());
-                keep.push(n.input.clone());
-                keep.extend(n.pred.clone());
-                keep.extend(n.gpu_out.clone());
-            }
-            Ok::<_, EngineError>(keep)
-        })?;
-        Ok((g, nodes))
-    }
-
+    /// One micro-batch of the single sequence: its tokens at positions (and cache rows)
+    /// `n_past..`.
     fn forward_ubatch(
         &mut self,
         tokens: &[u32],
@@ -886,162 +308,25 @@ impl Engine {
         embd: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let n = tokens.len();
-        let t0 = std::time::Instant::now();
         let n_past = self.n_past;
-        let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
-        // Reuse the last graph when the shapes match: decode steps within one KV bucket differ
-        // only in their inputs. Otherwise build, and let the scheduler allocate it.
-        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-        let key = GraphKey {
-            n_tokens: n,
-            n_kv,
-            last_only,
-            embd,
-            comp: comp.iter().map(|(_, p, c)| (p.n_blocks(), *c)).collect(),
-        };
-        if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
-            self.graph = None;
-            let (g, nodes) = self.build_graph(n, n_past, n_kv, last_only, 0, embd, &comp)?;
-            self.sched.alloc(&g.graph())?;
-            let nodes = GraphNodes::resolve(&nodes, &g);
-            self.graph = Some((key, g, nodes));
-        }
-        let (_, g, nodes) = self.graph.as_ref().expect("built above");
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        g.tensor("inp_tokens").write_i32(&ids)?;
-        g.tensor("inp_pos")
-            .write_i32(&(n_past as i32..(n_past + n) as i32).collect::<Vec<_>>())?;
-        // An architecture whose every block is windowed (deepseek4) reads no full mask.
-        let full = g.tensor("attn_inp_kq_mask");
-        if full.is_allocated() {
-            full.write_bytes(bytemuck::cast_slice(&causal_mask_f16(
-                n_past,
-                n,
-                n_kv,
-                usize::MAX,
-            )))?;
-        }
-        if g.has("attn_inp_kq_mask_swa") {
-            let window = self.hp.sliding_window as usize;
-            g.tensor("attn_inp_kq_mask_swa")
-                .write_bytes(bytemuck::cast_slice(&causal_mask_f16(
-                    n_past, n, n_kv, window,
-                )))?;
-        }
-        g.tensor("inp_kv_idxs")
-            .write_i64(&(n_past as i64..(n_past + n) as i64).collect::<Vec<_>>())?;
-        for (r, p, n_comp) in &comp {
-            dsv4::fill(|name| g.tensor(name), *r, p, *n_comp)?;
-        }
-        let t1 = std::time::Instant::now();
-        run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
-        let t2 = std::time::Instant::now();
-        let flat = g.tensor(out_name(embd)).read_f32_via(self.stage.as_ref())?;
-        if let (Some(p), 1) = (self.profile.as_mut(), n) {
-            let t3 = std::time::Instant::now();
-            if let Some(e) = p.last_end {
-                p.steps += 1;
-                p.between += (t0 - e).as_secs_f64();
-                p.inputs += (t1 - t0).as_secs_f64();
-                p.compute += (t2 - t1).as_secs_f64();
-                p.logits += (t3 - t2).as_secs_f64();
-            }
-            p.last_end = Some(t3);
-        }
-        self.n_past = n_past + n;
-        let width = if embd {
-            self.hp.n_embd as usize
-        } else {
-            self.hp.n_vocab as usize
-        };
-        if flat.len() == width {
-            return Ok(vec![flat]); // one row (a decode step): no second copy
-        }
-        Ok(flat.chunks_exact(width).map(<[f32]>::to_vec).collect())
-    }
-}
-
-/// Expert-id tables in the file (DeepSeek-V4's hash layers, `ffn_gate_tid2eid`: the experts a
-/// token id routes to) hold i32 ids below `expert_count`: the graph hands them to the expert
-/// matmuls as they are, so an id out of range would index past the experts.
-fn check_expert_ids(file: &GgufModel, hp: &Hparams) -> Result<(), String> {
-    for t in file.tensors() {
-        if !t.name.ends_with("ffn_gate_tid2eid.weight") {
-            continue;
-        }
-        if t.ty != GgmlType::I32 {
-            return Err(format!(
-                "tensor {} has type {:?}: an expert-id table must be i32",
-                t.name, t.ty
-            ));
-        }
-        let ids: &[u8] = file.tensor_data(t);
-        if let Some((i, id)) = ids
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .enumerate()
-            .find(|&(_, id)| id < 0 || id as u64 >= hp.n_expert)
-        {
-            return Err(format!(
-                "tensor {} holds expert id {id} at element {i}, outside 0..{} \
-                 ({}.expert_count)",
-                t.name, hp.n_expert, hp.arch.name
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// What makes two single-sequence steps' graphs differ in shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct GraphKey {
-    n_tokens: usize,
-    n_kv: usize,
-    last_only: bool,
-    embd: bool,
-    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
-    comp: Vec<(usize, usize)>,
-}
-
-/// The name of a step graph's output: `logits`, or `embd` (the final normed hidden state).
-pub(crate) fn out_name(embd: bool) -> &'static str {
-    if embd {
-        "embd"
-    } else {
-        "logits"
-    }
-}
-
-/// Computes an allocated graph of `n` tokens: through the offload step hook when routed experts
-/// are offloaded (see `experts::step`), straight through the scheduler otherwise.
-pub(crate) fn run_graph(
-    sched: &mut Sched,
-    offload: Option<&mut Offload>,
-    g: &OwnedGraph,
-    nodes: &GraphNodes,
-    n: usize,
-) -> Result<(), EngineError> {
-    match offload {
-        Some(off) => {
-            off.begin_step(n);
-            let t0 = std::time::Instant::now();
-            if nodes.has_stops() {
-                let mut hook = StepHook {
-                    off: &mut *off,
-                    nodes,
-                    n_tokens: n,
-                };
-                sched.compute_hooked(&g.graph(), &mut hook)?;
+        let plan = step::StepPlan {
+            ids: tokens.iter().map(|&t| t as i32).collect(),
+            pos: (n_past as i32..(n_past + n) as i32).collect(),
+            rows: (n_past as i64..(n_past + n) as i64).collect(),
+            n_kv: BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx),
+            mask: step::Mask::Causal { n_past },
+            out: if last_only && n > 1 {
+                step::Outputs::Last
             } else {
-                // No stop: one piece, without the eval callback (ggml-cuda may then replay it
-                // as a CUDA graph).
-                sched.compute(&g.graph())?;
-            }
-            off.add_step_time(t0.elapsed().as_secs_f64());
-        }
-        None => sched.compute(&g.graph())?,
+                step::Outputs::All
+            },
+            embd,
+            comp: self.comp_plans(&dsv4::single(n_past, n), n),
+        };
+        let out = self.run_step(&plan)?;
+        self.n_past = n_past + n;
+        Ok(out)
     }
-    Ok(())
 }
 
 pub use crate::model::placement::kv_rows_for;
@@ -1056,36 +341,6 @@ const CUDA_MARGIN: u64 = 384 << 20;
 /// batch (`--parallel` up to 16) stays on the cache; at 4, a 16-stream batch on an 8 GiB budget
 /// staged every expert through PCIe (docs/bench-h200.md, session 7).
 const MAX_SLOT_TOKENS: usize = 16;
-
-/// Nodes a step's graph may hold: generous for the plain blocks (~64 nodes each), and enough
-/// for DeepSeek-V4's (hyper-connections, compressors and the indexer: ~200 per ratio-4 block;
-/// 96 per block overflowed the context at 21 blocks).
-fn graph_size(hp: &Hparams) -> usize {
-    let per_block = if hp.compress_ratios.is_empty() {
-        96
-    } else {
-        320
-    };
-    (hp.n_layer * per_block + 256).max(2048)
-}
-
-/// f16 causal mask [n_kv, n]: token t (position p = n_past + t) sees cache positions j <= p with
-/// p - j < window (llama.cpp's standard sliding window); the padding beyond is masked too.
-fn causal_mask_f16(n_past: usize, n: usize, n_kv: usize, window: usize) -> Vec<u16> {
-    // Row fills, not per-element pushes: at depth 8192 a 2048-token micro-batch's mask has 25M
-    // entries, and building it element by element cost tens of ms per micro-batch.
-    let (zero, neg_inf) = (half::f16::ZERO.to_bits(), half::f16::NEG_INFINITY.to_bits());
-    let mut m = vec![neg_inf; n_kv * n];
-    for (t, row) in m.chunks_exact_mut(n_kv.max(1)).enumerate().take(n) {
-        let p = n_past + t;
-        let lo = (p + 1).saturating_sub(window);
-        let hi = (p + 1).min(n_kv);
-        if lo < hi {
-            row[lo..hi].fill(zero);
-        }
-    }
-    m
-}
 
 #[cfg(test)]
 mod tests {

@@ -29,8 +29,6 @@ pub struct BatchInputs<'a> {
     /// than a view offset, so the graph is the same at every decode step.
     pub kv_idx: Tensor<'a>,
     pub n_tokens: usize,
-    /// Positions already in the cache before this batch.
-    pub n_past: usize,
     /// Cache positions attention reads: `n_past + n_tokens` rounded up to a multiple of
     /// [`KV_PAD`] (capped at the context), the rest masked. A stable shape across decode steps
     /// lets ggml-cuda replay its CUDA graph instead of rebuilding it every token.

@@ -1,0 +1,96 @@
+//! What an engine is asked for: the device, the options a caller sets, and the automatic VRAM
+//! budget.
+use super::*;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+    /// GPU 0 when this is a CUDA build and a GPU is present, else the CPU.
+    Auto,
+}
+
+impl Device {
+    /// [`Device::Auto`] resolved for this build and machine; others as they are.
+    pub fn resolve(self) -> Device {
+        match self {
+            Device::Auto if Backend::cuda_device_count() > 0 => Device::Cuda(0),
+            Device::Auto => Device::Cpu,
+            d => d,
+        }
+    }
+}
+
+/// `b` bytes as GiB with two decimals, for messages.
+pub(super) fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// VRAM left free when the budget is automatic (no `gpu_mem`): the larger of this and
+/// [`AUTO_MARGIN_FRACTION`] of the device, for the CUDA runtime, cuBLAS and other processes.
+pub const AUTO_MARGIN: u64 = 1 << 30;
+
+pub const AUTO_MARGIN_FRACTION: f64 = 0.05;
+
+/// The automatic budget on a device with `free` of `total` bytes free: free minus the margin.
+pub fn auto_budget(free: u64, total: u64) -> u64 {
+    let margin = AUTO_MARGIN.max((total as f64 * AUTO_MARGIN_FRACTION) as u64);
+    free.saturating_sub(margin)
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub device: Device,
+    pub n_ctx: usize,
+    pub n_threads: usize,
+    pub n_ubatch: usize,
+    pub kv_type: GgmlType,
+    /// Memory budget on the main device (bytes). With a budget the model does not fit in,
+    /// routed experts are offloaded (docs/design.md §4.1). `None` on a GPU: the device's free
+    /// memory minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by
+    /// itself.
+    pub gpu_mem: Option<u64>,
+    /// Prefetch experts of the next layer while the current one runs (when offloading).
+    pub prefetch: bool,
+    /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
+    pub cpu_experts: bool,
+    /// Offload cost model: (PCIe, CPU-channel) bytes/s; `None`: measured on the box at the
+    /// first decode step that may use the CPU channel.
+    pub offload_bandwidths: Option<(f64, f64)>,
+    /// Offloading: balance each decode step's misses between the copy engine and the CPU
+    /// channel (its backlog counted, part of the predicted experts left to the CPU instead of
+    /// prefetched; docs/design.md §4.5). `false`: the planner before 2026-12-02.
+    pub miss_balance: bool,
+    /// Expert-cache policy when offloading.
+    pub policy: crate::experts::policy::PolicyKind,
+    /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
+    /// state some architectures keep besides the KV rows (DeepSeek-V4's compressor rings) is
+    /// sized for this many.
+    pub n_seq: usize,
+    /// On the CPU (no GPU, no offload): weights read only as the matrix of a matrix product go
+    /// into the CPU's extra buffer types where its kernels take them (ggml-cpu's repack layout:
+    /// interleaved Q4_K/Q4_0/IQ4_NL/MXFP4 blocks, faster products), as llama.cpp does by default
+    /// (its `--no-repack` turns it off, as `false` here does). See `Engine::fill_weights`.
+    pub repack: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            n_seq: 1,
+            device: Device::Cpu,
+            n_ctx: 4096,
+            n_threads: 0,
+            n_ubatch: 512,
+            kv_type: GgmlType::F16,
+            gpu_mem: None,
+            policy: Default::default(),
+            prefetch: true,
+            cpu_experts: true,
+            offload_bandwidths: None,
+            miss_balance: true,
+            repack: true,
+        }
+    }
+}

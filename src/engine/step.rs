@@ -1,0 +1,182 @@
+//! One forward pass, whoever asks for it: a single sequence (`Engine::forward*`: run, bench,
+//! embeddings, the tests) is a batch of one, and the server's multi-sequence micro-batches
+//! (`engine::batch`) are the general case. Both plan a [`StepPlan`] (tokens, positions, cache
+//! rows, mask, which rows come out, DeepSeek-V4's compressor plans) and hand it to
+//! [`Engine::run_step`], which builds the step's graph or reuses the last one of the same shape
+//! (one cache for both: [`GraphKey`]), writes its inputs, computes it (through the offload step
+//! hook when routed experts are offloaded: `run_graph`) and reads its outputs.
+//!
+//! Invariant: the graph depends only on the [`GraphKey`]; everything else a step differs in is
+//! an input written here, so consecutive decode steps of one shape replay one graph.
+use super::batch::{mask_row, SeqChunk, Tok};
+use super::{causal_mask_f16, out_name, run_graph, Engine, EngineError};
+use crate::experts::step::GraphNodes;
+use crate::graph::dsv4;
+
+/// Which rows of a step's result come out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Outputs {
+    /// Every token's row, in order.
+    All,
+    /// The last token's row only.
+    Last,
+    /// These tokens' rows (the graph's `inp_out_ids`).
+    Rows(Vec<i32>),
+    /// None: the step only fills the cache (its graph computes the last row, unread).
+    Nothing,
+}
+
+impl Outputs {
+    /// The rows `outs` of an `n`-token step, in the cheapest form the graph has for them: all
+    /// of them or the last one need no row selection.
+    pub(super) fn of_rows(outs: Vec<i32>, n: usize) -> Self {
+        if outs.is_empty() {
+            Outputs::Nothing
+        } else if outs.len() == n && outs.iter().enumerate().all(|(i, &r)| r == i as i32) {
+            Outputs::All
+        } else if outs == [n as i32 - 1] {
+            Outputs::Last
+        } else {
+            Outputs::Rows(outs)
+        }
+    }
+
+    /// (last_only, n_out) as the graph builder takes them.
+    fn graph_args(&self) -> (bool, usize) {
+        match self {
+            Outputs::All => (false, 0),
+            Outputs::Last | Outputs::Nothing => (true, 0),
+            Outputs::Rows(r) => (false, r.len()),
+        }
+    }
+}
+
+/// A step graph's shape: what decides whether the last graph can be reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct GraphKey {
+    n_tokens: usize,
+    n_kv: usize,
+    /// (last_only, n_out), see [`Outputs::graph_args`].
+    out: (bool, usize),
+    embd: bool,
+    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
+    comp: Vec<(usize, usize)>,
+}
+
+/// Whose positions a step's tokens see.
+pub(super) enum Mask<'a> {
+    /// One sequence whose cache rows are its positions: token t (position `n_past + t`) sees
+    /// rows `0..=n_past + t`.
+    Causal { n_past: usize },
+    /// Tokens of several sequences, each over its own pages (`engine::batch`).
+    Seqs {
+        chunks: &'a [SeqChunk<'a>],
+        toks: &'a [Tok],
+    },
+}
+
+impl Mask<'_> {
+    /// f16 [n_kv, n] mask bits: 0 where a token may attend, -inf elsewhere; `window` limits
+    /// how far back (`usize::MAX`: no limit).
+    fn build(&self, n: usize, n_kv: usize, window: usize) -> Vec<u16> {
+        match self {
+            Mask::Causal { n_past } => causal_mask_f16(*n_past, n, n_kv, window),
+            Mask::Seqs { chunks, toks } => {
+                let mut m = vec![half::f16::NEG_INFINITY.to_bits(); n_kv * n];
+                for (t, row) in toks.iter().zip(m.chunks_exact_mut(n_kv)) {
+                    mask_row(row, &chunks[t.chunk], t.pos, window);
+                }
+                m
+            }
+        }
+    }
+}
+
+/// Everything one forward pass computes over, as the caller planned it.
+pub(super) struct StepPlan<'a> {
+    /// Token ids, positions and cache rows, one per token.
+    pub ids: Vec<i32>,
+    pub pos: Vec<i32>,
+    pub rows: Vec<i64>,
+    /// Cache rows attention reads (padded: see `BatchInputs::padded_n_kv`).
+    pub n_kv: usize,
+    pub mask: Mask<'a>,
+    pub out: Outputs,
+    /// The final normed hidden states instead of logits.
+    pub embd: bool,
+    /// DeepSeek-V4's compressor plans (empty for other architectures).
+    pub comp: Vec<(usize, dsv4::CompPlan, usize)>,
+}
+
+impl Engine {
+    /// Runs one planned forward pass: the rows [`StepPlan::out`] asks for (logits, or hidden
+    /// states with `embd`).
+    pub(super) fn run_step(&mut self, p: &StepPlan<'_>) -> Result<Vec<Vec<f32>>, EngineError> {
+        let t0 = std::time::Instant::now();
+        let n = p.ids.len();
+        let key = GraphKey {
+            n_tokens: n,
+            n_kv: p.n_kv,
+            out: p.out.graph_args(),
+            embd: p.embd,
+            comp: p.comp.iter().map(|(_, c, m)| (c.n_blocks(), *m)).collect(),
+        };
+        if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
+            self.graph = None;
+            let (last_only, n_out) = key.out;
+            let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.comp)?;
+            self.sched.alloc(&g.graph())?;
+            let nodes = GraphNodes::resolve(&nodes, &g);
+            self.graph = Some((key, g, nodes));
+        }
+        let (_, g, nodes) = self.graph.as_ref().expect("built above");
+        g.tensor("inp_tokens").write_i32(&p.ids)?;
+        g.tensor("inp_pos").write_i32(&p.pos)?;
+        g.tensor("inp_kv_idxs").write_i64(&p.rows)?;
+        // An architecture whose every block is windowed (deepseek4) reads no full mask.
+        let full = g.tensor("attn_inp_kq_mask");
+        if full.is_allocated() {
+            full.write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, usize::MAX)))?;
+        }
+        if g.has("attn_inp_kq_mask_swa") {
+            let window = self.hp.sliding_window as usize;
+            g.tensor("attn_inp_kq_mask_swa")
+                .write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, window)))?;
+        }
+        if let Outputs::Rows(r) = &p.out {
+            g.tensor("inp_out_ids").write_i32(r)?;
+        }
+        for (r, plan, n_comp) in &p.comp {
+            dsv4::fill(|name| g.tensor(name), *r, plan, *n_comp)?;
+        }
+        let t1 = std::time::Instant::now();
+        run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
+        let t2 = std::time::Instant::now();
+        if p.out == Outputs::Nothing {
+            return Ok(Vec::new());
+        }
+        let flat = g
+            .tensor(out_name(p.embd))
+            .read_f32_via(self.stage.as_ref())?;
+        if let (Some(prof), 1) = (self.profile.as_mut(), n) {
+            let t3 = std::time::Instant::now();
+            if let Some(e) = prof.last_end {
+                prof.steps += 1;
+                prof.between += (t0 - e).as_secs_f64();
+                prof.inputs += (t1 - t0).as_secs_f64();
+                prof.compute += (t2 - t1).as_secs_f64();
+                prof.logits += (t3 - t2).as_secs_f64();
+            }
+            prof.last_end = Some(t3);
+        }
+        let width = if p.embd {
+            self.hp.n_embd as usize
+        } else {
+            self.hp.n_vocab as usize
+        };
+        if flat.len() == width {
+            return Ok(vec![flat]); // one row (a decode step): no second copy
+        }
+        Ok(flat.chunks_exact(width).map(<[f32]>::to_vec).collect())
+    }
+}
