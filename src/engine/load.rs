@@ -121,6 +121,8 @@ impl Engine {
                 prefetch: opts.prefetch,
                 bandwidths: opts.offload_bandwidths,
                 balance: opts.miss_balance,
+                cpu_spin: opts.cpu_spin,
+                slack_control: opts.slack_control,
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()

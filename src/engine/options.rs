@@ -62,6 +62,12 @@ pub struct EngineOptions {
     /// channel (its backlog counted, part of the predicted experts left to the CPU instead of
     /// prefetched; docs/design.md §4.5). `false`: the planner before 2026-12-02.
     pub miss_balance: bool,
+    /// Offloading on a GPU: spinning CPU-channel hand-overs and the slack controller
+    /// (docs/design.md §4.5). Both on by default; `POCKETMOE_CPU_SPIN=0` and
+    /// `POCKETMOE_SLACK_CONTROL=0` turn them off in the default options (A/B switches, read
+    /// once, when the options are made; docs/usage.md "Environment switches").
+    pub cpu_spin: bool,
+    pub slack_control: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
@@ -90,7 +96,14 @@ impl Default for EngineOptions {
             cpu_experts: true,
             offload_bandwidths: None,
             miss_balance: true,
+            cpu_spin: switch_on("POCKETMOE_CPU_SPIN"),
+            slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
             repack: true,
         }
     }
+}
+
+/// An A/B switch: on unless the environment sets `name` to `0`.
+fn switch_on(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }

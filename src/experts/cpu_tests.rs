@@ -76,6 +76,8 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         cpu_threads: 1,
         bandwidths: None,
         balance: true,
+        cpu_spin: false,
+        slack_control: false,
     };
     let mut off = Offload::load(&file, &hp, &backend, opts, &|_, _| {}).unwrap();
     drop(file);

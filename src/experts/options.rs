@@ -19,6 +19,12 @@ pub struct OffloadOptions {
     /// engine's backlog and leaving part of the predicted experts to the CPU instead of
     /// prefetching them all (docs/design.md §4.5); `false`: the planner before 2026-12-02.
     pub balance: bool,
+    /// Where a GPU runs the step and a core is spare: the CPU channel's hand-overs spin instead
+    /// of sleeping (docs/design.md §4.5).
+    pub cpu_spin: bool,
+    /// Where a GPU runs the step: the slack controller corrects the CPU channel's start cost
+    /// (`MissModel::observe`, docs/design.md §4.5).
+    pub slack_control: bool,
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).

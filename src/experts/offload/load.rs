@@ -184,11 +184,9 @@ impl Offload {
             };
             // Spinning hand-overs where a GPU runs the step and a core is left for this thread
             // (H200, 2026-12-03: hand-over 24-28 -> 1 us, decode +10%, docs/design.md §4.5);
-            // POCKETMOE_CPU_SPIN=0 (read once here) turns them off to measure against.
+            // `cpu_spin: false` (POCKETMOE_CPU_SPIN=0) turns them off to measure against.
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let spin = backend.is_cuda()
-                && cores > opts.cpu_threads
-                && std::env::var("POCKETMOE_CPU_SPIN").map_or(true, |v| v != "0");
+            let spin = backend.is_cuda() && cores > opts.cpu_threads && opts.cpu_spin;
             crate::experts::cpu::CpuChannel::new(model, opts.cpu_threads, spin)
         });
         let cpu = cpu.transpose()?;
@@ -199,10 +197,9 @@ impl Offload {
         let mut miss = MissModel::new(bw, backend.is_cuda(), balance);
         // The slack controller (docs/design.md §4.5), where a GPU runs the step: on a CPU-only
         // engine a result that waited says nothing about spare capacity (the "GPU" side ran on
-        // the same cores). POCKETMOE_SLACK_CONTROL=0 (read once here) turns it off to measure
-        // against.
-        miss.slack_control = backend.is_cuda()
-            && std::env::var("POCKETMOE_SLACK_CONTROL").map_or(true, |v| v != "0");
+        // the same cores). `slack_control: false` (POCKETMOE_SLACK_CONTROL=0) turns it off to
+        // measure against.
+        miss.slack_control = backend.is_cuda() && opts.slack_control;
         let mut stats = Stats::new(n_layer);
         stats.channels = cpu.as_ref().map(|_| miss.rates());
         Ok(Self {
