@@ -28,8 +28,8 @@
 mod common;
 
 use pocketmoe::server::{
-    self, ApiError, Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health,
-    ModelCard, OutputFormat, Prompt, ServerConfig,
+    self, ApiError, Engine, Event, FinishReason, GenRequest, Generation, Health, ModelCard,
+    OutputFormat, Prompt, ServerConfig, StatsSnapshot,
 };
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use std::io::{Read, Write};
@@ -499,8 +499,8 @@ impl Engine for Scripted {
             events: rx,
         })
     }
-    fn stats(&self) -> EngineStats {
-        EngineStats::default()
+    fn stats(&self) -> StatsSnapshot {
+        StatsSnapshot::default()
     }
     fn shutdown(&self, _grace: Duration) {}
 }
@@ -1167,7 +1167,7 @@ fn metrics_and_slots_text_is_pinned() {
         l[1].used,
     ) = (2, 1, 3, 12);
     (st.h2d_bytes, st.cpu_bytes, st.stops, st.hook_s) = (123_456_789, 4567, 12, 0.25);
-    let stats = EngineStats {
+    let stats = StatsSnapshot {
         queued: 1,
         active: 2,
         parallel: 4,
@@ -1178,7 +1178,8 @@ fn metrics_and_slots_text_is_pinned() {
         recent_tok_s: 12.5,
         cancelled: 3,
         kv_tokens: 300,
-        offload: Some(st),
+        slots: vec![],
+        experts: Some(pocketmoe::engine::snapshot::ExpertsSnapshot::new(&st, 3)),
     };
     let card = ModelCard {
         id: "tiny".into(),

@@ -7,8 +7,10 @@ pub mod batch;
 pub mod context;
 pub mod embed;
 pub mod sampling;
+pub mod snapshot;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
+pub use snapshot::StatsSnapshot;
 
 use crate::arch;
 use crate::experts::step::GraphNodes;
