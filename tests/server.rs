@@ -19,6 +19,8 @@
 //!   server past `--shutdown-grace` (+ 1 s); the exit status is 0.
 //! - `queue_zero_serves_when_a_slot_is_free`: `--queue 0` serves an idle server, answers 429
 //!   while the one slot decodes, and `pocketmoe_active_sequences` returns to 0.
+//! - `metrics_and_slots_text_is_pinned`: `/metrics` rendered from fixed engine figures (expert
+//!   cache included) and a `/slots` entry, byte for byte.
 //! - `edge_errors_use_the_openai_shape`: `bearer` in any case, `param: prompt` for a too-long
 //!   completion prompt, and errors of the HTTP layer (bad Content-Length, 1 MiB header, ...)
 //!   with OpenAI's error body.
@@ -26,8 +28,8 @@
 mod common;
 
 use pocketmoe::server::{
-    self, ApiError, Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health,
-    ModelCard, OutputFormat, Prompt, ServerConfig,
+    self, ApiError, Engine, Event, FinishReason, GenRequest, Generation, Health, ModelCard,
+    OutputFormat, Prompt, ServerConfig, StatsSnapshot,
 };
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use std::io::{Read, Write};
@@ -497,8 +499,8 @@ impl Engine for Scripted {
             events: rx,
         })
     }
-    fn stats(&self) -> EngineStats {
-        EngineStats::default()
+    fn stats(&self) -> StatsSnapshot {
+        StatsSnapshot::default()
     }
     fn shutdown(&self, _grace: Duration) {}
 }
@@ -1142,3 +1144,181 @@ fn edge_errors_use_the_openai_shape() {
     assert_eq!(status, 200, "chunked: {text}");
     let _ = std::fs::remove_file(model);
 }
+
+/// `/metrics` and `/slots` as the HTTP layer renders them from the engine's figures, pinned
+/// byte for byte (every series name and value): the expert-cache series from offload counters
+/// of two layers, the scheduler's, the KV cache's and llama-server's `llamacpp:*` ones.
+#[test]
+fn metrics_and_slots_text_is_pinned() {
+    let mut st = pocketmoe::experts::Stats::new(2);
+    let l = &mut st.layers;
+    (l[0].hits, l[0].misses, l[0].cpu) = (30, 10, 4);
+    (
+        l[0].prefetched,
+        l[0].prefetch_used,
+        l[0].predicted_used,
+        l[0].used,
+    ) = (8, 6, 5, 20);
+    (l[1].hits, l[1].misses, l[1].cpu) = (10, 10, 1);
+    (
+        l[1].prefetched,
+        l[1].prefetch_used,
+        l[1].predicted_used,
+        l[1].used,
+    ) = (2, 1, 3, 12);
+    (st.h2d_bytes, st.cpu_bytes, st.stops, st.hook_s) = (123_456_789, 4567, 12, 0.25);
+    let stats = StatsSnapshot {
+        queued: 1,
+        active: 2,
+        parallel: 4,
+        prompt_tokens: 100,
+        generated_tokens: 50,
+        steps: 20,
+        batch_tokens: 150,
+        recent_tok_s: 12.5,
+        cancelled: 3,
+        kv_tokens: 300,
+        slots: vec![],
+        experts: Some(pocketmoe::engine::snapshot::ExpertsSnapshot::new(&st, 3)),
+    };
+    let card = ModelCard {
+        id: "tiny".into(),
+        aliases: vec![],
+        created: 0,
+        n_ctx: 256,
+        n_vocab: 1000,
+        format: OutputFormat::Plain,
+        has_chat_template: true,
+    };
+    let http = server::metrics::HttpMetrics::default();
+    http.record("/v1/chat/completions", 200);
+    let totals = server::metrics::LlamaTotals::default();
+    totals.add(1000.0, 2000.0);
+    let text = http.render(&card, &Health::Ready, &stats, None) + &totals.render(&card, &stats);
+    assert_eq!(text, PINNED_METRICS);
+    let slot = server::SlotState {
+        id: 1,
+        is_processing: true,
+        n_ctx: 256,
+        n_prompt_tokens: 7,
+        n_decoded: 3,
+        n_cached: 9,
+    };
+    assert_eq!(
+        serde_json::to_string(&[slot]).unwrap(),
+        r#"[{"id":1,"is_processing":true,"n_ctx":256,"n_prompt_tokens":7,"n_decoded":3,"n_cached":9}]"#
+    );
+}
+
+const PINNED_METRICS: &str = r#"# HELP pocketmoe_requests_total HTTP requests answered, by route and status.
+# TYPE pocketmoe_requests_total counter
+pocketmoe_requests_total{route="/v1/chat/completions",status="200"} 1
+# HELP pocketmoe_model_ready 1 when the model tiny is loaded and serving.
+# TYPE pocketmoe_model_ready gauge
+pocketmoe_model_ready 1
+# HELP pocketmoe_model_load_progress Fraction of the weights loaded.
+# TYPE pocketmoe_model_load_progress gauge
+pocketmoe_model_load_progress 1
+# HELP pocketmoe_prompt_tokens_total Prompt tokens evaluated (those a slot's prompt cache supplied are not counted).
+# TYPE pocketmoe_prompt_tokens_total counter
+pocketmoe_prompt_tokens_total 100
+# HELP pocketmoe_generated_tokens_total Tokens generated.
+# TYPE pocketmoe_generated_tokens_total counter
+pocketmoe_generated_tokens_total 50
+# HELP pocketmoe_generation_tokens_per_second Tokens generated per second, all sequences together, over the last 10 s.
+# TYPE pocketmoe_generation_tokens_per_second gauge
+pocketmoe_generation_tokens_per_second 12.5
+# HELP pocketmoe_queue_depth Requests waiting for a free sequence slot.
+# TYPE pocketmoe_queue_depth gauge
+pocketmoe_queue_depth 1
+# HELP pocketmoe_active_sequences Sequences being decoded together.
+# TYPE pocketmoe_active_sequences gauge
+pocketmoe_active_sequences 2
+# HELP pocketmoe_parallel_slots Sequences that can be decoded together (--parallel).
+# TYPE pocketmoe_parallel_slots gauge
+pocketmoe_parallel_slots 4
+# HELP pocketmoe_kv_cache_tokens KV-cache rows held by active sequences (0 when idle).
+# TYPE pocketmoe_kv_cache_tokens gauge
+pocketmoe_kv_cache_tokens 300
+# HELP pocketmoe_kv_cache_capacity_tokens KV-cache rows in all (--ctx x --parallel).
+# TYPE pocketmoe_kv_cache_capacity_tokens gauge
+pocketmoe_kv_cache_capacity_tokens 1024
+# HELP pocketmoe_forward_passes_total Batched forward passes run.
+# TYPE pocketmoe_forward_passes_total counter
+pocketmoe_forward_passes_total 20
+# HELP pocketmoe_batch_tokens_total Tokens carried by the forward passes (prompt and decode).
+# TYPE pocketmoe_batch_tokens_total counter
+pocketmoe_batch_tokens_total 150
+# HELP pocketmoe_requests_cancelled_total Requests dropped before the end (client gone or stop string reached).
+# TYPE pocketmoe_requests_cancelled_total counter
+pocketmoe_requests_cancelled_total 3
+# HELP pocketmoe_expert_hits_total Routed-expert uses served from the GPU cache.
+# TYPE pocketmoe_expert_hits_total counter
+pocketmoe_expert_hits_total 40
+# HELP pocketmoe_expert_misses_total Routed-expert uses not in the GPU cache.
+# TYPE pocketmoe_expert_misses_total counter
+pocketmoe_expert_misses_total 20
+# HELP pocketmoe_expert_cpu_total Misses computed on the CPU.
+# TYPE pocketmoe_expert_cpu_total counter
+pocketmoe_expert_cpu_total 5
+# HELP pocketmoe_expert_cache_hit_ratio Hits / (hits + misses) since start.
+# TYPE pocketmoe_expert_cache_hit_ratio gauge
+pocketmoe_expert_cache_hit_ratio 0.6666666666666666
+# HELP pocketmoe_expert_cache_own_hit_ratio As expert_cache_hit_ratio, with hits a prefetch made counted as misses (what PCIe traffic follows).
+# TYPE pocketmoe_expert_cache_own_hit_ratio gauge
+pocketmoe_expert_cache_own_hit_ratio 0.55
+# HELP pocketmoe_expert_cpu_share Share of misses computed on the CPU.
+# TYPE pocketmoe_expert_cpu_share gauge
+pocketmoe_expert_cpu_share 0.25
+# HELP pocketmoe_expert_prefetch_precision Prefetched experts that were used / prefetched.
+# TYPE pocketmoe_expert_prefetch_precision gauge
+pocketmoe_expert_prefetch_precision 0.7
+# HELP pocketmoe_expert_prefetch_recall Used experts that had been predicted / used.
+# TYPE pocketmoe_expert_prefetch_recall gauge
+pocketmoe_expert_prefetch_recall 0.25
+# HELP pocketmoe_expert_h2d_bytes_total Expert bytes copied host to GPU.
+# TYPE pocketmoe_expert_h2d_bytes_total counter
+pocketmoe_expert_h2d_bytes_total 123456789
+# HELP pocketmoe_expert_cpu_bytes_total Expert bytes read by the CPU.
+# TYPE pocketmoe_expert_cpu_bytes_total counter
+pocketmoe_expert_cpu_bytes_total 4567
+# HELP pocketmoe_expert_graph_stops_total Graph stops for expert routing (about one per offloaded layer per step).
+# TYPE pocketmoe_expert_graph_stops_total counter
+pocketmoe_expert_graph_stops_total 12
+# HELP pocketmoe_expert_stop_seconds_total Host seconds spent in those stops (the GPU idles meanwhile).
+# TYPE pocketmoe_expert_stop_seconds_total counter
+pocketmoe_expert_stop_seconds_total 0.25
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 100
+# HELP llamacpp:prompt_seconds_total Prompt process time (from queueing to the first token).
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 1
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 50
+# HELP llamacpp:tokens_predicted_seconds_total Predict process time.
+# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total 2
+# HELP llamacpp:n_decode_total Total number of llama_decode() calls (forward passes).
+# TYPE llamacpp:n_decode_total counter
+llamacpp:n_decode_total 20
+# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call.
+# TYPE llamacpp:n_busy_slots_per_decode counter
+llamacpp:n_busy_slots_per_decode 2
+# HELP llamacpp:prompt_tokens_seconds Average prompt throughput in tokens/s.
+# TYPE llamacpp:prompt_tokens_seconds gauge
+llamacpp:prompt_tokens_seconds 100
+# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s.
+# TYPE llamacpp:predicted_tokens_seconds gauge
+llamacpp:predicted_tokens_seconds 25
+# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.29296875
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 2
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 1
+"#;

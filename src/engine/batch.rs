@@ -176,8 +176,8 @@ pub trait BatchModel {
             msg: "this model gives no embeddings".into(),
         })
     }
-    /// Expert-offload counters, where the model offloads experts.
-    fn offload_stats(&self) -> Option<crate::experts::Stats> {
+    /// The expert cache's figures, where the model offloads experts.
+    fn experts_snapshot(&self) -> Option<super::snapshot::ExpertsSnapshot> {
         None
     }
     /// How a sequence's state is laid out when it is nothing but its cache rows (one row per
@@ -258,8 +258,8 @@ impl BatchModel for Engine {
         self.hp.n_vocab as usize
     }
 
-    fn offload_stats(&self) -> Option<crate::experts::Stats> {
-        Engine::offload_stats(self)
+    fn experts_snapshot(&self) -> Option<super::snapshot::ExpertsSnapshot> {
+        Engine::experts_snapshot(self)
     }
 
     fn seq_layout(&self) -> Result<SeqLayout, String> {

@@ -14,6 +14,7 @@ mod graph;
 mod load;
 mod options;
 pub mod sampling;
+pub mod snapshot;
 mod step;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
@@ -21,6 +22,7 @@ use graph::{causal_mask_f16, graph_size};
 pub(crate) use graph::{out_name, run_graph};
 use options::gib;
 pub use options::{auto_budget, Device, EngineOptions, AUTO_MARGIN, AUTO_MARGIN_FRACTION};
+pub use snapshot::StatsSnapshot;
 
 use crate::arch;
 use crate::experts::step::GraphNodes;

@@ -168,42 +168,9 @@ pub struct Generation {
     pub events: UnboundedReceiver<Event>,
 }
 
-/// Figures for `/metrics`.
-#[derive(Debug, Clone, Default)]
-pub struct EngineStats {
-    pub queued: usize,
-    pub active: usize,
-    pub parallel: usize,
-    pub prompt_tokens: u64,
-    pub generated_tokens: u64,
-    /// Forward passes, and the tokens they carried.
-    pub steps: u64,
-    pub batch_tokens: u64,
-    /// Generated tokens per second over the last few seconds.
-    pub recent_tok_s: f64,
-    pub cancelled: u64,
-    /// KV-cache rows held by the sequences in slots (their tokens already forwarded); 0 when
-    /// idle. Capacity: `n_ctx × parallel`.
-    pub kv_tokens: u64,
-    /// Expert-offload counters, when the model offloads experts.
-    pub offload: Option<crate::experts::Stats>,
-}
-
-/// One decoding slot as `/slots` shows it (a snapshot the engine publishes after each step).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SlotState {
-    pub id: usize,
-    pub is_processing: bool,
-    /// Context length of the slot's sequence.
-    pub n_ctx: usize,
-    /// Prompt tokens of the request in the slot.
-    pub n_prompt_tokens: usize,
-    /// Tokens generated so far.
-    pub n_decoded: usize,
-    /// KV-cache rows the slot holds (tokens already forwarded; an idle slot's kept prompt
-    /// cache).
-    pub n_cached: usize,
-}
+/// What `/metrics`, `/slots`, `/props` and the chat page show: the engine's figures, one
+/// snapshot at a time (`Engine::stats`).
+pub use crate::engine::snapshot::{SlotState, StatsSnapshot};
 
 /// `POST /slots/{id}?action=...` (llama-server's slot actions).
 #[derive(Debug, Clone)]
@@ -261,15 +228,12 @@ pub trait Engine: Send + Sync + 'static {
     fn info(&self) -> EngineInfo {
         EngineInfo::default()
     }
-    /// `/slots`: one entry per slot (empty when the engine has no slots to show).
-    fn slots(&self) -> Vec<SlotState> {
-        Vec::new()
-    }
     fn health(&self) -> Health;
     /// Renders, tokenizes, checks against the context and queues `req` (may take a while for a
     /// long prompt: call it off the async runtime).
     fn submit(&self, req: GenRequest) -> Result<Generation, ApiError>;
-    fn stats(&self) -> EngineStats;
+    /// The engine's figures now: queue, tokens, KV use, slots (`/slots`) and the expert cache.
+    fn stats(&self) -> StatsSnapshot;
     /// Stops taking work: queued requests end with an error now, running ones may finish
     /// within `grace` and are ended after it. Returns at once.
     fn shutdown(&self, grace: Duration);

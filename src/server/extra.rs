@@ -192,7 +192,7 @@ pub(super) async fn slots(State(st): State<Arc<AppState>>) -> Response {
         )
             .into_response();
     }
-    Json(json!(st.engine.slots())).into_response()
+    Json(json!(st.engine.stats().slots)).into_response()
 }
 
 /// llama-server's answer to a slot action without `--slot-save-path`.

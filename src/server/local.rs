@@ -9,8 +9,8 @@
 //! rounded up to whole pages per sequence (`engine::batch::rows_for`);
 //! `prompt + max_tokens <= ctx` for every job sent to the worker.
 use super::api::{
-    Engine, EngineInfo, EngineStats, GenRequest, Generation, Health, ModelCard, OutputFormat,
-    Prompt, SlotAction, SlotState,
+    Engine, EngineInfo, GenRequest, Generation, Health, ModelCard, OutputFormat, Prompt,
+    SlotAction, SlotState, StatsSnapshot,
 };
 use super::error::ApiError;
 use super::grammar::Grammars;
@@ -393,6 +393,27 @@ impl LocalEngine {
             code: Some("context_length_exceeded"),
         }
     }
+
+    /// `/slots`: the state the engine thread published after its last step, or idle slots
+    /// before the first.
+    fn slot_states(&self) -> Vec<SlotState> {
+        let published = self
+            .shared
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if published.len() == self.parallel {
+            return published;
+        }
+        (0..self.parallel)
+            .map(|id| SlotState {
+                id,
+                n_ctx: self.card.n_ctx,
+                ..SlotState::default()
+            })
+            .collect()
+    }
 }
 
 impl Engine for LocalEngine {
@@ -443,25 +464,6 @@ impl Engine for LocalEngine {
             model_path: Some(self.model_path.clone()),
             chat_template: self.template.as_ref().map(|t| t.source().to_string()),
         }
-    }
-
-    fn slots(&self) -> Vec<SlotState> {
-        let published = self
-            .shared
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if published.len() == self.parallel {
-            return published;
-        }
-        (0..self.parallel)
-            .map(|id| SlotState {
-                id,
-                n_ctx: self.card.n_ctx,
-                ..SlotState::default()
-            })
-            .collect()
     }
 
     fn health(&self) -> Health {
@@ -669,9 +671,9 @@ impl Engine for LocalEngine {
         }
     }
 
-    fn stats(&self) -> EngineStats {
+    fn stats(&self) -> StatsSnapshot {
         let s = &self.shared;
-        EngineStats {
+        StatsSnapshot {
             queued: s.queued.load(Relaxed),
             active: s.active.load(Relaxed),
             parallel: self.parallel,
@@ -682,7 +684,8 @@ impl Engine for LocalEngine {
             recent_tok_s: s.recent_tok_s(),
             cancelled: s.cancelled.load(Relaxed),
             kv_tokens: s.kv_tokens.load(Relaxed),
-            offload: s.offload.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            slots: self.slot_states(),
+            experts: *s.experts.lock().unwrap_or_else(|p| p.into_inner()),
         }
     }
 

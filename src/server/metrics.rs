@@ -1,9 +1,9 @@
 //! `/metrics` in Prometheus' text format (version 0.0.4): HTTP requests by route and status,
 //! tokens, throughput, queue depth, batch occupancy and KV-cache use, and — when the engine
-//! offloads experts — the expert cache's counters from `experts::Stats` (nothing is printed for
-//! figures the engine does not have: no placeholder zeros), and the connection layer's counters
-//! (`conn`).
-use super::api::{EngineStats, Health, ModelCard};
+//! offloads experts — the expert cache's figures (all from the engine's [`StatsSnapshot`]; nothing
+//! is printed for figures the engine does not have: no placeholder zeros), and the connection
+//! layer's counters (`conn`).
+use super::api::{Health, ModelCard, StatsSnapshot};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -45,7 +45,7 @@ impl HttpMetrics {
         &self,
         card: &ModelCard,
         health: &Health,
-        s: &EngineStats,
+        s: &StatsSnapshot,
         conns: Option<&super::conn::Conns>,
     ) -> String {
         const COUNTER: &str = "counter";
@@ -197,58 +197,55 @@ impl HttpMetrics {
                 ),
             ]);
         }
-        if let Some(x) = &s.offload {
-            let sum = |f: fn(&crate::experts::stats::LayerStats) -> u64| -> f64 {
-                x.layers.iter().map(f).sum::<u64>() as f64
-            };
+        if let Some(x) = &s.experts {
             single.extend([
                 (
                     "expert_hits_total",
                     COUNTER,
                     "Routed-expert uses served from the GPU cache.",
-                    sum(|l| l.hits),
+                    x.hits as f64,
                 ),
                 (
                     "expert_misses_total",
                     COUNTER,
                     "Routed-expert uses not in the GPU cache.",
-                    sum(|l| l.misses),
+                    x.misses as f64,
                 ),
                 (
                     "expert_cpu_total",
                     COUNTER,
                     "Misses computed on the CPU.",
-                    sum(|l| l.cpu),
+                    x.cpu as f64,
                 ),
                 (
                     "expert_cache_hit_ratio",
                     GAUGE,
                     "Hits / (hits + misses) since start.",
-                    x.hit_rate(),
+                    x.hit_rate,
                 ),
                 (
                     "expert_cache_own_hit_ratio",
                     GAUGE,
                     "As expert_cache_hit_ratio, with hits a prefetch made counted as misses (what PCIe traffic follows).",
-                    x.cache_hit_rate(),
+                    x.own_hit_rate,
                 ),
                 (
                     "expert_cpu_share",
                     GAUGE,
                     "Share of misses computed on the CPU.",
-                    x.cpu_share(),
+                    x.cpu_share,
                 ),
                 (
                     "expert_prefetch_precision",
                     GAUGE,
                     "Prefetched experts that were used / prefetched.",
-                    x.prefetch_precision(),
+                    x.prefetch_precision,
                 ),
                 (
                     "expert_prefetch_recall",
                     GAUGE,
                     "Used experts that had been predicted / used.",
-                    x.prefetch_recall(),
+                    x.prefetch_recall,
                 ),
                 (
                     "expert_h2d_bytes_total",
@@ -272,7 +269,7 @@ impl HttpMetrics {
                     "expert_stop_seconds_total",
                     COUNTER,
                     "Host seconds spent in those stops (the GPU idles meanwhile).",
-                    x.hook_s,
+                    x.stop_s,
                 ),
             ]);
         }
@@ -302,7 +299,7 @@ impl LlamaTotals {
 
     /// llama-server's `llamacpp:*` series (its names, types and meanings), from our counters, so
     /// dashboards built for llama-server work unchanged beside the `pocketmoe_*` ones.
-    pub fn render(&self, card: &ModelCard, s: &EngineStats) -> String {
+    pub fn render(&self, card: &ModelCard, s: &StatsSnapshot) -> String {
         use std::sync::atomic::Ordering::Relaxed;
         let prompt_s = self.prompt_us.load(Relaxed) as f64 / 1e6;
         let predicted_s = self.predicted_us.load(Relaxed) as f64 / 1e6;
@@ -406,7 +403,7 @@ mod tests {
             format: OutputFormat::Plain,
             has_chat_template: true,
         };
-        let mut s = EngineStats {
+        let mut s = StatsSnapshot {
             queued: 3,
             ..Default::default()
         };
@@ -416,10 +413,10 @@ mod tests {
         assert!(text.contains("pocketmoe_requests_total{route=\"other\",status=\"404\"} 1"));
         assert!(text.contains("pocketmoe_queue_depth 3"));
         assert!(!text.contains("expert"));
-        let mut st = crate::experts::Stats::new(2);
-        st.layers[0].hits = 3;
-        st.layers[1].misses = 1;
-        s.offload = Some(st);
+        s.experts = Some(crate::engine::snapshot::ExpertsSnapshot {
+            hit_rate: 0.75,
+            ..Default::default()
+        });
         let text = m.render(&card, &Health::Ready, &s, None);
         assert!(
             text.contains("pocketmoe_expert_cache_hit_ratio 0.75"),

@@ -50,7 +50,7 @@ mod web;
 pub mod worker;
 
 pub use api::{
-    Engine, EngineStats, Event, FinishReason, GenRequest, Generation, Health, ModelCard,
+    Engine, Event, FinishReason, GenRequest, Generation, Health, ModelCard, StatsSnapshot,
 };
 pub use api::{EngineInfo, OutputFormat, Prompt, SlotState, TokenLogprob};
 pub use error::ApiError;

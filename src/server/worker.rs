@@ -34,6 +34,7 @@ use super::slotfile;
 use crate::engine::batch::{rows_for, BatchModel, PagePool, SeqChunk, SeqLayout, KV_PAGE};
 use crate::engine::embed::{Pooler, Pooling};
 use crate::engine::sampling::{Sampler, SamplerParams};
+use crate::engine::snapshot::{ExpertsSnapshot, SlotState};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -145,9 +146,10 @@ pub struct Shared {
     pub kv_tokens: AtomicU64,
     /// (when, tokens generated) of recent steps, for a tok/s gauge.
     pub recent: Mutex<VecDeque<(Instant, usize)>>,
-    pub offload: Mutex<Option<crate::experts::Stats>>,
+    /// The expert cache's figures after the last step (`None` when the model offloads none).
+    pub experts: Mutex<Option<ExpertsSnapshot>>,
     /// Per-slot state for `/slots`, published after each step (one short lock per step).
-    pub slots: Mutex<Vec<super::api::SlotState>>,
+    pub slots: Mutex<Vec<SlotState>>,
 }
 
 /// The window of the tok/s gauge.
@@ -535,7 +537,7 @@ fn publish(slots: &[Option<Seq>], cache: &Cache, cfg: Config, shared: &Shared) {
     let view = slots
         .iter()
         .enumerate()
-        .map(|(id, s)| super::api::SlotState {
+        .map(|(id, s)| SlotState {
             id,
             is_processing: s.is_some(),
             n_ctx: cfg.slot_len,
@@ -737,8 +739,8 @@ fn pass<M: BatchModel>(
             return None;
         }
     };
-    if let Some(stats) = model.offload_stats() {
-        *shared.offload.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    if let Some(x) = model.experts_snapshot() {
+        *shared.experts.lock().unwrap_or_else(|e| e.into_inner()) = Some(x);
     }
     shared.steps.fetch_add(1, Relaxed);
     let n_tokens: usize = plan.iter().map(|p| p.1).sum();
