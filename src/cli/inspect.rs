@@ -95,29 +95,13 @@ pub struct Report {
     pub parallel: usize,
 }
 
+/// The hyper-parameters of the file's architecture, by GGUF key (after `{arch}.`), as the
+/// schema lists them (`model::hparams::schema`).
 fn hparams_table(h: &Hparams) -> BTreeMap<&'static str, String> {
-    let mut m = BTreeMap::new();
-    let mut put = |k: &'static str, v: String| {
-        m.insert(k, v);
-    };
-    put("n_vocab", h.n_vocab.to_string());
-    put("n_embd", h.n_embd.to_string());
-    put("n_layer", h.n_layer.to_string());
-    put("n_layer_nextn", h.n_layer_nextn.to_string());
-    put("n_head", h.n_head.to_string());
-    put("n_head_kv", h.n_head_kv.to_string());
-    put("head_dim_k", h.head_dim_k.to_string());
-    put("head_dim_v", h.head_dim_v.to_string());
-    put("n_ff", h.n_ff.to_string());
-    put("n_ff_exp", h.n_ff_exp.to_string());
-    put("n_expert", h.n_expert.to_string());
-    put("n_expert_used", h.n_expert_used.to_string());
-    put("n_expert_shared", h.n_expert_shared.to_string());
-    put("n_layer_dense_lead", h.n_layer_dense_lead.to_string());
-    put("gating", format!("{:?}", h.gating));
-    put("n_ctx_train", h.n_ctx_train.to_string());
-    put("rope_freq_base", h.rope_freq_base.to_string());
-    m
+    crate::model::hparams::schema::listing(h)
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect()
 }
 
 /// Builds the report (no printing), so tests can check the figures.

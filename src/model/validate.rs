@@ -3,6 +3,7 @@
 //! names the tensor; a wrong shape or a missing tensor also names the metadata keys (with their
 //! values) that the expectation follows from, since either the tensor or those keys are wrong.
 //! Classification (`role_of`) is what the placement planner uses.
+use super::hparams::schema::{Ty, Val, KEYS};
 use super::{ArchSpec, Hparams, Role, TensorSpec};
 use crate::ggml::GgmlType;
 use crate::gguf::TensorInfo;
@@ -182,64 +183,23 @@ fn expects(arch: &ArchSpec, hp: &Hparams, spec: &TensorSpec, block: Option<usize
         && arch.required_in(spec, hp, block)
 }
 
-/// A shape/membership depends on a field: (GGUF key after `{arch}.`, read, write).
-type Field = (&'static str, fn(&Hparams) -> u64, fn(&mut Hparams, u64));
-
-macro_rules! field {
-    ($key:literal, $f:ident) => {
-        ($key, |h| h.$f as u64, |h, v| h.$f = v as _)
-    };
-}
-
-/// The metadata fields the tables' shapes and block predicates read.
-const FIELDS: &[Field] = &[
-    field!("vocab_size", n_vocab),
-    field!("embedding_length", n_embd),
-    field!("block_count", n_layer),
-    field!("nextn_predict_layers", n_layer_nextn),
-    field!("leading_dense_block_count", n_layer_dense_lead),
-    field!("attention.head_count", n_head),
-    field!("attention.head_count_kv", n_head_kv),
-    field!("attention.key_length", head_dim_k),
-    field!("attention.value_length", head_dim_v),
-    field!("rope.dimension_count", n_rot),
-    field!("feed_forward_length", n_ff),
-    field!("expert_feed_forward_length", n_ff_exp),
-    field!("expert_shared_feed_forward_length", n_ff_shexp),
-    field!("expert_count", n_expert),
-    field!("expert_used_count", n_expert_used),
-    field!("expert_shared_count", n_expert_shared),
-    field!("attention.q_lora_rank", q_lora_rank),
-    field!("attention.kv_lora_rank", kv_lora_rank),
-    field!("attention.key_length_mla", head_dim_k_mla),
-    field!("attention.value_length_mla", head_dim_v_mla),
-    field!("attention.key_length_swa", head_dim_k_swa),
-    field!("attention.value_length_swa", head_dim_v_swa),
-    field!("rope.dimension_count_swa", n_rot_swa),
-    field!("attention.indexer.head_count", indexer_n_head),
-    field!("attention.indexer.key_length", indexer_head_dim),
-    field!("attention.output_group_count", o_group_count),
-    field!("attention.output_lora_rank", o_lora_rank),
-    field!("hyper_connection.count", hc_mult),
-    field!("hash_layer_count", hash_layer_count),
-];
-
 /// The fields (`{arch}.key = value`) on which `holds` depends: those for which `holds(hp)` is
 /// true but turns false when the field alone is one more or (from 2 up) one less.
 fn explain(hp: &Hparams, holds: impl Fn(&Hparams) -> bool) -> Vec<String> {
-    FIELDS
-        .iter()
-        .filter(|(_, get, set)| {
-            let v = get(hp);
+    // The integer keys of the schema (shapes and block predicates read only those).
+    KEYS.iter()
+        .filter(|k| k.ty == Ty::Uint)
+        .filter(|k| {
+            let v = (k.get)(hp).u();
             [v.checked_add(1), v.checked_sub(1).filter(|&w| w >= 1)]
                 .into_iter()
                 .flatten()
                 .any(|w| {
                     let mut h = hp.clone();
-                    set(&mut h, w);
+                    (k.set)(&mut h, Val::U(w));
                     !holds(&h)
                 })
         })
-        .map(|(key, get, _)| format!("{}.{key} = {}", hp.arch, get(hp)))
+        .map(|k| format!("{} = {}", k.full(hp), (k.get)(hp)))
         .collect()
 }
