@@ -95,6 +95,26 @@ fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>,
     out
 }
 
+/// [`run`] through the one-sequence path (`Engine::forward`, from an empty cache), prompt by
+/// prompt.
+fn run_single(eng: &mut Engine, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    prompts
+        .iter()
+        .map(|p| {
+            eng.reset();
+            let mut logits = eng.forward(p).unwrap().pop().unwrap();
+            let (mut toks, mut all) = (Vec::new(), Vec::new());
+            for _ in 0..STEPS {
+                let next = argmax(&logits);
+                toks.push(next);
+                all.push(logits);
+                logits = eng.forward(&[next]).unwrap().pop().unwrap();
+            }
+            (toks, all)
+        })
+        .collect()
+}
+
 /// Largest |difference| between the logits of two runs, and whether the tokens are the same.
 fn compare(a: &[(Vec<u32>, Vec<Vec<f32>>)], b: &[(Vec<u32>, Vec<Vec<f32>>)]) -> (f32, bool) {
     let mut max_diff = 0f32;
@@ -126,11 +146,30 @@ fn check(arch: &str) {
                 .collect()
         })
         .collect();
-    // Default kernels: measured and reported, not asserted (they depend on the batch shape).
+    // Default kernels. The batch path with one sequence in the first pages runs the same kernels
+    // on the same shapes as the one-sequence path (`Engine::forward`): bit-identical logits and
+    // tokens (measured: max |dlogit| 0 on all four archs).
+    let single = run_single(&mut eng, &prompts);
     let alone = run(&mut eng, &prompts, Layout::Alone);
+    let (d, same) = compare(&single, &alone);
+    eprintln!("{arch}: default CPU kernels, Alone vs one-sequence path: max |logit diff| {d:e}, same tokens: {same}");
+    assert!(
+        same,
+        "{arch}: default kernels: batch path alone, greedy tokens differ from the one-sequence path"
+    );
+    assert_eq!(
+        d, 0.0,
+        "{arch}: default kernels: batch path alone, logits differ from the one-sequence path"
+    );
+    // Together, or alone in the last pages, the default kernels are other kernels (see the module
+    // note), so these are reported only: measured max |dlogit| 0.07-0.18 where the tokens agree,
+    // and DeepSeek-V3.2 together / V4 in the last pages take another greedy token within the 8
+    // steps (the rounding tips a near-tied discrete choice), after which the logits are of
+    // another context. Both layouts are held bit-exact to Alone under the batch-invariant
+    // kernels below.
     for layout in [Layout::Together, Layout::AloneLastSlot] {
-        let (d, same) = compare(&alone, &run(&mut eng, &prompts, layout));
-        eprintln!("{arch}: default CPU kernels, {layout:?} vs Alone: max |logit diff| {d:e}, same tokens: {same}");
+        let (d, same) = compare(&single, &run(&mut eng, &prompts, layout));
+        eprintln!("{arch}: default CPU kernels, {layout:?} vs one-sequence path: max |logit diff| {d:e}, same tokens: {same}");
     }
     assert!(
         eng.set_batch_invariant(true),
@@ -442,15 +481,28 @@ fn offloaded_batch_decode_matches_resident() {
             .sum();
         let total: usize = want.iter().map(|w| w.0.len()).sum();
         let min = cos.iter().cloned().fold(f64::INFINITY, f64::min);
-        eprintln!("{slots} slots: {on_cpu} CPU-channel experts, min cosine {min:.7}, {same}/{total} tokens");
+        let (max_diff, _) = compare(want, &got);
+        eprintln!("{slots} slots: {on_cpu} CPU-channel experts, min cosine {min:.7}, max |dlogit| {max_diff:e}, {same}/{total} tokens");
         if cfg!(feature = "cuda") && cpu {
+            // GPU build, CPU-channel experts: the CPU rounds otherwise and can flip a later top-k
+            // choice, after which the greedy continuations differ (see the note above).
             let mean = cos.iter().sum::<f64>() / cos.len() as f64;
             assert!(
                 mean >= 0.98 && same * 4 >= total * 3,
                 "{slots} slots: mean cosine {mean}, {same}/{total}"
             );
-        } else {
+        } else if cfg!(feature = "cuda") {
+            // GPU build, every expert in the cache: the resident kernels (the H200 bound).
             assert!(min >= 0.99999, "{slots} slots: min cosine {min}");
+            assert_eq!(same, total, "{slots} slots: greedy tokens");
+        } else {
+            // CPU build: the same computation without the CPU channel, bit-exact (measured 0);
+            // with it, the channel adds its experts in its own order: within 1e-5 (measured 0).
+            let bound = if cpu { 1e-5 } else { 0.0 };
+            assert!(
+                max_diff <= bound,
+                "{slots} slots: max |dlogit| {max_diff:e} > {bound:e} ({on_cpu} CPU-channel experts)"
+            );
             assert_eq!(same, total, "{slots} slots: greedy tokens");
         }
     }
@@ -470,7 +522,7 @@ fn repacked_weights_refuse_batch_invariance() {
     };
     let mut eng = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
     if eng.repacked().0 == 0 {
-        eprintln!("nothing repacked on this CPU: nothing to check");
+        eprintln!("SKIPPED: nothing repacked on this CPU (ggml-cpu repacks Q4_K with AVX2 on x86, i8mm/dotprod on ARM): no repacked weights to refuse");
         return;
     }
     assert!(

@@ -5,7 +5,8 @@
 //! keyword, as written or with `_` read as a space, must appear in the error). `corpus_replay_*` reads every
 //! committed file; `corpus_files_are_current` checks they equal what the generator makes now.
 //! Regenerate with
-//! `POCKETMOE_REGEN_GGUF_CORPUS=1 cargo test --release --test gguf_corpus corpus_files_are_current`.
+//! `POCKETMOE_REGEN_GGUF_CORPUS=1 cargo test --release --test gguf_corpus corpus_files_are_current`
+//! (that run only writes the files and says `SKIPPED` on stderr; CI never sets the variable).
 use std::path::{Path, PathBuf};
 
 use pocketmoe::ggml::GgmlType;
@@ -456,11 +457,22 @@ fn corpus_files_are_current() {
         }
     }
     let cases = cases();
+    if regen {
+        for c in &cases {
+            std::fs::write(dir.join(format!("{}.gguf", c.name)), &c.bytes).unwrap();
+        }
+        // The files were just written from the generator: comparing them with it would test
+        // nothing. Say so, and leave the check to a run without the variable (CI never sets it).
+        eprintln!(
+            "SKIPPED: POCKETMOE_REGEN_GGUF_CORPUS is set: {} corpus files rewritten in {}, not \
+             checked (run again without it)",
+            cases.len(),
+            dir.display()
+        );
+        return;
+    }
     for c in &cases {
         let p = dir.join(format!("{}.gguf", c.name));
-        if regen {
-            std::fs::write(&p, &c.bytes).unwrap();
-        }
         let committed = std::fs::read(&p)
             .unwrap_or_else(|e| panic!("{}: {e} (regenerate: see the file header)", p.display()));
         assert!(

@@ -3,13 +3,22 @@
 //! equal the fully resident engine's on every built architecture's tiny preset — prompt
 //! positions and 16 greedy decode steps — and the engine stays within its budget. On a CPU-only
 //! machine the CPU backend plays the GPU: slots, staging and copies are the same code with
-//! host memory, so the cache logic itself is what is tested.
+//! host memory, so the cache logic itself is what is tested: there the logits are bit-exact where
+//! no expert ran on the CPU channel, and within [`CPU_CHANNEL_MAX_DIFF`] where some did. On a
+//! GPU build each case says which tolerance it keeps and why.
 mod common;
-use common::{argmax, cosine};
+use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::{Path, PathBuf};
+
+/// On the CPU build, the bound on max |dlogit| against the resident engine where the CPU channel
+/// computed some experts: it runs the same ggml kernels on the same weights but adds the experts'
+/// outputs in its own order (measured: at most 4.8e-6 where printed, and within 1e-5 over every
+/// arch and case, prompt and decode, but one prompt position, see `check_arch`). 1e-5 is a few f32 ulps at these logits' magnitude;
+/// a wrong expert result moves them by far more.
+const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 
 fn tiny(arch: &str) -> PathBuf {
     common::synth_tiny("offload", arch, QuantMix::Q4KM, 2.8, 5)
@@ -139,27 +148,76 @@ fn check_arch(arch: &str) {
             .iter()
             .map(|l| l.cpu)
             .sum();
-        let (prompt_min, flips) = if cfg!(feature = "cuda") && prompt_cpu > 0 {
-            (0.999, 1)
-        } else {
-            (0.99999, 0)
-        };
-        // Every position below the bound, so a failure says whether one position moved (a
-        // near-tied routing choice) or many (a wrong expert result).
-        let low: Vec<(usize, f64)> = got_prompt
+        let prompt_diff = got_prompt
             .iter()
             .zip(&want_prompt)
-            .map(|(g, w)| cosine(g, w))
-            .enumerate()
-            .filter(|&(_, c)| c < prompt_min)
-            .collect();
-        assert!(
-            low.len() <= flips && low.iter().all(|&(_, c)| c >= 0.9),
-            "{arch} {slots} slots {policy:?}: prompt cosine below {prompt_min} at {} of {} \
-             positions (position, cosine): {low:?} ({prompt_cpu} CPU-channel experts)",
-            low.len(),
-            want_prompt.len()
-        );
+            .map(|(g, w)| max_abs_diff(g, w))
+            .fold(0f32, f32::max);
+        if cfg!(feature = "cuda") {
+            // On the GPU: a CPU-channel expert rounds as the CPU does, so where the prompt used the
+            // channel, at most one position may be below 0.999 (a flipped near-tie), none below
+            // 0.9; where it did not, the cosine bound of the resident path's numbers. (Not
+            // tightened to max |dlogit| here: measured only on the CPU build.)
+            let (prompt_min, flips) = if prompt_cpu > 0 {
+                (0.999, 1)
+            } else {
+                (0.99999, 0)
+            };
+            // Every position below the bound, so a failure says whether one position moved (a
+            // near-tied routing choice) or many (a wrong expert result).
+            let low: Vec<(usize, f64)> = got_prompt
+                .iter()
+                .zip(&want_prompt)
+                .map(|(g, w)| cosine(g, w))
+                .enumerate()
+                .filter(|&(_, c)| c < prompt_min)
+                .collect();
+            assert!(
+                low.len() <= flips && low.iter().all(|&(_, c)| c >= 0.9),
+                "{arch} {slots} slots {policy:?}: prompt cosine below {prompt_min} at {} of {} \
+                 positions (position, cosine): {low:?} ({prompt_cpu} CPU-channel experts)",
+                low.len(),
+                want_prompt.len()
+            );
+        } else {
+            // On the CPU build the slots and staging are host memory and the kernels the
+            // resident engine's: without CPU-channel experts the prompt is the same computation,
+            // bit-exact (measured: 0 on every arch and case). With them, the channel computes
+            // those experts itself and adds them in another order: every position within
+            // CPU_CHANNEL_MAX_DIFF, except at most one, which keeps this test's former bound
+            // (cosine >= 0.99999). Measured: deepseek4 with 3 slots moves position 34 by 1.6e-4
+            // (every other position of every case by 1e-5 at most, most by 0): a near-tied
+            // discrete choice of a
+            // later layer, tipped by the reordered sum. A wrong CPU result moves every position
+            // that used the channel.
+            let per_pos: Vec<(usize, f32, f64)> = got_prompt
+                .iter()
+                .zip(&want_prompt)
+                .map(|(g, w)| (max_abs_diff(g, w), cosine(g, w)))
+                .enumerate()
+                .map(|(i, (d, c))| (i, d, c))
+                .collect();
+            if prompt_cpu == 0 {
+                assert_eq!(
+                    prompt_diff,
+                    0.0,
+                    "{arch} {slots} slots {policy:?}: prompt not bit-exact without CPU-channel \
+                     experts: (position, max |dlogit|, cosine) {:?}",
+                    per_pos.iter().filter(|p| p.1 > 0.0).collect::<Vec<_>>()
+                );
+            } else {
+                let off: Vec<_> = per_pos
+                    .iter()
+                    .filter(|&&(_, d, _)| d > CPU_CHANNEL_MAX_DIFF)
+                    .collect();
+                assert!(
+                    off.len() <= 1 && off.iter().all(|&&(_, _, c)| c >= 0.99999),
+                    "{arch} {slots} slots {policy:?}: prompt max |dlogit| above \
+                     {CPU_CHANNEL_MAX_DIFF:e} at (position, max |dlogit|, cosine) {off:?} \
+                     ({prompt_cpu} CPU-channel experts)"
+                );
+            }
+        }
         eng.reset();
         let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
         // Same kernels, same numbers: identical tokens, cosine ~1 at every step. Except where
@@ -176,26 +234,50 @@ fn check_arch(arch: &str) {
             .collect();
         let same = got.iter().zip(&want).filter(|(g, w)| g == w).count();
         let min_cos = cos.iter().cloned().fold(f64::INFINITY, f64::min);
+        let step_diff = got_logits
+            .iter()
+            .zip(&want_logits)
+            .map(|(g, w)| max_abs_diff(g, w))
+            .fold(0f32, f32::max);
         eprintln!(
-            "{arch} {slots} slots {policy:?} {bw:?}: {case_cpu} CPU-channel experts, \
-             hit rate {:.3}, min cosine {min_cos:.6}, {same}/{} tokens",
+            "{arch} {slots} slots {policy:?} {bw:?}: {case_cpu} CPU-channel experts \
+             ({prompt_cpu} in the prompt), hit rate {:.3}, min cosine {min_cos:.6}, \
+             {same}/{} tokens, max |dlogit| prompt {prompt_diff:e} steps {step_diff:e}",
             st.hit_rate(),
             got.len()
         );
         if cpu_vs_gpu {
+            // GPU build, CPU-channel experts in decode: a flipped top-k choice changes the later
+            // tokens' context, so only the average and most tokens can agree (see above).
             let mean = cos.iter().sum::<f64>() / cos.len() as f64;
             assert!(
                 mean >= 0.98 && same * 4 >= got.len() * 3,
                 "{arch} {slots} slots {policy:?}: mean cosine {mean}, {same}/{} tokens",
                 got.len()
             );
-        } else {
+        } else if cfg!(feature = "cuda") {
+            // GPU build, no CPU-channel expert: the resident path's kernels on the same weights
+            // (cosine bound as measured on the H200; not tightened from the CPU build).
             for (i, c) in cos.iter().enumerate() {
                 assert!(
                     *c >= 0.99999,
                     "{arch} {slots} slots {policy:?}: step {i} cosine {c}"
                 );
             }
+            assert_eq!(got, want, "{arch} {slots} slots {policy:?}: greedy tokens");
+        } else {
+            // CPU build: bit-exact where no expert ran on the CPU channel (the same
+            // computation), within CPU_CHANNEL_MAX_DIFF where some did; the same tokens always.
+            let bound = if case_cpu > 0 {
+                CPU_CHANNEL_MAX_DIFF
+            } else {
+                0.0
+            };
+            assert!(
+                step_diff <= bound,
+                "{arch} {slots} slots {policy:?}: decode max |dlogit| {step_diff:e} > {bound:e} \
+                 ({case_cpu} CPU-channel experts)"
+            );
             assert_eq!(got, want, "{arch} {slots} slots {policy:?}: greedy tokens");
         }
         assert!(
@@ -227,8 +309,9 @@ fn offloaded_equals_resident_on_every_built_arch() {
 
 /// Prefill micro-batches far larger than the slot micro-batch (every used expert staged,
 /// stage-ahead on): a 600-token prompt in micro-batches of 512 matches the resident engine as
-/// exactly as the decode cases (cosine >= 0.99999: the same kernels on the same micro-batches;
-/// it was 0.999, looser than docs/usage.md's "exact", issue 16 item 3).
+/// exactly as the decode cases (the same kernels on the same micro-batches: bit-exact on the CPU
+/// build, cosine >= 0.99999 on the GPU; it was 0.999, looser than docs/usage.md's "exact", issue
+/// 16 item 3).
 #[test]
 fn long_prefill_micro_batches_match_resident() {
     let path = tiny("qwen3moe");
@@ -250,9 +333,16 @@ fn long_prefill_micro_batches_match_resident() {
     let want = resident.forward(&prompt).unwrap();
     let got = off.forward(&prompt).unwrap();
     assert_eq!(got.len(), want.len());
+    // No slots, no CPU channel: the resident computation on staged copies. On the CPU build that
+    // is bit-exact (measured: 0); on the GPU the cosine bound measured on the H200.
     for (pos, (g, w)) in got.iter().zip(&want).enumerate() {
         let c = cosine(g, w);
-        assert!(c >= 0.99999, "prompt cosine {c} at {pos}");
+        if cfg!(feature = "cuda") {
+            assert!(c >= 0.99999, "prompt cosine {c} at {pos}");
+        } else {
+            let d = max_abs_diff(g, w);
+            assert_eq!(d, 0.0, "prompt max |dlogit| {d:e} at {pos} (cosine {c})");
+        }
     }
     let st = off.offload_stats().unwrap();
     assert!(st.h2d_bytes > 0, "nothing was staged");
@@ -330,9 +420,16 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
     let mut eng = Engine::load(&path, ablated.clone(), &|_, _| {}).unwrap();
     let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
     assert_eq!(got, want, "greedy tokens");
+    // The CPU channel off: the resident computation from the cache's slots. Bit-exact on the CPU
+    // build; on the GPU the cosine bound measured on the H200.
     for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
         let c = cosine(g, w);
-        assert!(c >= 0.99999, "step {i}: cosine {c}");
+        if cfg!(feature = "cuda") {
+            assert!(c >= 0.99999, "step {i}: cosine {c}");
+        } else {
+            let d = max_abs_diff(g, w);
+            assert_eq!(d, 0.0, "step {i}: max |dlogit| {d:e} (cosine {c})");
+        }
     }
     let st = eng.offload_stats().unwrap();
     let sum = |f: fn(&pocketmoe::experts::stats::LayerStats) -> u64| -> u64 {

@@ -1,15 +1,16 @@
 //! Logit parity with libllama (same GGUF, same ggml). For each built architecture's `tiny` synth
 //! preset (Q8_0 weights), and for qwen3moe, gpt-oss and deepseek2 under the q4_k_m, mxfp4 and
-//! iq2_xxs mixes, this asserts:
-//! - at every prompt position, cosine(our logits, libllama's) >= a threshold (0.999 for Q8_0,
-//!   [`QUANT_MIN_COS`] for the other mixes);
-//! - greedy decoding, one token at a time through both KV caches, with both engines fed
-//!   libllama's greedy token at every step (teacher forcing, so every step is compared on the same
-//!   context even after a flip): the same cosine bound at every step, and our argmax equal to
-//!   libllama's at every step (32 steps for Q8_0, [`QUANT_STEPS`] for the other mixes), except
-//!   at most 2 flips, each a true tie judged by the two tokens involved only: libllama's logit of
-//!   its token minus its logit of ours, and our logit of our token minus our logit of theirs, both
-//!   below [`tie_eps`] (1e-4 on the CPU, where both engines' logits are bitwise equal);
+//! iq2_xxs mixes, this runs the prompt through both engines, then greedy decoding one token at a
+//! time through both KV caches, both engines fed libllama's greedy token at every step (teacher
+//! forcing, so every step is compared on the same context), and asserts:
+//! - on the CPU (both engines run the same ggml kernels on the same bits in the same order): at
+//!   every prompt position and every step max |our logit - libllama's| <= [`CPU_MAX_DIFF`]
+//!   (1e-5), and our greedy token equal to libllama's at every step (32 steps for Q8_0,
+//!   [`QUANT_STEPS`] for the other mixes), no tie rule;
+//! - on CUDA (kernel choice and fusion differ between the two graphs, see [`tie_eps`]): at every
+//!   position and step cosine(ours, libllama's) >= a threshold (0.999 for Q8_0,
+//!   [`QUANT_MIN_COS`] for the other mixes), and our argmax equal to libllama's except at most 2
+//!   flips, each a true tie judged by the two tokens involved only;
 //! - our greedy tokens are not degenerate (more than 3 distinct ones).
 mod common;
 use common::{argmax, cosine, max_abs_diff};
@@ -23,27 +24,29 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog. 12345 tokens 
 /// A shorter prompt for the quantised-weight runs (CI time).
 const SHORT_PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
 
-/// A flip (our argmax != libllama's) is a tie only if both engines' margins between the two
-/// tokens involved are below this. A flip needs the two logits to move by at least the margin
-/// between them, i.e. margin <= 2 x max |dlogit|. On the CPU both engines run the same ggml
-/// kernels on the same bits in the same order: measured max |dlogit| is exactly 0 over every run
-/// here (11 Q8_0 runs, 54 prompt positions and 32 steps each, and 9 quantised runs), so a flip is
-/// never legitimate there; the epsilon is 1e-4, a few hundred f32 ulps at these logits' magnitude,
-/// room for a reassociated sum in another ggml build and far below any real defect. On CUDA it has
-/// not been measured by this change: 0.02 (the tests print max |dlogit| to set it from).
-fn tie_eps(device: Device) -> f32 {
-    if device == Device::Cpu {
-        1e-4
-    } else {
-        0.02
-    }
+/// The CPU bound on max |our logit - libllama's|, at every prompt position and decode step. On
+/// the CPU both engines run the same ggml kernels on the same bits in the same order: measured
+/// max |dlogit| is exactly 0 on every run here (every built arch, every mix, both KV types;
+/// docs/bench-h200.md "Parity on the new tree"). 1e-5 is a few f32 ulps at these logits'
+/// magnitude: room for a reassociated sum in another ggml build, far below any real defect.
+const CPU_MAX_DIFF: f32 = 1e-5;
+
+/// CUDA only (the CPU allows no flip at all): a flip (our argmax != libllama's) is a tie only if
+/// both engines' margins between the two tokens involved are below this. A flip needs the two
+/// logits to move by at least the margin between them, i.e. margin <= 2 x max |dlogit|. On the
+/// H200 max |dlogit| was 0 for 8 of the 10 built archs and 0.065-0.088 for deepseek2/deepseek32
+/// (ggml-cuda fuses a node of libllama's MLA graph that it does not fuse in ours; bit-exact
+/// with `GGML_CUDA_DISABLE_FUSION=1`; docs/bench-h200.md "Parity on the new tree"): 0.02 is a
+/// quarter of that, so a flip passes only where the two tokens were within rounding of a tie.
+fn tie_eps() -> f32 {
+    0.02
 }
 
-/// Cosine bound for the quantised mixes. The quantised weights are the same bits in both engines
-/// and ggml's CPU kernels the same code, so the logits should agree as closely as with Q8_0:
-/// measured min cosine 1.0000000 and max |dlogit| exactly 0 on all 9 runs (3 archs x 3 mixes),
-/// prompt and decode. 0.9999 is tighter than the Q8_0 bound (0.999) yet leaves room for another
-/// summation order; a wrong block in one expert's weights drops it below (see the note).
+/// CUDA cosine bound for the quantised mixes (the CPU is held to [`CPU_MAX_DIFF`]). The quantised
+/// weights are the same bits in both engines, so the logits should agree as closely as with Q8_0,
+/// whose H200 runs measured max |dlogit| 0 on 8 archs and cosine 0.99998 for deepseek2's MLA
+/// fusion difference (docs/bench-h200.md); 0.9999 is tighter than the Q8_0 bound (0.999) yet
+/// leaves room for that.
 const QUANT_MIN_COS: f64 = 0.9999;
 
 /// Greedy steps for the quantised mixes (CI time).
@@ -153,6 +156,7 @@ struct Parity<'a> {
     prompt: &'a str,
     /// Greedy tokens compared (the first from the prompt's last position).
     n_gen: usize,
+    /// The cosine bound on CUDA; the CPU is held to [`CPU_MAX_DIFF`] instead.
     min_cos: f64,
     /// Both engines with CPU weights repacked into the CPU's extra buffer types where its
     /// kernels take them (each engine's default; libllama with `use_extra_bufts`), or both with
@@ -216,25 +220,44 @@ impl Parity<'_> {
             .forward(&prompt.iter().map(|&t| t as u32).collect::<Vec<_>>())
             .unwrap();
         assert_eq!(ours.len(), theirs.len());
+        let cpu = device == Device::Cpu;
         let mut min_cos = f64::INFINITY;
         let mut max_diff = 0f32;
-        for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
-            let c = cosine(o, t);
+        // One position's (or step's) logits: on the CPU within CPU_MAX_DIFF of libllama's, on
+        // CUDA within the cosine bound.
+        let mut compare = |o: &[f32], t: &[f32], at: &str| {
+            let (c, d) = (cosine(o, t), max_abs_diff(o, t));
             min_cos = min_cos.min(c);
-            max_diff = max_diff.max(max_abs_diff(o, t));
-            assert!(
-                c >= self.min_cos,
-                "{what}: cosine {c:.6} < {} at prompt position {pos}",
-                self.min_cos
-            );
+            max_diff = max_diff.max(d);
+            if cpu {
+                // This is also what holds the two engines to the same buffer-type choice per
+                // weight: one Q4_K matrix repacked in one engine and plain in the other moves
+                // the logits by up to 0.12 (tiny q4_k_m), which a cosine bound does not always
+                // catch.
+                assert!(
+                    d <= CPU_MAX_DIFF,
+                    "{what}: max |dlogit| {d:e} > {CPU_MAX_DIFF:e} at {at} (cosine {c:.7})"
+                );
+            } else {
+                assert!(
+                    c >= self.min_cos,
+                    "{what}: cosine {c:.6} < {} at {at} (max |dlogit| {d})",
+                    self.min_cos
+                );
+            }
+        };
+        for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
+            compare(o, t, &format!("prompt position {pos}"));
         }
 
         // Greedy continuation, one token at a time through both KV caches, both engines fed
-        // libllama's token (teacher forcing): after an allowed flip our sequence would diverge
-        // legitimately, and feeding both the same token keeps every later step comparable.
+        // libllama's token (teacher forcing): on CUDA our sequence would diverge legitimately
+        // after an allowed flip, and feeding both the same token keeps every later step
+        // comparable. On the CPU no flip is allowed, so this is plain greedy decoding in both.
         let mut o = ours.last().unwrap().clone();
         let mut t = theirs.last().unwrap().clone();
         let mut seq_ours = Vec::new();
+        let mut seq_theirs = Vec::new();
         let mut ties = Vec::new();
         for step in 0..self.n_gen {
             if step > 0 {
@@ -242,22 +265,16 @@ impl Parity<'_> {
                 let n_past = prompt.len() + step - 1;
                 o = eng.forward(&[b]).unwrap().swap_remove(0);
                 t = lctx.eval(&[b as i32], n_past).unwrap().swap_remove(0);
-                let c = cosine(&o, &t);
-                min_cos = min_cos.min(c);
-                assert!(
-                    c >= self.min_cos,
-                    "{what}: cosine {c:.6} < {} at decode step {step}",
-                    self.min_cos
-                );
+                compare(&o, &t, &format!("decode step {step}"));
             }
             let (a, b) = (argmax(&o), argmax(&t));
-            let eps = tie_eps(device);
             seq_ours.push(a);
-            if a == b {
-                max_diff = max_diff.max(max_abs_diff(&o, &t));
+            seq_theirs.push(b);
+            if a == b || cpu {
                 continue;
             }
-            // A flip: judged by the two tokens involved only.
+            // A flip on CUDA: judged by the two tokens involved only.
+            let eps = tie_eps();
             let margin_theirs = t[b as usize] - t[a as usize];
             let margin_ours = o[a as usize] - o[b as usize];
             assert!(
@@ -267,6 +284,12 @@ impl Parity<'_> {
             );
             ties.push((step, margin_theirs, margin_ours));
         }
+        if cpu {
+            assert_eq!(
+                seq_ours, seq_theirs,
+                "{what}: greedy tokens differ from libllama's"
+            );
+        }
         assert!(
             ties.len() <= 2,
             "{what}: {} ties in {} steps: {ties:?}",
@@ -274,20 +297,13 @@ impl Parity<'_> {
             self.n_gen
         );
         eprintln!(
-            "{what}: min cosine {min_cos:.7}, max |dlogit| {max_diff:.6} over {} prompt positions \
+            "{what}: min cosine {min_cos:.7}, max |dlogit| {max_diff:e} over {} prompt positions \
              and {} greedy steps; ties (step, libllama margin, ours) {ties:?}; {n_repacked} \
              matrices repacked (libllama {})",
             prompt.len(),
             self.n_gen,
             if repack { "too" } else { "plain" }
         );
-        // On the CPU both engines run the same kernels on the same bits: bit-exact (measured on
-        // every CPU run here). This is what holds the two engines to the same buffer-type choice
-        // per weight: one Q4_K matrix repacked in one engine and plain in the other moves the
-        // logits by up to 0.12 (tiny q4_k_m), which the cosine bound alone does not always catch.
-        if device == Device::Cpu {
-            assert_eq!(max_diff, 0.0, "{what}: logits not bit-exact on the CPU");
-        }
         // Our continuation is not degenerate (peaked, varied logits make argmax meaningful).
         let distinct: std::collections::HashSet<_> = seq_ours.iter().collect();
         assert!(
@@ -322,24 +338,24 @@ fn cpu_parity_every_built_arch() {
 /// architectures whose router reads the key, against libllama, which computes
 /// `sqrt(softplus(logits))` for it: the router's probabilities, hence the experts' weights and
 /// selection, differ from every other gating. On the CPU the logits come out bitwise equal
-/// (measured: max |dlogit| 0), so the bound is 0.99999 rather than the usual 0.999: the tiny
-/// models' MoE share is small, and plain softplus in place of its square root measured 0.99897
-/// at the first position, which 0.999 would only just catch.
+/// (measured: max |dlogit| 0) and are held to [`CPU_MAX_DIFF`]: the tiny models' MoE share is
+/// small, and plain softplus in place of its square root measured cosine 0.99897 at the first
+/// position, which a cosine bound of 0.999 would only just catch.
 #[test]
 fn sqrt_softplus_gating_cpu_parity() {
-    check_sqrt_softplus(Device::Cpu, 0.99999);
+    check_sqrt_softplus(Device::Cpu);
 }
 
 /// [`sqrt_softplus_gating_cpu_parity`] on the GPU: there the two engines' logits are not
-/// bitwise equal (kernel choice and fusion differ), so the bound is the one every CUDA parity
-/// test uses.
+/// bitwise equal (kernel choice and fusion differ: deepseek2 measured max |dlogit| 0.065), so
+/// the bound is the cosine every CUDA parity test uses.
 #[cfg(feature = "cuda-api")]
 #[test]
 fn cuda_sqrt_softplus_gating_parity() {
-    check_sqrt_softplus(Device::Cuda(0), 0.999);
+    check_sqrt_softplus(Device::Cuda(0));
 }
 
-fn check_sqrt_softplus(device: Device, min_cos: f64) {
+fn check_sqrt_softplus(device: Device) {
     for arch in ["deepseek2", "glm4moe", "minimax-m2"] {
         Parity {
             arch,
@@ -350,7 +366,7 @@ fn check_sqrt_softplus(device: Device, min_cos: f64) {
             quant: QuantMix::Q8_0,
             prompt: PROMPT,
             n_gen: 32,
-            min_cos,
+            min_cos: 0.999,
             repack: true,
         }
         .check();

@@ -8,10 +8,11 @@
 //!
 //! Each runs in one micro-batch and split into micro-batches of 99 that cut every window (the
 //! compressors' rings and the indexer caches carry across), then greedy decode steps that complete
-//! further compressed rows. Asserted at every position and step: cosine(ours, libllama's) >= the
-//! bound, and the same greedy token (teacher-forced, as tests/parity.rs).
+//! further compressed rows. Asserted at every position and step, as in tests/parity.rs: on the
+//! CPU max |our logit - libllama's| <= [`CPU_MAX_DIFF`] and the same greedy token; on CUDA
+//! cosine(ours, libllama's) >= [`MIN_COS_CUDA`] and at most one flip (teacher-forced).
 mod common;
-use common::{argmax, cosine};
+use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::llama::{ContextOptions, LlamaContext, LlamaModel};
 use pocketmoe::synth::quantmix::QuantMix;
@@ -22,11 +23,15 @@ const N_PROMPT: usize = 300;
 /// (and the window slides on).
 const N_DECODE: usize = 32;
 /// On the CPU both engines run the same ggml kernels on the same bits in the same order:
-/// measured min cosine 1.0000000 for both architectures (one micro-batch and split). The bound
-/// sits just under that, because deepseek4's compressed rows are a small part of each logit:
-/// reading the compressor ring one position off (a real defect) still gives 0.99989.
-const MIN_COS_CPU: f64 = 0.999999;
-/// The issue's bound, on CUDA (f16 accumulations differ between kernel choices).
+/// measured max |dlogit| 0 for both architectures (one micro-batch and split). A cosine bound
+/// would have to sit just under 1, because deepseek4's compressed rows are a small part of each
+/// logit: reading the compressor ring one position off (a real defect) still gives cosine
+/// 0.99989. 1e-5 is a few f32 ulps at these logits' magnitude.
+const CPU_MAX_DIFF: f32 = 1e-5;
+/// The bound on CUDA, where the two engines' kernel choice and fusion differ (measured on the
+/// H200: min cosine 1.0000000 for both archs, both splits; deepseek32's short-prompt MLA graph
+/// is fused differently from libllama's, max |dlogit| 0.088, cosine 0.99998): the parity tests'
+/// Q8_0 bound.
 const MIN_COS_CUDA: f64 = 0.999;
 
 fn prompt_tokens(lm: &LlamaModel) -> Vec<i32> {
@@ -77,51 +82,67 @@ fn check(arch: &str, device: Device, ub: usize) {
         &|_, _| {},
     )
     .unwrap();
-    let min_cos = if device == Device::Cpu {
-        MIN_COS_CPU
-    } else {
-        MIN_COS_CUDA
-    };
+    let cpu = device == Device::Cpu;
     let what = format!("{arch} tiny, micro-batches of {ub} ({device:?})");
     let theirs = lctx.logits_all(&prompt).unwrap();
     let ours = eng
         .forward(&prompt.iter().map(|&t| t as u32).collect::<Vec<_>>())
         .unwrap();
-    let mut worst = f64::INFINITY;
-    for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
-        let c = cosine(o, t);
+    assert_eq!(ours.len(), theirs.len());
+    let (mut worst, mut max_diff) = (f64::INFINITY, 0f32);
+    let mut compare = |o: &[f32], t: &[f32], at: &str| {
+        let (c, d) = (cosine(o, t), max_abs_diff(o, t));
         worst = worst.min(c);
-        assert!(
-            c >= min_cos,
-            "{what}: cosine {c:.6} < {min_cos} at prompt position {pos}"
-        );
+        max_diff = max_diff.max(d);
+        if cpu {
+            assert!(
+                d <= CPU_MAX_DIFF,
+                "{what}: max |dlogit| {d:e} > {CPU_MAX_DIFF:e} at {at} (cosine {c:.7})"
+            );
+        } else {
+            assert!(
+                c >= MIN_COS_CUDA,
+                "{what}: cosine {c:.6} < {MIN_COS_CUDA} at {at}"
+            );
+        }
+    };
+    for (pos, (o, t)) in ours.iter().zip(&theirs).enumerate() {
+        compare(o, t, &format!("prompt position {pos}"));
     }
     let (mut o, mut t) = (ours.last().unwrap().clone(), theirs.last().unwrap().clone());
-    let mut flips = 0;
+    let (mut seq_ours, mut seq_theirs) = (Vec::new(), Vec::new());
     for step in 0..N_DECODE {
         if step > 0 {
             let b = argmax(&t);
             let n_past = prompt.len() + step - 1;
             o = eng.forward(&[b]).unwrap().swap_remove(0);
             t = lctx.eval(&[b as i32], n_past).unwrap().swap_remove(0);
-            let c = cosine(&o, &t);
-            worst = worst.min(c);
-            assert!(
-                c >= min_cos,
-                "{what}: cosine {c:.6} < {min_cos} at decode step {step}"
-            );
+            compare(&o, &t, &format!("decode step {step}"));
         }
-        if argmax(&o) != argmax(&t) {
-            flips += 1;
-        }
+        seq_ours.push(argmax(&o));
+        seq_theirs.push(argmax(&t));
     }
-    // A flip needs a near-tie; allow one on CUDA, none on the CPU.
-    let allowed = usize::from(device != Device::Cpu);
-    assert!(
-        flips <= allowed,
-        "{what}: {flips} greedy flips in {N_DECODE} steps"
+    let flips = seq_ours
+        .iter()
+        .zip(&seq_theirs)
+        .filter(|(a, b)| a != b)
+        .count();
+    if cpu {
+        assert_eq!(
+            seq_ours, seq_theirs,
+            "{what}: greedy tokens differ from libllama's"
+        );
+    } else {
+        // A flip needs a near-tie; allow one on CUDA.
+        assert!(
+            flips <= 1,
+            "{what}: {flips} greedy flips in {N_DECODE} steps"
+        );
+    }
+    eprintln!(
+        "{what}: min cosine {worst:.7}, max |dlogit| {max_diff:e} over {N_PROMPT} positions and \
+         {N_DECODE} steps"
     );
-    eprintln!("{what}: min cosine {worst:.7} over {N_PROMPT} positions and {N_DECODE} steps");
 }
 
 #[test]

@@ -571,12 +571,24 @@ fn chat_page_in_a_browser() {
         ),
         10,
     );
-    let pcie = b.eval("document.getElementById('pcie').textContent");
-    let per_s = pcie.as_str().unwrap();
-    let per_s: f64 = per_s[..per_s.len() - 5]
-        .parse()
-        .unwrap_or_else(|e| panic!("PCIe rate {pcie}: {e}"));
-    assert!(per_s >= 0.0, "{pcie}");
+    // Idle, the rate is what moved since the previous poll: nothing, once a poll has passed
+    // without a request; the total is /metrics' byte count (the page prints MB below 1 GB).
+    let h2d = metric(&s.addr, "expert_h2d_bytes_total").unwrap();
+    b.wait_for(
+        "the PCIe rate to read 0 while the server is idle",
+        "document.getElementById('pcie').textContent === '0.0 MB/s'",
+        10,
+    );
+    let total = b.eval("document.getElementById('h2d-total').textContent");
+    let total_mb: f64 = total
+        .as_str()
+        .and_then(|t| t.strip_suffix(" MB"))
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("the panel's host-to-GPU total {total}: not a figure in MB"));
+    assert!(
+        (total_mb - h2d / 1e6).abs() <= 0.005 + 1e-9,
+        "the panel's total {total} differs from /metrics' {h2d} bytes"
+    );
 
     // An endless reply (no max_tokens: until the context is full), stopped with the button.
     b.eval("document.getElementById('max-tokens').value = ''");
@@ -586,6 +598,14 @@ fn chat_page_in_a_browser() {
         "the second reply to start",
         &format!("(r => r && r.content.length > 0 && r.state === 'streaming')({LAST_REPLY})"),
         60,
+    );
+    // While it streams, experts are copied (the cache holds a few of each layer's experts): the
+    // PCIe rate rises above 0 on a later poll.
+    b.wait_for(
+        "a PCIe rate above 0 while the reply streams",
+        "(t => / [GM]B\\/s$/.test(t) && parseFloat(t) > 0)\
+         (document.getElementById('pcie').textContent)",
+        10,
     );
     b.click("#stop");
     let reply = b.wait_for(
