@@ -3,7 +3,10 @@
 //! `#[cfg(test)] mod tests` block, which by convention ends the file, and `tests.rs` or `*_tests.rs` files).
 //!
 //! - `graph` names neither `experts` nor `synth`: it reaches the routed experts through its own
-//!   `RoutedExperts` trait (issue 15, item 1), in its tests too.
+//!   `RoutedExperts` trait (issue 15, item 1), in its tests too; nor `engine`, which fills it
+//!   (issue 27, item 7).
+//! - `server` does not name `experts`, in its tests neither: it reads the engine's figures
+//!   (`engine::StatsSnapshot`, issue 27, items 5 and 7).
 //! - The runtime (`graph`, `experts`, `engine`) does not depend on the synthesiser.
 //! - No import circle between top-level modules, apart from those listed in [`KNOWN_CIRCLES`]
 //!   (still to break; a new one fails here).
@@ -146,28 +149,74 @@ fn circles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<BTreeSet<S
     s.out
 }
 
-#[test]
-fn graph_names_neither_experts_nor_synth() {
-    // Test code included: the graph's own tests must not reach for them either.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/graph");
+/// The lines of the files under `src/<dir>` (test code included, comments not) that name the
+/// top-level module `m`: a path through it (`m::…`, `crate::m`, `pocketmoe::m`) or `m` inside a
+/// `use crate::{…}` group.
+fn lines_naming(dir: &str, m: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
     let mut files = Vec::new();
-    rs_files(&dir, &mut files);
+    rs_files(&root, &mut files);
+    files.sort();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
     let mut found = Vec::new();
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
+        // Brace depth inside a `crate::{` group (it may span lines); 0 outside one.
+        let mut group = 0usize;
         for (i, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            if ["crate::experts", "crate::synth", "experts::", "synth::"]
-                .iter()
-                .any(|p| code.contains(p))
-            {
+            let mut hit = false;
+            for (j, c) in code.char_indices() {
+                if group == 0 && code[j..].starts_with("crate::{") {
+                    group = 1;
+                    continue;
+                }
+                if group > 0 && c == '{' && !code[..j].ends_with("crate::") {
+                    group += 1;
+                } else if group > 0 && c == '}' {
+                    group -= 1;
+                }
+                let word = code[j..].starts_with(m)
+                    && !code[..j].chars().next_back().is_some_and(ident)
+                    && !code[j + m.len()..].chars().next().is_some_and(ident);
+                if word
+                    && (code[j + m.len()..].starts_with("::")
+                        || code[..j].ends_with("crate::")
+                        || group > 0)
+                {
+                    hit = true;
+                }
+            }
+            if hit {
                 found.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
             }
         }
     }
+    found
+}
+
+#[test]
+fn graph_names_neither_experts_nor_synth_nor_engine() {
+    // Test code included: the graph's own tests must not reach for them either.
+    let found: Vec<String> = ["experts", "synth", "engine"]
+        .iter()
+        .flat_map(|m| lines_naming("graph", m))
+        .collect();
     assert!(
         found.is_empty(),
-        "graph names experts or synth:\n{}",
+        "graph names experts, synth or engine:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Issue 27 item 5: the server reads the engine's figures (`engine::StatsSnapshot`), never the
+/// expert cache's internals; test code included.
+#[test]
+fn server_does_not_name_experts() {
+    let found = lines_naming("server", "experts");
+    assert!(
+        found.is_empty(),
+        "server names experts:\n{}",
         found.join("\n")
     );
 }
