@@ -21,11 +21,11 @@ fn one_block_gpt_oss_with_every_block_windowed_runs_and_matches_libllama() {
     };
     let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
     assert_eq!(
-        eng.hp.swa_layers,
+        eng.hp.swa.layers,
         vec![true],
         "the file must have one block, windowed"
     );
-    let window = eng.hp.sliding_window as usize;
+    let window = eng.hp.swa.window as usize;
     // Past the window, so that the windowed mask hides rows the full one would show.
     let prompt: Vec<u32> = (0..window as u32 + 9)
         .map(|j| (j * 37 + 11) % 900)

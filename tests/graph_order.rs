@@ -200,7 +200,7 @@ fn check(arch: &str) -> Hparams {
             } else {
                 ""
             },
-            if il < hp.hash_layer_count {
+            if il < hp.dsv4.hash_layer_count {
                 ", hash-routed"
             } else {
                 ""
@@ -254,9 +254,9 @@ fn block_kinds_are_covered() {
     }
     let h = hp("deepseek4");
     assert!(
-        h.hash_layer_count > 0 && h.hash_layer_count < h.n_layer,
+        h.dsv4.hash_layer_count > 0 && h.dsv4.hash_layer_count < h.n_layer,
         "deepseek4: hash-routed blocks {} of {}",
-        h.hash_layer_count,
+        h.dsv4.hash_layer_count,
         h.n_layer
     );
     let h = hp("gpt-oss");

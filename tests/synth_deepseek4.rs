@@ -35,20 +35,20 @@ fn deepseek_v4_flash_preset_is_the_published_config() {
         ("head_dim", h.head_dim_k as f32, 512.0),
         ("head_dim (values)", h.head_dim_v as f32, 512.0),
         ("qk_rope_head_dim", h.n_rot as f32, 64.0),
-        ("q_lora_rank", h.q_lora_rank as f32, 1024.0),
-        ("o_groups", h.o_group_count as f32, 8.0),
-        ("o_lora_rank", h.o_lora_rank as f32, 1024.0),
+        ("q_lora_rank", h.mla.q_lora_rank as f32, 1024.0),
+        ("o_groups", h.dsv4.o_group_count as f32, 8.0),
+        ("o_lora_rank", h.dsv4.o_lora_rank as f32, 1024.0),
         ("n_routed_experts", h.n_expert as f32, 256.0),
         ("n_shared_experts", h.n_expert_shared as f32, 1.0),
         ("num_experts_per_tok", h.n_expert_used as f32, 6.0),
         ("moe_intermediate_size", h.n_ff_exp as f32, 2048.0),
-        ("index_n_heads", h.indexer_n_head as f32, 64.0),
-        ("index_head_dim", h.indexer_head_dim as f32, 128.0),
-        ("index_topk", h.indexer_top_k as f32, 512.0),
-        ("sliding_window", h.sliding_window as f32, 128.0),
-        ("num_hash_layers", h.hash_layer_count as f32, 3.0),
-        ("hc_mult", h.hc_mult as f32, 4.0),
-        ("hc_sinkhorn_iters", h.hc_sinkhorn_iters as f32, 20.0),
+        ("index_n_heads", h.indexer.n_head as f32, 64.0),
+        ("index_head_dim", h.indexer.head_dim as f32, 128.0),
+        ("index_topk", h.indexer.top_k as f32, 512.0),
+        ("sliding_window", h.swa.window as f32, 128.0),
+        ("num_hash_layers", h.dsv4.hash_layer_count as f32, 3.0),
+        ("hc_mult", h.dsv4.hc_mult as f32, 4.0),
+        ("hc_sinkhorn_iters", h.dsv4.hc_sinkhorn_iters as f32, 20.0),
         ("vocab_size", h.n_vocab as f32, 129280.0),
         ("max_position_embeddings", h.n_ctx_train as f32, 1048576.0),
         (
@@ -57,12 +57,16 @@ fn deepseek_v4_flash_preset_is_the_published_config() {
             65536.0,
         ),
         ("rope_theta", h.rope_freq_base, 10000.0),
-        ("compress_rope_theta", h.compress_rope_freq_base, 160000.0),
+        (
+            "compress_rope_theta",
+            h.dsv4.compress_rope_freq_base,
+            160000.0,
+        ),
         ("routed_scaling_factor", h.expert_weights_scale, 1.5),
-        ("swiglu_limit", h.swiglu_clamp_exp, 10.0),
-        ("swiglu_limit (shared)", h.swiglu_clamp_shexp, 10.0),
+        ("swiglu_limit", h.dsv4.swiglu_clamp_exp, 10.0),
+        ("swiglu_limit (shared)", h.dsv4.swiglu_clamp_shexp, 10.0),
         ("rope_scaling.factor", h.rope_scaling_factor, 16.0),
-        ("hc_eps", h.hc_eps, 1e-6),
+        ("hc_eps", h.dsv4.hc_eps, 1e-6),
         ("rms_norm_eps", h.rms_eps, 1e-6),
     ] {
         assert_eq!(ours, config, "{field}");
@@ -78,8 +82,8 @@ fn deepseek_v4_flash_preset_is_the_published_config() {
         config.extend([4, 128]);
     }
     config.extend([4, 0]);
-    assert_eq!(h.compress_ratios[..], config[..43]);
-    assert!(h.swa_layers.len() == 43 && h.swa_layers.iter().all(|&w| w));
+    assert_eq!(h.dsv4.compress_ratios[..], config[..43]);
+    assert!(h.swa.layers.len() == 43 && h.swa.layers.iter().all(|&w| w));
 }
 
 /// The header-only file in the seed's mix: 284B parameters as published, sparse on the disk,
@@ -190,7 +194,7 @@ fn deepseek_v4_flash_header_from_the_command_line() {
     let shown = run(&["inspect", path, "--gpu-mem", "24GiB"]);
     for want in [
         "deepseek4",
-        "n_layer=43",
+        "block_count=43",
         "iq2_xxs",
         "q2_K",
         "expert cache",

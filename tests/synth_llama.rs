@@ -191,32 +191,39 @@ fn tiny_deepseek4_covers_every_block_kind() {
     let spec = &pocketmoe::arch::by_name("deepseek4").unwrap().spec;
     let hp = Hparams::from_meta(spec, &model).unwrap();
     for r in [0, 4, 128] {
-        assert!(hp.compress_ratios.contains(&r), "no block of ratio {r}");
+        assert!(
+            hp.dsv4.compress_ratios.contains(&r),
+            "no block of ratio {r}"
+        );
     }
-    let hash = hp.hash_layer_count;
+    let hash = hp.dsv4.hash_layer_count;
     assert!(
         (1..hp.n_layer).contains(&hash),
         "hash-routed blocks {hash} of {}",
         hp.n_layer
     );
     assert!(
-        hp.compress_ratios[..hash].iter().any(|&r| r != 0),
+        hp.dsv4.compress_ratios[..hash].iter().any(|&r| r != 0),
         "no compressed hash-routed block"
     );
-    assert_eq!((hp.hc_mult, hp.gating as u32), (4, 4));
-    assert!(hp.swiglu_clamp_exp > 0.0 && hp.swiglu_clamp_shexp > 0.0 && hp.n_expert_shared > 0);
+    assert_eq!((hp.dsv4.hc_mult, hp.gating as u32), (4, 4));
+    assert!(
+        hp.dsv4.swiglu_clamp_exp > 0.0
+            && hp.dsv4.swiglu_clamp_shexp > 0.0
+            && hp.n_expert_shared > 0
+    );
     let n = DSV4_PROMPT as u64;
     assert!(
-        hp.sliding_window < n && n > 128,
+        hp.swa.window < n && n > 128,
         "the prompt stays in the window"
     );
     assert!(
-        hp.indexer_top_k > 0 && hp.indexer_top_k < n / 4,
+        hp.indexer.top_k > 0 && hp.indexer.top_k < n / 4,
         "top-{} keeps every ratio-4 row",
-        hp.indexer_top_k
+        hp.indexer.top_k
     );
     let names: Vec<&str> = model.tensors().map(|t| t.name.as_str()).collect();
-    for (il, &r) in hp.compress_ratios.iter().enumerate() {
+    for (il, &r) in hp.dsv4.compress_ratios.iter().enumerate() {
         let has = |s: &str| names.contains(&format!("blk.{il}.{s}.weight").as_str());
         assert_eq!(has("attn_compressor_kv"), r != 0, "block {il} ratio {r}");
         assert_eq!(has("indexer.proj"), r == 4, "block {il} ratio {r}");

@@ -36,15 +36,15 @@ pub static DEEPSEEK2: Arch = Arch {
             EMBED_OUTPUT_TIED,
             &[
                 ATTN_NORM,
-                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: Where(|h, _| h.q_lora_rank > 0), shape: |h, _| vec![h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.kv_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: Where(|h, _| h.q_lora_rank > 0), shape: |h, _| vec![h.n_embd, h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: Where(|h, _| h.q_lora_rank > 0), shape: |h, _| vec![h.q_lora_rank, h.n_head * h.mla_head_dim_k()], required: true },
-                TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: Where(|h, _| h.q_lora_rank == 0), shape: |h, _| vec![h.n_embd, h.n_head * h.mla_head_dim_k()], required: true },
-                TensorSpec { name: "blk.{}.attn_kv_a_mqa.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.kv_lora_rank + h.n_rot], required: true },
-                TensorSpec { name: "blk.{}.attn_k_b.weight", role: Attention, layers: Where(|h, _| h.is_mla()), shape: |h, _| vec![h.mla_qk_nope(), h.kv_lora_rank, h.n_head], required: true },
-                TensorSpec { name: "blk.{}.attn_v_b.weight", role: Attention, layers: Where(|h, _| h.is_mla()), shape: |h, _| vec![h.kv_lora_rank, h.mla_head_dim_v(), h.n_head], required: true },
-                TensorSpec { name: "blk.{}.attn_kv_b.weight", role: Attention, layers: Where(|h, _| !h.is_mla()), shape: |h, _| vec![h.kv_lora_rank, h.n_head * (h.mla_qk_nope() + h.mla_head_dim_v())], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: Where(|h, _| h.mla.q_lora_rank > 0), shape: |h, _| vec![h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.mla.kv_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: Where(|h, _| h.mla.q_lora_rank > 0), shape: |h, _| vec![h.n_embd, h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: Where(|h, _| h.mla.q_lora_rank > 0), shape: |h, _| vec![h.mla.q_lora_rank, h.n_head * h.mla_head_dim_k()], required: true },
+                TensorSpec { name: "blk.{}.attn_q.weight", role: Attention, layers: Where(|h, _| h.mla.q_lora_rank == 0), shape: |h, _| vec![h.n_embd, h.n_head * h.mla_head_dim_k()], required: true },
+                TensorSpec { name: "blk.{}.attn_kv_a_mqa.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.mla.kv_lora_rank + h.n_rot], required: true },
+                TensorSpec { name: "blk.{}.attn_k_b.weight", role: Attention, layers: Where(|h, _| h.is_mla()), shape: |h, _| vec![h.mla_qk_nope(), h.mla.kv_lora_rank, h.n_head], required: true },
+                TensorSpec { name: "blk.{}.attn_v_b.weight", role: Attention, layers: Where(|h, _| h.is_mla()), shape: |h, _| vec![h.mla.kv_lora_rank, h.mla_head_dim_v(), h.n_head], required: true },
+                TensorSpec { name: "blk.{}.attn_kv_b.weight", role: Attention, layers: Where(|h, _| !h.is_mla()), shape: |h, _| vec![h.mla.kv_lora_rank, h.n_head * (h.mla_qk_nope() + h.mla_head_dim_v())], required: true },
                 TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * h.mla_head_dim_v(), h.n_embd], required: true },
                 FFN_NORM,
             ],
@@ -101,7 +101,7 @@ fn default_gating(h: &Hparams) -> Gating {
 fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
     let n = h.n_layer_decode();
     if n == 27 || n == 26 || (n == 48 && h.n_vocab == 128256) {
-        h.q_lora_rank = 0;
+        h.mla.q_lora_rank = 0;
     } else if meta.get_u64(&h.key("attention.q_lora_rank")).is_none() {
         return Err(format!(
             "missing required metadata key {}",
@@ -113,30 +113,30 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
 
 /// MLA's widths, and the shared expert every DeepSeek block holds.
 fn check(h: &Hparams) -> Result<(), String> {
-    if h.kv_lora_rank == 0 {
+    if h.mla.kv_lora_rank == 0 {
         return Err(format!(
             "{}: must be positive (the compressed KV width of MLA)",
             h.key_is("attention.kv_lora_rank", 0)
         ));
     }
-    if (h.head_dim_k_mla == 0) != (h.head_dim_v_mla == 0) {
+    if (h.mla.head_dim_k == 0) != (h.mla.head_dim_v == 0) {
         return Err(format!(
             "{} and {}: MLA files give both (split attn_k_b/attn_v_b), legacy files \
              neither (fused attn_kv_b)",
-            h.key_is("attention.key_length_mla", h.head_dim_k_mla),
-            h.key_is("attention.value_length_mla", h.head_dim_v_mla)
+            h.key_is("attention.key_length_mla", h.mla.head_dim_k),
+            h.key_is("attention.value_length_mla", h.mla.head_dim_v)
         ));
     }
     if h.is_mla() {
         // The cache holds one latent row per position: kv_lora_rank + the rotary key.
-        let (k, v) = (h.kv_lora_rank + h.n_rot, h.kv_lora_rank);
+        let (k, v) = (h.mla.kv_lora_rank + h.n_rot, h.mla.kv_lora_rank);
         if h.head_dim_k != k || h.head_dim_v != v {
             return Err(format!(
                 "{} and {}: an MLA file's latent key and value heads must be {} + {} \
                  = {k} and {v}",
                 h.key_is("attention.key_length", h.head_dim_k),
                 h.key_is("attention.value_length", h.head_dim_v),
-                h.key_is("attention.kv_lora_rank", h.kv_lora_rank),
+                h.key_is("attention.kv_lora_rank", h.mla.kv_lora_rank),
                 h.key_is("rope.dimension_count", h.n_rot)
             ));
         }
@@ -210,40 +210,46 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
 /// positions, `yarn_log_multiplier` = 0.1 * mscale_all_dim (1.0 in V3; V2-Lite overrides). The
 /// synth presets start from it.
 pub fn family(kv_lora: u64) -> Hparams {
-    Hparams {
-        rope_scaling: RopeScaling::Yarn,
-        rope_scaling_factor: 40.0,
-        n_ctx_orig_yarn: 4096,
-        rope_yarn_log_mul: 0.1,
-        n_head_kv: 1,
-        head_dim_k: kv_lora + 64,
-        head_dim_v: kv_lora,
-        head_dim_k_mla: 192,
-        head_dim_v_mla: 128,
-        n_rot: 64,
-        kv_lora_rank: kv_lora,
-        rope_freq_base: 10000.0,
-        n_ctx_train: 163840,
-        ..preset_base(&DEEPSEEK2)
+    {
+        let mut hp = Hparams {
+            rope_scaling: RopeScaling::Yarn,
+            rope_scaling_factor: 40.0,
+            n_ctx_orig_yarn: 4096,
+            rope_yarn_log_mul: 0.1,
+            n_head_kv: 1,
+            head_dim_k: kv_lora + 64,
+            head_dim_v: kv_lora,
+            n_rot: 64,
+            rope_freq_base: 10000.0,
+            n_ctx_train: 163840,
+            ..preset_base(&DEEPSEEK2)
+        };
+        hp.mla.head_dim_k = 192;
+        hp.mla.head_dim_v = 128;
+        hp.mla.kv_lora_rank = kv_lora;
+        hp
     }
 }
 
 /// V3-style routing: sigmoid gating, group-limited top-k, scaled weights.
 fn tiny() -> Hparams {
-    Hparams {
-        n_layer: 3,
-        n_head: 4,
-        q_lora_rank: 256,
-        n_expert: 16,
-        n_expert_used: 4,
-        n_expert_shared: 1,
-        n_ff_exp: 256,
-        n_ff: 512,
-        n_layer_dense_lead: 1,
-        gating: Gating::Sigmoid,
-        n_expert_groups: 4,
-        n_group_used: 2,
-        expert_weights_scale: 2.5,
-        ..tiny_of(family(512))
+    {
+        let mut hp = Hparams {
+            n_layer: 3,
+            n_head: 4,
+            n_expert: 16,
+            n_expert_used: 4,
+            n_expert_shared: 1,
+            n_ff_exp: 256,
+            n_ff: 512,
+            n_layer_dense_lead: 1,
+            gating: Gating::Sigmoid,
+            n_expert_groups: 4,
+            n_group_used: 2,
+            expert_weights_scale: 2.5,
+            ..tiny_of(family(512))
+        };
+        hp.mla.q_lora_rank = 256;
+        hp
     }
 }

@@ -37,20 +37,20 @@ pub static DEEPSEEK32: Arch = Arch {
             EMBED_OUTPUT_TIED,
             &[
                 ATTN_NORM,
-                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.kv_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_lora_rank, h.n_head * h.mla_head_dim_k()], required: true },
-                TensorSpec { name: "blk.{}.attn_kv_a_mqa.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.kv_lora_rank + h.n_rot], required: true },
-                TensorSpec { name: "blk.{}.attn_k_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla_qk_nope(), h.kv_lora_rank, h.n_head], required: true },
-                TensorSpec { name: "blk.{}.attn_v_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.kv_lora_rank, h.mla_head_dim_v(), h.n_head], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.mla.kv_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla.q_lora_rank, h.n_head * h.mla_head_dim_k()], required: true },
+                TensorSpec { name: "blk.{}.attn_kv_a_mqa.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.mla.kv_lora_rank + h.n_rot], required: true },
+                TensorSpec { name: "blk.{}.attn_k_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla_qk_nope(), h.mla.kv_lora_rank, h.n_head], required: true },
+                TensorSpec { name: "blk.{}.attn_v_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla.kv_lora_rank, h.mla_head_dim_v(), h.n_head], required: true },
                 TensorSpec { name: "blk.{}.attn_output.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * h.mla_head_dim_v(), h.n_embd], required: true },
                 FFN_NORM,
-                TensorSpec { name: "blk.{}.indexer.k_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer.k_norm.bias", role: Norm, layers: All, shape: |h, _| vec![h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer.proj.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.indexer_n_head], required: true },
-                TensorSpec { name: "blk.{}.indexer.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_lora_rank, h.indexer_n_head * h.indexer_head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer.k_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer.k_norm.bias", role: Norm, layers: All, shape: |h, _| vec![h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer.proj.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.indexer.n_head], required: true },
+                TensorSpec { name: "blk.{}.indexer.attn_k.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla.q_lora_rank, h.indexer.n_head * h.indexer.head_dim], required: true },
             ],
             DENSE_FFN,
             &[
@@ -102,11 +102,11 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
 /// The MLA widths (absorbed form only), the shared expert and the indexer's sizes.
 fn check(h: &Hparams) -> Result<(), String> {
     for (s, v) in [
-        ("attention.q_lora_rank", h.q_lora_rank),
-        ("attention.kv_lora_rank", h.kv_lora_rank),
+        ("attention.q_lora_rank", h.mla.q_lora_rank),
+        ("attention.kv_lora_rank", h.mla.kv_lora_rank),
         ("expert_shared_count", h.n_expert_shared),
-        ("attention.indexer.head_count", h.indexer_n_head),
-        ("attention.indexer.top_k", h.indexer_top_k),
+        ("attention.indexer.head_count", h.indexer.n_head),
+        ("attention.indexer.top_k", h.indexer.top_k),
     ] {
         if v == 0 {
             return Err(format!("{}: must be positive", h.key_is(s, 0)));
@@ -116,17 +116,17 @@ fn check(h: &Hparams) -> Result<(), String> {
         return Err(format!(
             "{} and {}: DeepSeek-V3.2 files give both (its attention is MLA with split \
              attn_k_b/attn_v_b)",
-            h.key_is("attention.key_length_mla", h.head_dim_k_mla),
-            h.key_is("attention.value_length_mla", h.head_dim_v_mla)
+            h.key_is("attention.key_length_mla", h.mla.head_dim_k),
+            h.key_is("attention.value_length_mla", h.mla.head_dim_v)
         ));
     }
-    let (k, v) = (h.kv_lora_rank + h.n_rot, h.kv_lora_rank);
+    let (k, v) = (h.mla.kv_lora_rank + h.n_rot, h.mla.kv_lora_rank);
     if h.head_dim_k != k || h.head_dim_v != v {
         return Err(format!(
             "{} and {}: the latent key and value heads must be {} + {} = {k} and {v}",
             h.key_is("attention.key_length", h.head_dim_k),
             h.key_is("attention.value_length", h.head_dim_v),
-            h.key_is("attention.kv_lora_rank", h.kv_lora_rank),
+            h.key_is("attention.kv_lora_rank", h.mla.kv_lora_rank),
             h.key_is("rope.dimension_count", h.n_rot)
         ));
     }
@@ -139,7 +139,7 @@ fn check(h: &Hparams) -> Result<(), String> {
     }
     // libllama rotates the indexer's q and k by one Hadamard matrix of the head size: a power
     // of two from 64 up; the head holds the rotary dims first.
-    let d = h.indexer_head_dim;
+    let d = h.indexer.head_dim;
     if d < 64 || !d.is_power_of_two() || d < h.n_rot {
         return Err(format!(
             "{}: must be a power of two, at least 64 and at least {}",
@@ -188,7 +188,7 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
                 let qr = qr.expect("deepseek32 has a low-rank q");
                 // Each row keeps at most the top-k positions (libllama bounds its flash
                 // attention the same way).
-                let k = (g.hp.indexer_top_k as usize).min(g.batch.n_kv());
+                let k = (g.hp.indexer.top_k as usize).min(g.batch.n_kv());
                 (g.dsa_mask(h, qr, il), k)
             })
         },
@@ -211,25 +211,28 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
 /// exactly 0, and top-k then broke those ties by cache row, so a sequence's picks depended on
 /// where its rows sat (multi-sequence batches, `tests/batch.rs`; libllama's unified cache alike).
 fn tiny() -> Hparams {
-    Hparams {
-        arch: &DEEPSEEK32.spec,
-        n_layer: 3,
-        n_head: 4,
-        q_lora_rank: 256,
-        n_expert: 16,
-        n_expert_used: 4,
-        n_expert_shared: 1,
-        n_ff_exp: 256,
-        n_ff: 512,
-        n_layer_dense_lead: 1,
-        gating: Gating::Sigmoid,
-        n_expert_groups: 4,
-        n_group_used: 2,
-        expert_weights_scale: 2.5,
-        indexer_n_head: 32,
-        indexer_head_dim: 128,
-        indexer_top_k: 8,
-        ..tiny_of(deepseek2::family(512))
+    {
+        let mut hp = Hparams {
+            arch: &DEEPSEEK32.spec,
+            n_layer: 3,
+            n_head: 4,
+            n_expert: 16,
+            n_expert_used: 4,
+            n_expert_shared: 1,
+            n_ff_exp: 256,
+            n_ff: 512,
+            n_layer_dense_lead: 1,
+            gating: Gating::Sigmoid,
+            n_expert_groups: 4,
+            n_group_used: 2,
+            expert_weights_scale: 2.5,
+            ..tiny_of(deepseek2::family(512))
+        };
+        hp.mla.q_lora_rank = 256;
+        hp.indexer.n_head = 32;
+        hp.indexer.head_dim = 128;
+        hp.indexer.top_k = 8;
+        hp
     }
 }
 
@@ -276,8 +279,8 @@ mod tests {
         let h = load(&[]).unwrap();
         let t = tiny();
         assert_eq!(
-            (h.indexer_n_head, h.indexer_head_dim, h.indexer_top_k),
-            (t.indexer_n_head, t.indexer_head_dim, t.indexer_top_k)
+            (h.indexer.n_head, h.indexer.head_dim, h.indexer.top_k),
+            (t.indexer.n_head, t.indexer.head_dim, t.indexer.top_k)
         );
         assert_eq!(h.gating, Gating::Sigmoid);
         assert!(unsupported(&h).is_none());

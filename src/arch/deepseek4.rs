@@ -34,7 +34,7 @@ fn hd(h: &Hparams) -> u64 {
 
 /// KV compression ratio of block `il` (0 = none).
 fn ratio(h: &Hparams, il: usize) -> u64 {
-    h.compress_ratios.get(il).copied().unwrap_or(0)
+    h.dsv4.compress_ratios.get(il).copied().unwrap_or(0)
 }
 
 /// Compressor width multiplier: ratio-4 blocks compress two overlapping windows.
@@ -48,7 +48,7 @@ fn coff(h: &Hparams, il: usize) -> u64 {
 
 /// Hyper-connection mixing width: `(2 + hc_mult) * hc_mult`.
 fn hc_mix(h: &Hparams) -> u64 {
-    (2 + h.hc_mult) * h.hc_mult
+    (2 + h.dsv4.hc_mult) * h.dsv4.hc_mult
 }
 
 #[rustfmt::skip]
@@ -66,38 +66,38 @@ pub static DEEPSEEK4: Arch = Arch {
         tensors: &[
             EMBED_OUTPUT,
             &[
-                TensorSpec { name: "output_hc_fn.weight", role: Other, layers: Global, shape: |h, _| vec![h.hc_mult * h.n_embd, h.hc_mult], required: true },
-                TensorSpec { name: "output_hc_base.weight", role: Other, layers: Global, shape: |h, _| vec![h.hc_mult], required: true },
+                TensorSpec { name: "output_hc_fn.weight", role: Other, layers: Global, shape: |h, _| vec![h.dsv4.hc_mult * h.n_embd, h.dsv4.hc_mult], required: true },
+                TensorSpec { name: "output_hc_base.weight", role: Other, layers: Global, shape: |h, _| vec![h.dsv4.hc_mult], required: true },
                 TensorSpec { name: "output_hc_scale.weight", role: Other, layers: Global, shape: |_, _| vec![1], required: true },
                 ATTN_NORM,
                 TensorSpec { name: "blk.{}.attn_sinks.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head], required: true },
-                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.q_lora_rank], required: true },
-                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.q_lora_rank, h.n_head * hd(h)], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![h.mla.q_lora_rank], required: true },
+                TensorSpec { name: "blk.{}.attn_q_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.mla.q_lora_rank, h.n_head * hd(h)], required: true },
                 TensorSpec { name: "blk.{}.attn_kv.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_embd, hd(h)], required: true },
                 TensorSpec { name: "blk.{}.attn_kv_a_norm.weight", role: Norm, layers: All, shape: |h, _| vec![hd(h)], required: true },
                 // The file's 2-D shape; llama.cpp views it as [.., o_lora_rank, o_groups] (TENSOR_ALLOW_RESHAPE).
-                TensorSpec { name: "blk.{}.attn_output_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h) / h.o_group_count, h.o_lora_rank * h.o_group_count], required: true },
-                TensorSpec { name: "blk.{}.attn_output_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.o_group_count * h.o_lora_rank, h.n_embd], required: true },
-                TensorSpec { name: "blk.{}.hc_attn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.hc_mult * h.n_embd, hc_mix(h)], required: true },
+                TensorSpec { name: "blk.{}.attn_output_a.weight", role: Attention, layers: All, shape: |h, _| vec![h.n_head * hd(h) / h.dsv4.o_group_count, h.dsv4.o_lora_rank * h.dsv4.o_group_count], required: true },
+                TensorSpec { name: "blk.{}.attn_output_b.weight", role: Attention, layers: All, shape: |h, _| vec![h.dsv4.o_group_count * h.dsv4.o_lora_rank, h.n_embd], required: true },
+                TensorSpec { name: "blk.{}.hc_attn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.dsv4.hc_mult * h.n_embd, hc_mix(h)], required: true },
                 TensorSpec { name: "blk.{}.hc_attn_base.weight", role: Other, layers: All, shape: |h, _| vec![hc_mix(h)], required: true },
                 TensorSpec { name: "blk.{}.hc_attn_scale.weight", role: Other, layers: All, shape: |_, _| vec![3], required: true },
-                TensorSpec { name: "blk.{}.hc_ffn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.hc_mult * h.n_embd, hc_mix(h)], required: true },
+                TensorSpec { name: "blk.{}.hc_ffn_fn.weight", role: Other, layers: All, shape: |h, _| vec![h.dsv4.hc_mult * h.n_embd, hc_mix(h)], required: true },
                 TensorSpec { name: "blk.{}.hc_ffn_base.weight", role: Other, layers: All, shape: |h, _| vec![hc_mix(h)], required: true },
                 TensorSpec { name: "blk.{}.hc_ffn_scale.weight", role: Other, layers: All, shape: |_, _| vec![3], required: true },
                 TensorSpec { name: "blk.{}.attn_compressor_kv.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![h.n_embd, coff(h, il) * hd(h)], required: true },
                 TensorSpec { name: "blk.{}.attn_compressor_gate.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![h.n_embd, coff(h, il) * hd(h)], required: true },
                 TensorSpec { name: "blk.{}.attn_compressor_ape.weight", role: Attention, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, il| vec![coff(h, il) * hd(h), ratio(h, il)], required: true },
                 TensorSpec { name: "blk.{}.attn_compressor_norm.weight", role: Norm, layers: Where(|h, il| ratio(h, il) != 0), shape: |h, _| vec![hd(h)], required: true },
-                TensorSpec { name: "blk.{}.indexer.proj.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, h.indexer_n_head], required: true },
-                TensorSpec { name: "blk.{}.indexer.attn_q_b.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.q_lora_rank, h.indexer_n_head * h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer_compressor_kv.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer_compressor_gate.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer_head_dim], required: true },
-                TensorSpec { name: "blk.{}.indexer_compressor_ape.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, il| vec![2 * h.indexer_head_dim, ratio(h, il)], required: true },
-                TensorSpec { name: "blk.{}.indexer_compressor_norm.weight", role: Norm, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.indexer_head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer.proj.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, h.indexer.n_head], required: true },
+                TensorSpec { name: "blk.{}.indexer.attn_q_b.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.mla.q_lora_rank, h.indexer.n_head * h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer_compressor_kv.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer_compressor_gate.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.n_embd, 2 * h.indexer.head_dim], required: true },
+                TensorSpec { name: "blk.{}.indexer_compressor_ape.weight", role: Attention, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, il| vec![2 * h.indexer.head_dim, ratio(h, il)], required: true },
+                TensorSpec { name: "blk.{}.indexer_compressor_norm.weight", role: Norm, layers: Where(|h, il| ratio(h, il) == 4), shape: |h, _| vec![h.indexer.head_dim], required: true },
                 ROUTER,
-                TensorSpec { name: "blk.{}.ffn_gate_tid2eid.weight", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il < h.hash_layer_count), shape: |h, _| vec![h.n_expert_used, h.n_vocab], required: true },
-                TensorSpec { name: "blk.{}.exp_probs_b.bias", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il >= h.hash_layer_count), shape: |h, _| vec![h.n_expert], required: true },
+                TensorSpec { name: "blk.{}.ffn_gate_tid2eid.weight", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il < h.dsv4.hash_layer_count), shape: |h, _| vec![h.n_expert_used, h.n_vocab], required: true },
+                TensorSpec { name: "blk.{}.exp_probs_b.bias", role: Router, layers: Where(|h, il| h.is_moe_layer(il) && il >= h.dsv4.hash_layer_count), shape: |h, _| vec![h.n_expert], required: true },
                 TensorSpec { name: "blk.{}.exp_probs_b_vl.bias", role: Router, layers: Moe, shape: |h, _| vec![h.n_expert], required: false },
                 FFN_NORM,
             ],
@@ -132,32 +132,33 @@ pub static DEEPSEEK4: Arch = Arch {
 /// `synth::presets`): one latent KV head, sqrt-softplus routing scaled by 1.5, four Sinkhorn-mixed
 /// residual streams, SwiGLU clamped at 10, YaRN on the compressed blocks' RoPE (base 160000).
 pub fn family() -> Hparams {
-    Hparams {
-        n_head_kv: 1,
-        n_expert_shared: 1,
-        gating: Gating::SqrtSoftplus,
-        expert_weights_norm: true,
-        expert_weights_scale: 1.5,
-        rope_freq_base: 10000.0,
-        compress_rope_freq_base: 160000.0,
-        rope_scaling: RopeScaling::Yarn,
-        rope_scaling_factor: 16.0,
-        hc_mult: 4,
-        hc_sinkhorn_iters: 20,
-        hc_eps: 1e-6,
-        swiglu_clamp_exp: 10.0,
-        swiglu_clamp_shexp: 10.0,
-        ..preset_base(&DEEPSEEK4)
+    {
+        let mut hp = Hparams {
+            n_head_kv: 1,
+            n_expert_shared: 1,
+            gating: Gating::SqrtSoftplus,
+            expert_weights_norm: true,
+            expert_weights_scale: 1.5,
+            rope_freq_base: 10000.0,
+            rope_scaling: RopeScaling::Yarn,
+            rope_scaling_factor: 16.0,
+            ..preset_base(&DEEPSEEK4)
+        };
+        hp.dsv4.compress_rope_freq_base = 160000.0;
+        hp.dsv4.hc_mult = 4;
+        hp.dsv4.hc_sinkhorn_iters = 20;
+        hp.dsv4.hc_eps = 1e-6;
+        hp.dsv4.swiglu_clamp_exp = 10.0;
+        hp.dsv4.swiglu_clamp_shexp = 10.0;
+        hp
     }
 }
 
 /// `h` with its per-block facts: every block windowed (llama.cpp sets it; `derive` does on load).
-pub fn with_blocks(h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
-    Hparams {
-        swa_layers: vec![true; h.n_layer],
-        compress_ratios,
-        ..h
-    }
+pub fn with_blocks(mut h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
+    h.swa.layers = vec![true; h.n_layer];
+    h.dsv4.compress_ratios = compress_ratios;
+    h
 }
 
 /// Five blocks covering every kind the graph builds: ratios 0, 4, 128, 4, 0 (the ratio-4 blocks
@@ -173,21 +174,24 @@ pub fn with_blocks(h: Hparams, compress_ratios: Vec<u64>) -> Hparams {
 /// by cache row, so the same sequence in other KV pages could keep another row; with 4 heads
 /// that happened (tests/batch.rs), with 32 (as with V4-Flash's 64) it does not.
 fn tiny() -> Hparams {
-    let h = Hparams {
-        n_layer: 5,
-        n_ctx_train: 4096,
-        n_ctx_orig_yarn: 256,
-        n_rot: 64,
-        q_lora_rank: 256,
-        n_ff_exp: 256,
-        sliding_window: 64,
-        indexer_n_head: 32,
-        indexer_head_dim: 128,
-        indexer_top_k: 8,
-        o_group_count: 2,
-        o_lora_rank: 128,
-        hash_layer_count: 2,
-        ..tiny_of(with_heads(family(), 4, 1, 256))
+    let h = {
+        let mut hp = Hparams {
+            n_layer: 5,
+            n_ctx_train: 4096,
+            n_ctx_orig_yarn: 256,
+            n_rot: 64,
+            n_ff_exp: 256,
+            ..tiny_of(with_heads(family(), 4, 1, 256))
+        };
+        hp.mla.q_lora_rank = 256;
+        hp.swa.window = 64;
+        hp.indexer.n_head = 32;
+        hp.indexer.head_dim = 128;
+        hp.indexer.top_k = 8;
+        hp.dsv4.o_group_count = 2;
+        hp.dsv4.o_lora_rank = 128;
+        hp.dsv4.hash_layer_count = 2;
+        hp
     };
     with_blocks(h, vec![0, 4, 128, 4, 0])
 }
@@ -200,7 +204,7 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
             h.key("expert_gating_func")
         ));
     }
-    h.swa_layers = vec![true; h.n_layer];
+    h.swa.layers = vec![true; h.n_layer];
     let key = h.key("attention.compress_ratios");
     let ratios = meta
         .get_u64_array(&key)
@@ -212,7 +216,7 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
             h.key_is("block_count", h.n_layer as u64)
         ));
     }
-    h.compress_ratios = ratios;
+    h.dsv4.compress_ratios = ratios;
     Ok(())
 }
 
@@ -220,10 +224,10 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
 fn check(h: &Hparams) -> Result<(), String> {
     let a = h.arch;
     for (s, v) in [
-        ("attention.q_lora_rank", h.q_lora_rank),
-        ("attention.output_group_count", h.o_group_count),
-        ("attention.output_lora_rank", h.o_lora_rank),
-        ("hyper_connection.count", h.hc_mult),
+        ("attention.q_lora_rank", h.mla.q_lora_rank),
+        ("attention.output_group_count", h.dsv4.o_group_count),
+        ("attention.output_lora_rank", h.dsv4.o_lora_rank),
+        ("hyper_connection.count", h.dsv4.hc_mult),
         ("expert_shared_count", h.n_expert_shared),
         ("expert_feed_forward_length", h.n_ff_exp),
     ] {
@@ -231,17 +235,17 @@ fn check(h: &Hparams) -> Result<(), String> {
             return Err(format!("{}: must be positive", h.key_is(s, 0)));
         }
     }
-    if !(h.n_head * h.head_dim_k_at(0)).is_multiple_of(h.o_group_count) {
+    if !(h.n_head * h.head_dim_k_at(0)).is_multiple_of(h.dsv4.o_group_count) {
         return Err(format!(
             "{}: does not divide n_head * head size = {}",
-            h.key_is("attention.output_group_count", h.o_group_count),
+            h.key_is("attention.output_group_count", h.dsv4.o_group_count),
             h.n_head * h.head_dim_k_at(0)
         ));
     }
-    if h.compress_ratios.len() < h.n_layer {
+    if h.dsv4.compress_ratios.len() < h.n_layer {
         return Err(format!(
             "{a}.attention.compress_ratios has {} entries, shorter than {}",
-            h.compress_ratios.len(),
+            h.dsv4.compress_ratios.len(),
             h.key_is("block_count", h.n_layer as u64)
         ));
     }
@@ -254,55 +258,63 @@ fn check(h: &Hparams) -> Result<(), String> {
         ));
     }
     for (s, v) in [
-        ("hyper_connection.sinkhorn_iterations", h.hc_sinkhorn_iters),
-        ("attention.sliding_window", h.sliding_window),
+        (
+            "hyper_connection.sinkhorn_iterations",
+            h.dsv4.hc_sinkhorn_iters,
+        ),
+        ("attention.sliding_window", h.swa.window),
     ] {
         if v == 0 {
             return Err(format!("{}: must be positive", h.key_is(s, 0)));
         }
     }
-    if h.compress_ratios.iter().any(|&r| r != 0)
-        && !(h.compress_rope_freq_base.is_finite() && h.compress_rope_freq_base > 0.0)
+    if h.dsv4.compress_ratios.iter().any(|&r| r != 0)
+        && !(h.dsv4.compress_rope_freq_base.is_finite() && h.dsv4.compress_rope_freq_base > 0.0)
     {
         return Err(format!(
             "{a}.attention.compress_rope_freq_base = {}: must be a positive number",
-            h.compress_rope_freq_base
+            h.dsv4.compress_rope_freq_base
         ));
     }
-    if let Some(r) = h.compress_ratios.iter().find(|r| ![0, 4, 128].contains(*r)) {
+    if let Some(r) = h
+        .dsv4
+        .compress_ratios
+        .iter()
+        .find(|r| ![0, 4, 128].contains(*r))
+    {
         return Err(format!(
             "{a}.attention.compress_ratios holds {r}; only 0, 4 and 128 are supported"
         ));
     }
-    if h.compress_ratios.contains(&4)
-        && (h.indexer_n_head == 0 || h.indexer_head_dim == 0 || h.indexer_top_k == 0)
+    if h.dsv4.compress_ratios.contains(&4)
+        && (h.indexer.n_head == 0 || h.indexer.head_dim == 0 || h.indexer.top_k == 0)
     {
         return Err(format!(
             "{a}: compression ratio 4 needs positive {}, {} and {}",
-            h.key_is("attention.indexer.head_count", h.indexer_n_head),
-            h.key_is("attention.indexer.key_length", h.indexer_head_dim),
-            h.key_is("attention.indexer.top_k", h.indexer_top_k)
+            h.key_is("attention.indexer.head_count", h.indexer.n_head),
+            h.key_is("attention.indexer.key_length", h.indexer.head_dim),
+            h.key_is("attention.indexer.top_k", h.indexer.top_k)
         ));
     }
-    if h.compress_ratios.contains(&4) && !h.indexer_head_dim.is_multiple_of(64) {
+    if h.dsv4.compress_ratios.contains(&4) && !h.indexer.head_dim.is_multiple_of(64) {
         return Err(format!(
             "{}: must be a multiple of 64 (the indexer's Hadamard rotation)",
-            h.key_is("attention.indexer.key_length", h.indexer_head_dim)
+            h.key_is("attention.indexer.key_length", h.indexer.head_dim)
         ));
     }
-    if h.head_dim_k_at(0) < h.n_rot || h.indexer_head_dim < h.n_rot {
+    if h.head_dim_k_at(0) < h.n_rot || h.indexer.head_dim < h.n_rot {
         return Err(format!(
             "{}: larger than the head ({}) or the indexer head ({}); RoPE runs on the last \
              n_rot dims of each",
             h.key_is("rope.dimension_count", h.n_rot),
             h.head_dim_k_at(0),
-            h.indexer_head_dim
+            h.indexer.head_dim
         ));
     }
-    if h.hash_layer_count > h.n_layer {
+    if h.dsv4.hash_layer_count > h.n_layer {
         return Err(format!(
             "{}: must be at most {}",
-            h.key_is("hash_layer_count", h.hash_layer_count as u64),
+            h.key_is("hash_layer_count", h.dsv4.hash_layer_count as u64),
             h.key_is("block_count", h.n_layer as u64)
         ));
     }
@@ -316,7 +328,7 @@ fn check(h: &Hparams) -> Result<(), String> {
 fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
     let mut v = Vec::new();
     let hd = hd(h) as i64;
-    if h.compress_ratios.contains(&4) {
+    if h.dsv4.compress_ratios.contains(&4) {
         // The indexer's keys and queries turn by a Hadamard matrix (libllama always does for
         // DeepSeek's lightning indexers; the scores are unchanged, the f16 rounding is not).
         let n = lid_rotation(h);
@@ -355,7 +367,7 @@ fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
             vec![c * hd, st],
         );
         if r == 4 {
-            let d = h.indexer_head_dim as i64;
+            let d = h.indexer.head_dim as i64;
             add(format!("dsv4_lid_l{il}"), GgmlType::F16, vec![d, rows]);
             add(
                 format!("dsv4_lid_state_kv_l{il}"),
@@ -375,7 +387,7 @@ fn cache_tensors(h: &Hparams, n_ctx: usize, n_seq: usize) -> Vec<Extra> {
 /// Size of the indexer's Hadamard rotation: 64, doubled while it divides the indexer's head
 /// (libllama's K-rotation rule).
 pub fn lid_rotation(h: &Hparams) -> usize {
-    let d = h.indexer_head_dim as usize;
+    let d = h.indexer.head_dim as usize;
     let mut n = 64;
     while d.is_multiple_of(2 * n) {
         n *= 2;
@@ -391,13 +403,13 @@ pub fn lid_rotation(h: &Hparams) -> usize {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let (ctx, hp) = (g.ctx, g.hp);
     let n_embd = hp.n_embd as i64;
-    let hc = hp.hc_mult as i64;
+    let hc = hp.dsv4.hc_mult as i64;
     let nt = g.batch.n_tokens as i64;
     let e = ctx.reshape(g.embed(), &[n_embd, 1, nt]).expect("embd 3d");
     let mut x = g.cb(ctx.repeat_4d(e, [n_embd, hc, nt, 1]), "hc_init", -1); // [n_embd, hc, nt]
     let moe = MoeOpts::new(
         hp,
-        ExpertAct::SwigluClamp(hp.swiglu_clamp_exp),
+        ExpertAct::SwigluClamp(hp.dsv4.swiglu_clamp_exp),
         hp.expert_weights_scale,
     );
     for il in 0..hp.n_layer_decode() {
@@ -412,10 +424,10 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         g.graph.build_forward(m.post);
         g.graph.build_forward(m.comb);
         let h = g.rms_norm(m.cur, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
-        let selected = (il < hp.hash_layer_count)
+        let selected = (il < hp.dsv4.hash_layer_count)
             .then(|| ctx.get_rows(g.wl(il, "ffn_gate_tid2eid.weight"), g.batch.tokens));
         let routed = g.moe_selected(h, il, &moe, selected);
-        let shared = g.swiglu_ffn_clamped(h, il, "_shexp", hp.swiglu_clamp_shexp);
+        let shared = g.swiglu_ffn_clamped(h, il, "_shexp", hp.dsv4.swiglu_clamp_shexp);
         let y = g.add(routed, shared, "ffn_out", i);
         x = g.cb(g.hc_post(y, x, &m), "l_last", i);
     }

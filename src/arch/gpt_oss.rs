@@ -80,7 +80,7 @@ pub static GPT_OSS: Arch = Arch {
 /// the last block of each period is full attention; MTP blocks never windowed.
 fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
     let key = h.key("attention.sliding_window_pattern");
-    h.swa_layers = match meta.get_u64_array(&key) {
+    h.swa.layers = match meta.get_u64_array(&key) {
         Some(v) => (0..h.n_layer)
             .map(|il| v.get(il).is_some_and(|&x| x != 0))
             .collect(),
@@ -96,7 +96,7 @@ fn derive(h: &mut Hparams, meta: &dyn Metadata) -> Result<(), String> {
 
 /// Head sizes and RoPE bases of a file with sliding-window blocks.
 fn check(h: &Hparams) -> Result<(), String> {
-    if !h.swa_layers.contains(&true) {
+    if !h.swa.layers.contains(&true) {
         return Ok(());
     }
     // The tables size q/k/v by the rotary dims and the graph splits heads by the head
@@ -105,9 +105,9 @@ fn check(h: &Hparams) -> Result<(), String> {
     for (s, v) in [
         ("attention.key_length", h.head_dim_k),
         ("attention.value_length", h.head_dim_v),
-        ("attention.key_length_swa", h.head_dim_k_swa),
-        ("attention.value_length_swa", h.head_dim_v_swa),
-        ("rope.dimension_count_swa", h.n_rot_swa),
+        ("attention.key_length_swa", h.swa.head_dim_k),
+        ("attention.value_length_swa", h.swa.head_dim_v),
+        ("rope.dimension_count_swa", h.swa.n_rot),
     ] {
         if v != 0 && v != n_rot {
             return Err(format!(
@@ -118,7 +118,7 @@ fn check(h: &Hparams) -> Result<(), String> {
             ));
         }
     }
-    let (b, b_swa) = (h.rope_freq_base, h.rope_freq_base_swa);
+    let (b, b_swa) = (h.rope_freq_base, h.swa.rope_freq_base);
     if b_swa != 0.0 && b_swa != b {
         return Err(format!(
             "{} = {b_swa}: differs from {} = {b}; a separate RoPE base for \
@@ -144,29 +144,35 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
 
 /// What gpt-oss models share (the synth presets start from it).
 pub fn family() -> Hparams {
-    let h = Hparams {
-        n_vocab: 201088,
-        n_embd: 2880,
-        n_ff: 2880,
-        n_ff_exp: 2880,
-        n_expert_used: 4,
-        n_ctx_train: 131072,
-        sliding_window: 128,
-        rope_freq_base: 150000.0,
-        rms_eps: 1e-5,
-        gating: Gating::SoftmaxWeight,
-        ..preset_base(&GPT_OSS)
+    let h = {
+        let mut hp = Hparams {
+            n_vocab: 201088,
+            n_embd: 2880,
+            n_ff: 2880,
+            n_ff_exp: 2880,
+            n_expert_used: 4,
+            n_ctx_train: 131072,
+            rope_freq_base: 150000.0,
+            rms_eps: 1e-5,
+            gating: Gating::SoftmaxWeight,
+            ..preset_base(&GPT_OSS)
+        };
+        hp.swa.window = 128;
+        hp
     };
     with_heads(h, 64, 8, 64)
 }
 
 fn tiny() -> Hparams {
-    Hparams {
-        n_ff: 256,
-        n_ff_exp: 256,
-        n_ctx_train: 4096,
-        sliding_window: 16,
-        n_expert_used: 4,
-        ..tiny_of(with_heads(family(), 4, 2, 64))
+    {
+        let mut hp = Hparams {
+            n_ff: 256,
+            n_ff_exp: 256,
+            n_ctx_train: 4096,
+            n_expert_used: 4,
+            ..tiny_of(with_heads(family(), 4, 2, 64))
+        };
+        hp.swa.window = 16;
+        hp
     }
 }

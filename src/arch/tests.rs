@@ -57,46 +57,55 @@ fn hp_qwen2moe() -> Hparams {
 }
 
 fn hp_gpt_oss() -> Hparams {
-    Hparams {
-        sliding_window: 128,
-        swa_layers: vec![true, false, true, false],
-        n_ff_exp: 256,
-        gating: Gating::SoftmaxWeight,
-        ..base("gpt-oss")
+    {
+        let mut hp = Hparams {
+            n_ff_exp: 256,
+            gating: Gating::SoftmaxWeight,
+            ..base("gpt-oss")
+        };
+        hp.swa.window = 128;
+        hp.swa.layers = vec![true, false, true, false];
+        hp
     }
 }
 
 /// DeepSeek-V3-like: one dense lead block, one MTP block, q compression, split MLA (k_b/v_b).
 fn hp_deepseek2() -> Hparams {
-    Hparams {
-        n_layer: 5,
-        n_layer_nextn: 1,
-        n_layer_dense_lead: 1,
-        n_head_kv: 1,
-        head_dim_k: 96, // kv_lora_rank + n_rot, as MLA files write it
-        head_dim_v: 64,
-        n_rot: 32,
-        q_lora_rank: 96,
-        kv_lora_rank: 64,
-        head_dim_k_mla: 48,
-        head_dim_v_mla: 32,
-        n_expert_shared: 1,
-        gating: Gating::Sigmoid,
-        ..base("deepseek2")
+    {
+        let mut hp = Hparams {
+            n_layer: 5,
+            n_layer_nextn: 1,
+            n_layer_dense_lead: 1,
+            n_head_kv: 1,
+            head_dim_k: 96, // kv_lora_rank + n_rot, as MLA files write it
+            head_dim_v: 64,
+            n_rot: 32,
+            n_expert_shared: 1,
+            gating: Gating::Sigmoid,
+            ..base("deepseek2")
+        };
+        hp.mla.q_lora_rank = 96;
+        hp.mla.kv_lora_rank = 64;
+        hp.mla.head_dim_k = 48;
+        hp.mla.head_dim_v = 32;
+        hp
     }
 }
 
 /// DeepSeek-V2-Lite-like legacy file: no q compression, fused `attn_kv_b`.
 fn hp_deepseek2_lite_legacy() -> Hparams {
-    Hparams {
-        q_lora_rank: 0,
-        head_dim_k: 48,
-        head_dim_v: 32,
-        head_dim_k_mla: 0,
-        head_dim_v_mla: 0,
-        n_layer_nextn: 0,
-        n_layer: 4,
-        ..hp_deepseek2()
+    {
+        let mut hp = Hparams {
+            head_dim_k: 48,
+            head_dim_v: 32,
+            n_layer_nextn: 0,
+            n_layer: 4,
+            ..hp_deepseek2()
+        };
+        hp.mla.q_lora_rank = 0;
+        hp.mla.head_dim_k = 0;
+        hp.mla.head_dim_v = 0;
+        hp
     }
 }
 
@@ -137,32 +146,35 @@ fn hp_olmoe() -> Hparams {
 }
 
 fn hp_deepseek4() -> Hparams {
-    Hparams {
-        n_layer: 5,
-        n_layer_nextn: 1,
-        n_head_kv: 1,
-        head_dim_k: 128,
-        head_dim_v: 128,
-        head_dim_k_swa: 128,
-        head_dim_v_swa: 128,
-        n_rot: 32,
-        n_rot_swa: 32,
-        q_lora_rank: 64,
-        n_expert_shared: 1,
-        swa_layers: vec![true; 5],
-        sliding_window: 128,
-        indexer_n_head: 2,
-        indexer_head_dim: 64,
-        indexer_top_k: 16,
-        o_group_count: 2,
-        o_lora_rank: 32,
-        compress_ratios: vec![0, 4, 128, 4, 0],
-        compress_rope_freq_base: 160000.0,
-        hc_mult: 4,
-        hc_sinkhorn_iters: 20,
-        hash_layer_count: 2,
-        gating: Gating::SqrtSoftplus,
-        ..base("deepseek4")
+    {
+        let mut hp = Hparams {
+            n_layer: 5,
+            n_layer_nextn: 1,
+            n_head_kv: 1,
+            head_dim_k: 128,
+            head_dim_v: 128,
+            n_rot: 32,
+            n_expert_shared: 1,
+            gating: Gating::SqrtSoftplus,
+            ..base("deepseek4")
+        };
+        hp.swa.head_dim_k = 128;
+        hp.swa.head_dim_v = 128;
+        hp.swa.n_rot = 32;
+        hp.mla.q_lora_rank = 64;
+        hp.swa.layers = vec![true; 5];
+        hp.swa.window = 128;
+        hp.indexer.n_head = 2;
+        hp.indexer.head_dim = 64;
+        hp.indexer.top_k = 16;
+        hp.dsv4.o_group_count = 2;
+        hp.dsv4.o_lora_rank = 32;
+        hp.dsv4.compress_ratios = vec![0, 4, 128, 4, 0];
+        hp.dsv4.compress_rope_freq_base = 160000.0;
+        hp.dsv4.hc_mult = 4;
+        hp.dsv4.hc_sinkhorn_iters = 20;
+        hp.dsv4.hash_layer_count = 2;
+        hp
     }
 }
 
@@ -462,33 +474,36 @@ fn dense_lead_blocks_and_shared_experts() {
 
 #[test]
 fn deepseek_v3_real_shapes() {
-    let h = Hparams {
-        arch: spec("deepseek2"),
-        n_vocab: 129280,
-        n_embd: 7168,
-        n_layer: 62,
-        n_layer_nextn: 1,
-        n_head: 128,
-        n_head_kv: 1,
-        head_dim_k: 576,
-        head_dim_v: 512,
-        n_rot: 64,
-        q_lora_rank: 1536,
-        kv_lora_rank: 512,
-        head_dim_k_mla: 192,
-        head_dim_v_mla: 128,
-        n_ff: 18432,
-        n_ff_exp: 2048,
-        n_expert: 256,
-        n_expert_used: 8,
-        n_expert_shared: 1,
-        n_layer_dense_lead: 3,
-        n_expert_groups: 8,
-        n_group_used: 4,
-        n_ctx_train: 163840,
-        rope_freq_base: 10000.0,
-        rms_eps: 1e-6,
-        ..Default::default()
+    let h = {
+        let mut hp = Hparams {
+            arch: spec("deepseek2"),
+            n_vocab: 129280,
+            n_embd: 7168,
+            n_layer: 62,
+            n_layer_nextn: 1,
+            n_head: 128,
+            n_head_kv: 1,
+            head_dim_k: 576,
+            head_dim_v: 512,
+            n_rot: 64,
+            n_ff: 18432,
+            n_ff_exp: 2048,
+            n_expert: 256,
+            n_expert_used: 8,
+            n_expert_shared: 1,
+            n_layer_dense_lead: 3,
+            n_expert_groups: 8,
+            n_group_used: 4,
+            n_ctx_train: 163840,
+            rope_freq_base: 10000.0,
+            rms_eps: 1e-6,
+            ..Default::default()
+        };
+        hp.mla.q_lora_rank = 1536;
+        hp.mla.kv_lora_rank = 512;
+        hp.mla.head_dim_k = 192;
+        hp.mla.head_dim_v = 128;
+        hp
     };
     h.validate().unwrap();
     let a = spec("deepseek2");
@@ -803,14 +818,14 @@ fn from_meta_deepseek2_rules() {
     // V2-Lite (27 blocks): q_lora_rank is ignored even if present; gating defaults to softmax.
     let h = load("deepseek2", &deepseek2_meta(27, 102400, Some(96))).unwrap();
     assert_eq!(
-        (h.q_lora_rank, h.gating, h.is_mla()),
+        (h.mla.q_lora_rank, h.gating, h.is_mla()),
         (0, Gating::Softmax, true)
     );
     // Non-lite without q_lora_rank is refused, naming the key.
     let e = load("deepseek2", &deepseek2_meta(61, 129280, None)).unwrap_err();
     assert!(e.contains("deepseek2.attention.q_lora_rank"), "{e}");
     let h = load("deepseek2", &deepseek2_meta(61, 129280, Some(96))).unwrap();
-    assert_eq!(h.q_lora_rank, 96);
+    assert_eq!(h.mla.q_lora_rank, 96);
     // GLM-4.7 Lite (47 blocks, vocab 154880) defaults to sigmoid; an explicit key wins.
     assert_eq!(
         load("deepseek2", &deepseek2_meta(47, 154880, Some(96)))
@@ -882,14 +897,15 @@ fn from_meta_gpt_oss_sliding_window_pattern() {
         ("expert_gating_func", V::U(1)),
     ];
     let h = load("gpt-oss", &MapMeta::new("gpt-oss", &base)).unwrap();
-    assert_eq!(h.swa_layers, vec![true, false, true, false]);
+    assert_eq!(h.swa.layers, vec![true, false, true, false]);
     assert_eq!(h.gating, Gating::SoftmaxWeight);
     let mut kv = base.to_vec();
     kv.push(("attention.sliding_window_pattern", V::A(vec![0, 1, 0, 1])));
     assert_eq!(
         load("gpt-oss", &MapMeta::new("gpt-oss", &kv))
             .unwrap()
-            .swa_layers,
+            .swa
+            .layers,
         vec![false, true, false, true]
     );
     let e = load("gpt-oss", &MapMeta::new("gpt-oss", &base[..1])).unwrap_err();
@@ -926,11 +942,11 @@ fn from_meta_deepseek4() {
         ("expert_gating_func", V::U(4)),
     ];
     let h = load("deepseek4", &MapMeta::new("deepseek4", &kv)).unwrap();
-    assert_eq!(h.compress_ratios, vec![0, 4, 128, 4, 0]);
+    assert_eq!(h.dsv4.compress_ratios, vec![0, 4, 128, 4, 0]);
     assert_eq!(
         (
             h.gating,
-            h.swa_layers.len(),
+            h.swa.layers.len(),
             h.is_swa(4),
             h.head_dim_k_at(0)
         ),
@@ -938,10 +954,10 @@ fn from_meta_deepseek4() {
     );
     assert_eq!(
         (
-            h.swiglu_clamp_exp,
-            h.swiglu_clamp_shexp,
-            h.hc_mult,
-            h.hash_layer_count
+            h.dsv4.swiglu_clamp_exp,
+            h.dsv4.swiglu_clamp_shexp,
+            h.dsv4.hc_mult,
+            h.dsv4.hash_layer_count
         ),
         (10.0, 10.0, 4, 2)
     );
@@ -1143,7 +1159,7 @@ fn validate_refuses_inconsistent_groups_and_windows() {
     let e = h.validate().unwrap_err();
     assert!(e.contains("deepseek2.attention.key_length = 98"), "{e}");
     let mut h = hp_deepseek2();
-    h.head_dim_v_mla = 0;
+    h.mla.head_dim_v = 0;
     let e = h.validate().unwrap_err();
     assert!(
         e.contains("deepseek2.attention.value_length_mla = 0"),
@@ -1151,14 +1167,14 @@ fn validate_refuses_inconsistent_groups_and_windows() {
     );
     // gpt-oss: windowed blocks need a window; one head size; no separate SWA RoPE base.
     let mut h = hp_gpt_oss();
-    h.sliding_window = 0;
+    h.swa.window = 0;
     let e = h.validate().unwrap_err();
     assert!(
         e.contains("gpt-oss.attention.sliding_window = 0: must be positive"),
         "{e}"
     );
     let mut h = hp_gpt_oss();
-    h.rope_freq_base_swa = 5000.0;
+    h.swa.rope_freq_base = 5000.0;
     let e = h.validate().unwrap_err();
     assert!(e.contains("gpt-oss.rope.freq_base_swa = 5000"), "{e}");
     // qwen2moe: the query projection is [n_embd, n_embd].

@@ -18,7 +18,7 @@ impl Engine {
         comp: &[(usize, dsv4::CompPlan, usize)],
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
-        let window = self.hp.sliding_window as usize;
+        let window = self.hp.swa.window as usize;
         let mut nodes = Vec::new();
         let offloaded = self.offload.as_ref().map(Offload::graph_experts);
         let experts: &dyn RoutedExperts = match &offloaded {
@@ -164,7 +164,7 @@ pub(crate) fn run_graph(
 /// for DeepSeek-V4's (hyper-connections, compressors and the indexer: ~200 per ratio-4 block;
 /// 96 per block overflowed the context at 21 blocks).
 pub(super) fn graph_size(hp: &Hparams) -> usize {
-    let per_block = if hp.compress_ratios.is_empty() {
+    let per_block = if hp.dsv4.compress_ratios.is_empty() {
         96
     } else {
         320

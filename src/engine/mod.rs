@@ -286,14 +286,14 @@ impl Engine {
     /// Whether the model keeps compressor state besides its KV rows (DeepSeek-V4's compressed
     /// blocks): steps then need plans ([`Self::comp_plans`]).
     fn keeps_compressors(&self) -> bool {
-        !dsv4::ratios(&self.hp.compress_ratios).is_empty()
+        !dsv4::ratios(&self.hp.dsv4.compress_ratios).is_empty()
     }
 
     /// The compressor plans of a step of `n` tokens over `spans` (DeepSeek-V4; empty for a
     /// model without compressed blocks).
     fn comp_plans(&self, spans: &[dsv4::Span], n: usize) -> Vec<(usize, dsv4::CompPlan, usize)> {
         dsv4::step_plans(
-            &self.hp.compress_ratios,
+            &self.hp.dsv4.compress_ratios,
             spans,
             n,
             self.opts.n_seq.max(1),

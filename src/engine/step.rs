@@ -139,7 +139,7 @@ impl Engine {
             full.write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, usize::MAX)))?;
         }
         if g.has("attn_inp_kq_mask_swa") {
-            let window = self.hp.sliding_window as usize;
+            let window = self.hp.swa.window as usize;
             g.tensor("attn_inp_kq_mask_swa")
                 .write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, window)))?;
         }

@@ -81,15 +81,15 @@ pub struct Placement {
 /// KV-cache bytes for `n_ctx` tokens (f16 K and V; MLA caches the compressed latent; sliding
 /// window layers cache at most the window).
 pub fn kv_bytes(hp: &Hparams, n_ctx: u64) -> u64 {
-    if !hp.compress_ratios.is_empty() {
+    if !hp.dsv4.compress_ratios.is_empty() {
         // DeepSeek-V4 (`graph::dsv4`): one K row (= V) per position and block, plus per
         // compressed block a row per `ratio` positions, and at ratio 4 the indexer's key too.
         let hd = hp.head_dim_k_at(0);
         return (0..hp.n_layer_decode())
             .map(|il| {
-                let per = match hp.compress_ratios.get(il).copied().unwrap_or(0) {
+                let per = match hp.dsv4.compress_ratios.get(il).copied().unwrap_or(0) {
                     0 => 0,
-                    4 => (hd + hp.indexer_head_dim) * n_ctx.div_ceil(4),
+                    4 => (hd + hp.indexer.head_dim) * n_ctx.div_ceil(4),
                     r => hd * n_ctx.div_ceil(r),
                 };
                 (hd * n_ctx + per) * 2
@@ -97,16 +97,16 @@ pub fn kv_bytes(hp: &Hparams, n_ctx: u64) -> u64 {
             .sum();
     }
     // Absorbed MLA caches the latent row only; legacy attn_kv_b files cache per-head K and V.
-    let per_token_layer = if hp.kv_lora_rank > 0 && hp.is_mla() {
-        hp.kv_lora_rank + hp.n_rot
+    let per_token_layer = if hp.mla.kv_lora_rank > 0 && hp.is_mla() {
+        hp.mla.kv_lora_rank + hp.n_rot
     } else {
         hp.k_dim() + hp.v_dim()
     };
     (0..hp.n_layer_decode())
         .map(|il| {
             // gpt-oss alternates sliding-window and full layers, starting with a sliding one.
-            let ctx = if hp.sliding_window > 0 && il % 2 == 0 {
-                n_ctx.min(hp.sliding_window)
+            let ctx = if hp.swa.window > 0 && il % 2 == 0 {
+                n_ctx.min(hp.swa.window)
             } else {
                 n_ctx
             };

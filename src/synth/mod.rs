@@ -386,29 +386,32 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
         ("leading_dense_block_count", h.n_layer_dense_lead as u64),
         ("expert_group_count", h.n_expert_groups),
         ("expert_group_used_count", h.n_group_used),
-        ("attention.sliding_window", h.sliding_window),
-        ("attention.q_lora_rank", h.q_lora_rank),
-        ("attention.kv_lora_rank", h.kv_lora_rank),
-        ("attention.key_length_mla", h.head_dim_k_mla),
-        ("attention.value_length_mla", h.head_dim_v_mla),
+        ("attention.sliding_window", h.swa.window),
+        ("attention.q_lora_rank", h.mla.q_lora_rank),
+        ("attention.kv_lora_rank", h.mla.kv_lora_rank),
+        ("attention.key_length_mla", h.mla.head_dim_k),
+        ("attention.value_length_mla", h.mla.head_dim_v),
         ("nextn_predict_layers", h.n_layer_nextn as u64),
         // DeepSeek-V4.
-        ("attention.indexer.head_count", h.indexer_n_head),
-        ("attention.indexer.key_length", h.indexer_head_dim),
-        ("attention.indexer.top_k", h.indexer_top_k),
-        ("attention.output_group_count", h.o_group_count),
-        ("attention.output_lora_rank", h.o_lora_rank),
-        ("hyper_connection.count", h.hc_mult),
-        ("hyper_connection.sinkhorn_iterations", h.hc_sinkhorn_iters),
-        ("hash_layer_count", h.hash_layer_count as u64),
+        ("attention.indexer.head_count", h.indexer.n_head),
+        ("attention.indexer.key_length", h.indexer.head_dim),
+        ("attention.indexer.top_k", h.indexer.top_k),
+        ("attention.output_group_count", h.dsv4.o_group_count),
+        ("attention.output_lora_rank", h.dsv4.o_lora_rank),
+        ("hyper_connection.count", h.dsv4.hc_mult),
+        (
+            "hyper_connection.sinkhorn_iterations",
+            h.dsv4.hc_sinkhorn_iters,
+        ),
+        ("hash_layer_count", h.dsv4.hash_layer_count as u64),
     ];
     let optional_f32 = [
-        ("swiglu_clamp_exp", h.swiglu_clamp_exp),
-        ("swiglu_clamp_shexp", h.swiglu_clamp_shexp),
-        ("hyper_connection.epsilon", h.hc_eps),
+        ("swiglu_clamp_exp", h.dsv4.swiglu_clamp_exp),
+        ("swiglu_clamp_shexp", h.dsv4.swiglu_clamp_shexp),
+        ("hyper_connection.epsilon", h.dsv4.hc_eps),
         (
             "attention.compress_rope_freq_base",
-            h.compress_rope_freq_base,
+            h.dsv4.compress_rope_freq_base,
         ),
     ];
     // Written when set, or when the architecture requires the key (deepseek4's
@@ -422,8 +425,8 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
         set.filter(|(k, _, set)| *set || h.arch.required_keys.contains(k))
             .map(|(k, v, _)| (k, v)),
     );
-    if !h.compress_ratios.is_empty() {
-        let ratios = h.compress_ratios.iter().map(|&r| r as u32).collect();
+    if !h.dsv4.compress_ratios.is_empty() {
+        let ratios = h.dsv4.compress_ratios.iter().map(|&r| r as u32).collect();
         kv.push((
             "attention.compress_ratios",
             GgufValue::Array(GgufArray::U32(ratios)),

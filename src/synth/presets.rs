@@ -110,15 +110,12 @@ pub fn all() -> Vec<Preset> {
                 ..deepseek2::family(512)
             },
         ),
-        p(
-            "deepseek-v3",
-            "DeepSeek-V3 (671B)",
-            Hparams {
+        p("deepseek-v3", "DeepSeek-V3 (671B)", {
+            let mut hp = Hparams {
                 n_vocab: 129280,
                 n_embd: 7168,
                 n_layer: 61,
                 n_head: 128,
-                q_lora_rank: 1536,
                 n_expert: 256,
                 n_expert_used: 8,
                 n_expert_shared: 1,
@@ -126,8 +123,10 @@ pub fn all() -> Vec<Preset> {
                 n_ff: 18432,
                 n_layer_dense_lead: 3,
                 ..sigmoid_groups(deepseek2::family(512), 8, 4)
-            },
-        ),
+            };
+            hp.mla.q_lora_rank = 1536;
+            hp
+        }),
         // DeepSeek-V4-Flash (284B total, 13B active), from its config.json,
         // https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash/blob/main/config.json (read from
         // copies of it in public code; the model card's architecture notes agree): hidden_size
@@ -149,25 +148,28 @@ pub fn all() -> Vec<Preset> {
             "deepseek-v4-flash",
             "DeepSeek-V4-Flash (284B)",
             deepseek4::with_blocks(
-                Hparams {
-                    n_vocab: 129280,
-                    n_ctx_train: 1 << 20,
-                    n_ctx_orig_yarn: 65536,
-                    n_embd: 4096,
-                    n_layer: 43,
-                    n_rot: 64,
-                    q_lora_rank: 1024,
-                    n_expert: 256,
-                    n_expert_used: 6,
-                    n_ff_exp: 2048,
-                    sliding_window: 128,
-                    indexer_n_head: 64,
-                    indexer_head_dim: 128,
-                    indexer_top_k: 512,
-                    o_group_count: 8,
-                    o_lora_rank: 1024,
-                    hash_layer_count: 3,
-                    ..with_heads(deepseek4::family(), 64, 1, 512)
+                {
+                    let mut hp = Hparams {
+                        n_vocab: 129280,
+                        n_ctx_train: 1 << 20,
+                        n_ctx_orig_yarn: 65536,
+                        n_embd: 4096,
+                        n_layer: 43,
+                        n_rot: 64,
+                        n_expert: 256,
+                        n_expert_used: 6,
+                        n_ff_exp: 2048,
+                        ..with_heads(deepseek4::family(), 64, 1, 512)
+                    };
+                    hp.mla.q_lora_rank = 1024;
+                    hp.swa.window = 128;
+                    hp.indexer.n_head = 64;
+                    hp.indexer.head_dim = 128;
+                    hp.indexer.top_k = 512;
+                    hp.dsv4.o_group_count = 8;
+                    hp.dsv4.o_lora_rank = 1024;
+                    hp.dsv4.hash_layer_count = 3;
+                    hp
                 },
                 [0, 0]
                     .into_iter()
@@ -249,27 +251,30 @@ pub fn all() -> Vec<Preset> {
             // ordinary MHA) with V2-style routing: softmax, no groups, no renormalisation.
             "tiny-kvb",
             "deepseek2",
-            Hparams {
-                n_vocab: v,
-                n_embd: 256,
-                n_layer: 3,
-                n_head: 4,
-                n_head_kv: 4,
-                head_dim_k: 192,
-                head_dim_v: 128,
-                head_dim_k_mla: 0,
-                head_dim_v_mla: 0,
-                q_lora_rank: 256,
-                n_expert: 16,
-                n_expert_used: 4,
-                n_expert_shared: 2,
-                n_ff_exp: 256,
-                n_ff: 512,
-                n_layer_dense_lead: 1,
-                expert_weights_norm: false,
-                expert_weights_scale: 1.0,
-                rope_yarn_log_mul: 0.0707,
-                ..deepseek2::family(512)
+            {
+                let mut hp = Hparams {
+                    n_vocab: v,
+                    n_embd: 256,
+                    n_layer: 3,
+                    n_head: 4,
+                    n_head_kv: 4,
+                    head_dim_k: 192,
+                    head_dim_v: 128,
+                    n_expert: 16,
+                    n_expert_used: 4,
+                    n_expert_shared: 2,
+                    n_ff_exp: 256,
+                    n_ff: 512,
+                    n_layer_dense_lead: 1,
+                    expert_weights_norm: false,
+                    expert_weights_scale: 1.0,
+                    rope_yarn_log_mul: 0.0707,
+                    ..deepseek2::family(512)
+                };
+                hp.mla.head_dim_k = 0;
+                hp.mla.head_dim_v = 0;
+                hp.mla.q_lora_rank = 256;
+                hp
             },
         ),
     ];
@@ -301,10 +306,10 @@ pub fn find(arch: &str, name: &str) -> Result<Preset, String> {
                 )
             })?;
         h.n_layer = n;
-        h.swa_layers.truncate(n);
-        h.compress_ratios.truncate(n);
+        h.swa.layers.truncate(n);
+        h.dsv4.compress_ratios.truncate(n);
         h.n_layer_dense_lead = h.n_layer_dense_lead.min(n);
-        h.hash_layer_count = h.hash_layer_count.min(n);
+        h.dsv4.hash_layer_count = h.dsv4.hash_layer_count.min(n);
         return Ok(p);
     }
     let all = all();

@@ -112,7 +112,7 @@ impl<'a> GraphBuilder<'a> {
         // dependent launch (PDL) is exact; with K first it was not
         // (scripts/device-replay-check.sh; tests/graph_order.rs checks the order on the CPU).
         self.graph.build_forward(q);
-        if hp.sliding_window > 0 {
+        if hp.swa.window > 0 {
             self.graph.build_forward(k);
             self.graph.build_forward(v);
         } else {

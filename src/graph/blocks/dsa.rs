@@ -40,7 +40,7 @@ const K_NORM_EPS: f32 = 1e-6;
 /// f32 [head size, head size], filled at allocation). The head size must be a power of two (the
 /// architecture's checks refuse other files first).
 pub fn cache_tensors(h: &Hparams, n_ctx: usize, _n_seq: usize) -> Vec<Extra> {
-    let d = h.indexer_head_dim as i64;
+    let d = h.indexer.head_dim as i64;
     let mut v: Vec<Extra> = (0..h.n_layer_decode())
         .map(|il| Extra {
             name: lid_cache_name(il),
@@ -67,8 +67,8 @@ impl<'a> GraphBuilder<'a> {
     pub fn dsa_mask(&self, x: Tensor<'a>, qr: Tensor<'a>, il: usize) -> Tensor<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
-        let d = hp.indexer_head_dim as i64;
-        let nh = hp.indexer_n_head as i64;
+        let d = hp.indexer.head_dim as i64;
+        let nh = hp.indexer.n_head as i64;
         let nt = b.n_tokens as i64;
         let n_kv = b.n_kv() as i64;
         let rp = self.rope_params_scaled(hp.n_rot, hp.rope_freq_base, ROPE_NEOX);
@@ -130,7 +130,7 @@ impl<'a> GraphBuilder<'a> {
             "indexer_score",
             i,
         ); // [n_kv, nt]
-        let top_k = (hp.indexer_top_k as i64).min(n_kv) as usize;
+        let top_k = (hp.indexer.top_k as i64).min(n_kv) as usize;
         let top = self.cb(ctx.cont(ctx.top_k(score, top_k)), "top_k", i); // i32 [top_k, nt]
 
         // The causal mask with every position outside the token's top-k set to -inf: ggml's

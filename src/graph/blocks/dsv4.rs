@@ -50,7 +50,7 @@ struct Compressor<'a> {
 impl<'a> GraphBuilder<'a> {
     /// Block `il`'s compression ratio (0: window only).
     pub fn dsv4_ratio(&self, il: usize) -> usize {
-        self.hp.compress_ratios.get(il).copied().unwrap_or(0) as usize
+        self.hp.dsv4.compress_ratios.get(il).copied().unwrap_or(0) as usize
     }
 
     /// RoPE of DeepSeek-V4's attention: window-only blocks use `rope.freq_base` plain; compressed
@@ -71,7 +71,7 @@ impl<'a> GraphBuilder<'a> {
                 beta_slow: 0.0,
             };
         }
-        let mut p = self.rope_params_scaled(hp.n_rot, hp.compress_rope_freq_base, ROPE_NORMAL);
+        let mut p = self.rope_params_scaled(hp.n_rot, hp.dsv4.compress_rope_freq_base, ROPE_NORMAL);
         p.attn_factor = if p.ext_factor != 0.0 {
             1.0 / mul_add1(0.1, (1.0 / p.freq_scale).ln())
         } else {
@@ -98,7 +98,7 @@ impl<'a> GraphBuilder<'a> {
             self.wl(il, &format!("hc_{s}_scale.weight")),
             self.wl(il, &format!("hc_{s}_base.weight")),
         );
-        let hc = hp.hc_mult as i64;
+        let hc = hp.dsv4.hc_mult as i64;
         let mixes = self.hc_mixes(x, f); // [(2+hc)·hc, nt]
         let nt = mixes.ne()[1];
         let part =
@@ -108,9 +108,15 @@ impl<'a> GraphBuilder<'a> {
             let m = ctx.mul(part(mixes, hc, off_mix), one(off_scale));
             ctx.add(m, ctx.view(base, &[hc], &[], off_mix as usize * 4))
         };
-        let pre = ctx.scale_bias(ctx.sigmoid(affine(0, 0)), 1.0, hp.hc_eps);
+        let pre = ctx.scale_bias(ctx.sigmoid(affine(0, 0)), 1.0, hp.dsv4.hc_eps);
         let post = ctx.scale(ctx.sigmoid(affine(hc, 1)), 2.0);
-        let comb = ctx.dsv4_hc_comb(mixes, scale, base, hp.hc_eps, hp.hc_sinkhorn_iters as i32);
+        let comb = ctx.dsv4_hc_comb(
+            mixes,
+            scale,
+            base,
+            hp.dsv4.hc_eps,
+            hp.dsv4.hc_sinkhorn_iters as i32,
+        );
         let i = il as i32;
         let cur = self.cb(
             ctx.dsv4_hc_pre(x, self.cb(pre, "hc_pre", i)),
@@ -156,7 +162,7 @@ impl<'a> GraphBuilder<'a> {
             self.wg("output_hc_base.weight"),
         );
         let pre = self.cb(
-            ctx.scale_bias(ctx.sigmoid(pre), 1.0, hp.hc_eps),
+            ctx.scale_bias(ctx.sigmoid(pre), 1.0, hp.dsv4.hc_eps),
             "hc_head_pre",
             -1,
         );
@@ -223,7 +229,7 @@ impl<'a> GraphBuilder<'a> {
                 cache: comp("lid"),
                 state_kv: comp("lid_state_kv"),
                 state_score: comp("lid_state_score"),
-                d: hp.indexer_head_dim as i64,
+                d: hp.indexer.head_dim as i64,
                 rot: Some(self.kv.extra("dsv4_lid_rot")),
             };
             self.dsv4_compress(x, il, inp, 4, lid, "lid");
@@ -246,7 +252,7 @@ impl<'a> GraphBuilder<'a> {
             (k, ctx.concat(mask_swa, inp.mask, 0))
         } else if let Some(inp) = &csa {
             let top_k = self.dsv4_indexer_top_k(qr, x, il, inp);
-            n_kv_max = Some(b.n_kv().min(hp.sliding_window as usize) + top_k.ne()[0] as usize);
+            n_kv_max = Some(b.n_kv().min(hp.swa.window as usize) + top_k.ne()[0] as usize);
             let sparse = self.ctx.top_k_mask(inp.mask, top_k);
             let sparse = self.cb(sparse, "csa_top_k_mask", i);
             let k = ctx.concat(raw, row(comp("comp"), inp.n_comp as i64), 1);
@@ -265,8 +271,8 @@ impl<'a> GraphBuilder<'a> {
         let o = self.cb(o, "attn_derope", i);
 
         // Grouped low-rank output: group g's heads through its own slice of attn_output_a.
-        let g = hp.o_group_count as i64;
-        let o_lora = hp.o_lora_rank as i64;
+        let g = hp.dsv4.o_group_count as i64;
+        let o_lora = hp.dsv4.o_lora_rank as i64;
         let og = hd * n_head / g;
         let o = ctx.permute(
             ctx.reshape(o, &[og, g, nt]).expect("attn groups"),
@@ -368,8 +374,8 @@ impl<'a> GraphBuilder<'a> {
         let (hp, ctx, b) = (self.hp, self.ctx, self.batch);
         let i = il as i32;
         let (d, h, nt) = (
-            hp.indexer_head_dim as i64,
-            hp.indexer_n_head as i64,
+            hp.indexer.head_dim as i64,
+            hp.indexer.n_head as i64,
             b.n_tokens as i64,
         );
         let q = ctx.mul_mat(self.wl(il, "indexer.attn_q_b.weight"), qr);
@@ -394,7 +400,7 @@ impl<'a> GraphBuilder<'a> {
             "lid_score_masked",
             i,
         ); // [n, nt]
-        let k = (hp.indexer_top_k as usize).min(n as usize);
+        let k = (hp.indexer.top_k as usize).min(n as usize);
         self.cb(ctx.cont(ctx.top_k(scores, k)), "lid_top_k", i)
     }
 }

@@ -65,7 +65,7 @@ impl<'a> GraphBuilder<'a> {
         let dk = hp.mla_head_dim_k() as i64; // per-head q/k width after decompression
         let n_rot = hp.n_rot as i64;
         let nope = dk - n_rot;
-        let kv_lora = hp.kv_lora_rank as i64;
+        let kv_lora = hp.mla.kv_lora_rank as i64;
         let rp = self.rope_params_scaled(hp.n_rot, hp.rope_freq_base, opts.rope_mode);
         let f32_row = |n: i64| n as usize * 4;
 
@@ -141,7 +141,7 @@ impl<'a> GraphBuilder<'a> {
         let i = il as i32;
         let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
         let dv = hp.mla_head_dim_v() as i64;
-        let (n_rot, kv_lora) = (hp.n_rot as i64, hp.kv_lora_rank as i64);
+        let (n_rot, kv_lora) = (hp.n_rot as i64, hp.mla.kv_lora_rank as i64);
         // Absorb attn_k_b into q: [nope, kv_lora, n_head] x [nope, nt, n_head] -> [kv_lora, nt, n_head].
         let q_nope = self.cb(ctx.permute(q_nope, [0, 2, 1, 3]), "q_nope_perm", i); // [nope, nt, n_head]
         let q_abs = self.cb(

@@ -51,9 +51,13 @@ impl RopeScaling {
 
 use super::arch::ArchSpec;
 
+mod parts;
 mod read;
 mod rules;
 pub mod schema;
+mod value;
+
+pub use parts::{Dsv4, Indexer, Mla, Swa};
 
 /// Largest size of one dimension (embedding width, heads, head size, FFN width, experts,
 /// vocabulary): no real model comes near 16M; larger is corrupt metadata.
@@ -119,51 +123,14 @@ pub struct Hparams {
     /// Per-position attention temperature (`attention.temperature_scale`, Llama-4 style; used by
     /// Mistral-Large-3 files of the deepseek2 architecture). 0 = none.
     pub attn_temp_scale: f32,
-    /// Sliding-window size (gpt-oss), 0 = none.
-    pub sliding_window: u64,
-    /// MLA (deepseek2): q low-rank (0 = no q compression, V2-Lite), kv low-rank.
-    pub q_lora_rank: u64,
-    pub kv_lora_rank: u64,
-    /// MLA per-head key/value length after decompression (`key_length_mla`/`value_length_mla`).
-    pub head_dim_k_mla: u64,
-    pub head_dim_v_mla: u64,
-    /// Per-block sliding-window flag (llama.cpp `is_swa_impl`): gpt-oss from
-    /// `attention.sliding_window_pattern` (a per-block array, or a period, default 2 = even blocks
-    /// windowed), deepseek4 every block. Empty = no sliding-window blocks.
-    pub swa_layers: Vec<bool>,
-    /// Key/value head sizes and rotary dims of sliding-window blocks (`attention.key_length_swa`,
-    /// `attention.value_length_swa`, `rope.dimension_count_swa`; default the full-attention ones).
-    pub head_dim_k_swa: u64,
-    pub head_dim_v_swa: u64,
-    pub n_rot_swa: u64,
-    /// RoPE base of sliding-window blocks (`rope.freq_base_swa`, default `rope_freq_base`; gpt-oss).
-    pub rope_freq_base_swa: f32,
-    /// DeepSeek-V4 sparse-attention indexer: heads, head size and top-k
-    /// (`attention.indexer.head_count`, `.key_length`, `.top_k`).
-    pub indexer_n_head: u64,
-    pub indexer_head_dim: u64,
-    pub indexer_top_k: u64,
-    /// DeepSeek-V4 grouped low-rank output projection: groups and rank per group
-    /// (`attention.output_group_count`, `attention.output_lora_rank`).
-    pub o_group_count: u64,
-    pub o_lora_rank: u64,
-    /// DeepSeek-V4 RoPE base of the compressed KV (`attention.compress_rope_freq_base`).
-    pub compress_rope_freq_base: f32,
-    /// DeepSeek-V4 per-block KV compression ratio (`attention.compress_ratios`, one per block):
-    /// 0 = window only, 4 = compressed KV plus the sparse indexer, 128 = compressed KV.
-    pub compress_ratios: Vec<u64>,
-    /// DeepSeek-V4 hyper-connections: residual streams (`hyper_connection.count`), Sinkhorn
-    /// iterations and epsilon (`hyper_connection.sinkhorn_iterations`, `.epsilon`).
-    pub hc_mult: u64,
-    pub hc_sinkhorn_iters: u64,
-    pub hc_eps: f32,
-    /// DeepSeek-V4: leading blocks that route by a token-id -> expert table
-    /// (`ffn_gate_tid2eid`) instead of the router's top-k (`hash_layer_count`).
-    pub hash_layer_count: usize,
-    /// SwiGLU clamp of routed / shared experts (`swiglu_clamp_exp`, `swiglu_clamp_shexp`, the
-    /// latter defaulting to the former; scalar form only, 0 = none). DeepSeek-V4.
-    pub swiglu_clamp_exp: f32,
-    pub swiglu_clamp_shexp: f32,
+    /// Multi-head latent attention (deepseek2, deepseek32; `q_lora_rank` deepseek4 too).
+    pub mla: Mla,
+    /// Sliding-window attention (gpt-oss, deepseek4).
+    pub swa: Swa,
+    /// The sparse-attention indexer (deepseek32, deepseek4).
+    pub indexer: Indexer,
+    /// DeepSeek-V4's own fields.
+    pub dsv4: Dsv4,
 }
 
 impl Hparams {
@@ -222,14 +189,14 @@ impl Hparams {
 
     /// Whether block `il` uses sliding-window attention (llama.cpp `hparams.is_swa(il)`).
     pub fn is_swa(&self, il: usize) -> bool {
-        self.swa_layers.get(il).copied().unwrap_or(false)
+        self.swa.layers.get(il).copied().unwrap_or(false)
     }
 
     /// Key head size of block `il` (llama.cpp `n_embd_head_k(il)`: the SWA size in SWA blocks; a
     /// hand-built `Hparams` with `head_dim_k_swa == 0` falls back to `head_dim_k`).
     pub fn head_dim_k_at(&self, il: usize) -> u64 {
-        if self.is_swa(il) && self.head_dim_k_swa > 0 {
-            self.head_dim_k_swa
+        if self.is_swa(il) && self.swa.head_dim_k > 0 {
+            self.swa.head_dim_k
         } else {
             self.head_dim_k
         }
@@ -237,8 +204,8 @@ impl Hparams {
 
     /// Rotary dims of block `il` (llama.cpp `n_rot(il)`; `n_rot_swa == 0` falls back to `n_rot`).
     pub fn n_rot_at(&self, il: usize) -> u64 {
-        if self.is_swa(il) && self.n_rot_swa > 0 {
-            self.n_rot_swa
+        if self.is_swa(il) && self.swa.n_rot > 0 {
+            self.swa.n_rot
         } else {
             self.n_rot
         }
@@ -247,13 +214,13 @@ impl Hparams {
     /// MLA (deepseek2): whether the file holds the split `attn_k_b`/`attn_v_b` form (both
     /// `key_length_mla` and `value_length_mla` set) rather than the legacy `attn_kv_b`.
     pub fn is_mla(&self) -> bool {
-        self.head_dim_k_mla != 0 && self.head_dim_v_mla != 0
+        self.mla.head_dim_k != 0 && self.mla.head_dim_v != 0
     }
 
     /// MLA per-head key length after decompression (llama.cpp `n_embd_head_k_mla()`).
     pub fn mla_head_dim_k(&self) -> u64 {
         if self.is_mla() {
-            self.head_dim_k_mla
+            self.mla.head_dim_k
         } else {
             self.head_dim_k
         }
@@ -262,7 +229,7 @@ impl Hparams {
     /// MLA per-head value length after decompression (llama.cpp `n_embd_head_v_mla()`).
     pub fn mla_head_dim_v(&self) -> u64 {
         if self.is_mla() {
-            self.head_dim_v_mla
+            self.mla.head_dim_v
         } else {
             self.head_dim_v
         }

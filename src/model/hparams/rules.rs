@@ -89,8 +89,8 @@ pub(super) fn head_sizes(h: &Hparams) -> Result<(), String> {
 /// whole head where the architecture rotates whole heads.
 pub(super) fn rotary(h: &Hparams) -> Result<(), String> {
     let a = h.arch;
-    let (head_key, head) = if h.head_dim_k_mla > h.head_dim_k {
-        ("attention.key_length_mla", h.head_dim_k_mla)
+    let (head_key, head) = if h.mla.head_dim_k > h.head_dim_k {
+        ("attention.key_length_mla", h.mla.head_dim_k)
     } else {
         ("attention.key_length", h.head_dim_k)
     };
@@ -231,24 +231,24 @@ pub(super) fn groups_used(h: &Hparams) -> Result<(), String> {
 
 /// Sliding-window blocks need a window, and their rotary dims fit their key heads.
 pub(super) fn window(h: &Hparams) -> Result<(), String> {
-    let Some(il) = h.swa_layers.iter().position(|&w| w) else {
+    let Some(il) = h.swa.layers.iter().position(|&w| w) else {
         return Ok(());
     };
-    if h.sliding_window == 0 {
+    if h.swa.window == 0 {
         return Err(format!(
             "{} = 0: must be positive (block {il} and others use sliding-window attention)",
             h.key("attention.sliding_window")
         ));
     }
-    if h.n_rot_swa > 0 {
-        let (hk, head) = if h.head_dim_k_swa > 0 {
-            ("attention.key_length_swa", h.head_dim_k_swa)
+    if h.swa.n_rot > 0 {
+        let (hk, head) = if h.swa.head_dim_k > 0 {
+            ("attention.key_length_swa", h.swa.head_dim_k)
         } else {
             ("attention.key_length", h.head_dim_k)
         };
         check_rot(
             &h.key("rope.dimension_count_swa"),
-            h.n_rot_swa,
+            h.swa.n_rot,
             &h.key(hk),
             head,
         )?;

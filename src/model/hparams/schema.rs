@@ -10,51 +10,8 @@
 //! vocabulary size, which may come from the token list, the gating function and the RoPE scaling
 //! type; the architectures' rules: per-block arrays), but are listed here all the same.
 use super::rules;
+pub use super::value::Val;
 use super::{Hparams, MAX_CTX, MAX_DIM, MAX_LAYERS};
-
-/// A key's value as the schema reads and writes it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Val {
-    U(u64),
-    F(f32),
-    B(bool),
-    /// What a custom row shows (`inspect`).
-    Text(String),
-}
-
-impl Val {
-    /// The integer (0 for another kind).
-    pub fn u(&self) -> u64 {
-        match *self {
-            Val::U(v) => v,
-            _ => 0,
-        }
-    }
-
-    /// The number (0 for another kind).
-    pub fn f(&self) -> f32 {
-        match *self {
-            Val::F(v) => v,
-            _ => 0.0,
-        }
-    }
-
-    /// The flag (false for another kind).
-    pub fn b(&self) -> bool {
-        matches!(self, Val::B(true))
-    }
-}
-
-impl std::fmt::Display for Val {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Val::U(v) => write!(f, "{v}"),
-            Val::F(v) => write!(f, "{v}"),
-            Val::B(v) => write!(f, "{v}"),
-            Val::Text(s) => f.write_str(s),
-        }
-    }
-}
 
 /// How a key is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,8 +261,8 @@ pub static KEYS: &[Key] = &[
     row!(u "attention.value_length" => head_dim_v, default: Dflt::HeadSize, bound: SIZE, rule: Some(rules::head_sizes)),
     row!(u "rope.dimension_count" => n_rot, default: Dflt::Same("attention.key_length"), rule: Some(rules::rotary)),
     row!(f "rope.freq_base" => rope_freq_base, default: Dflt::Num(10000.0), bound: Bound::Base { unset_ok: false }),
-    row!(f "attention.compress_rope_freq_base" => compress_rope_freq_base, bound: Bound::Base { unset_ok: true }, archs: DSV4),
-    row!(f "rope.freq_base_swa" => rope_freq_base_swa, default: Dflt::Same("rope.freq_base"), bound: Bound::Base { unset_ok: true }, archs: &["gpt-oss"]),
+    row!(f "attention.compress_rope_freq_base" => dsv4.compress_rope_freq_base, bound: Bound::Base { unset_ok: true }, archs: DSV4),
+    row!(f "rope.freq_base_swa" => swa.rope_freq_base, default: Dflt::Same("rope.freq_base"), bound: Bound::Base { unset_ok: true }, archs: &["gpt-oss"]),
     Key {
         name: "rope.scaling.type",
         get: |h| Val::Text(h.rope_scaling.name().into()),
@@ -331,35 +288,35 @@ pub static KEYS: &[Key] = &[
         ..Key::BASE
     },
     row!(b "expert_weights_norm" => expert_weights_norm),
-    row!(u "attention.key_length_swa" => head_dim_k_swa, default: Dflt::Same("attention.key_length"), bound: SWA, archs: SWA_ARCHS),
-    row!(u "attention.value_length_swa" => head_dim_v_swa, default: Dflt::Same("attention.value_length"), bound: SWA, archs: SWA_ARCHS),
-    row!(u "rope.dimension_count_swa" => n_rot_swa, default: Dflt::Same("rope.dimension_count"), bound: SWA, archs: SWA_ARCHS),
-    row!(u "attention.sliding_window" => sliding_window, rule: Some(rules::window), archs: SWA_ARCHS),
+    row!(u "attention.key_length_swa" => swa.head_dim_k, default: Dflt::Same("attention.key_length"), bound: SWA, archs: SWA_ARCHS),
+    row!(u "attention.value_length_swa" => swa.head_dim_v, default: Dflt::Same("attention.value_length"), bound: SWA, archs: SWA_ARCHS),
+    row!(u "rope.dimension_count_swa" => swa.n_rot, default: Dflt::Same("rope.dimension_count"), bound: SWA, archs: SWA_ARCHS),
+    row!(u "attention.sliding_window" => swa.window, rule: Some(rules::window), archs: SWA_ARCHS),
     Key {
         name: "attention.sliding_window_pattern",
-        get: |h| Val::Text(format!("{} of {} blocks windowed", h.swa_layers.iter().filter(|&&w| w).count(), h.n_layer)),
+        get: |h| Val::Text(format!("{} of {} blocks windowed", h.swa.layers.iter().filter(|&&w| w).count(), h.n_layer)),
         archs: &["gpt-oss"],
         ..Key::BASE
     },
     row!(f "expert_weights_scale" => expert_weights_scale, bound: Bound::NonNeg("0: none")),
-    row!(f "swiglu_clamp_exp" => swiglu_clamp_exp, bound: Bound::NonNeg("0: none"), archs: DSV4),
-    row!(f "swiglu_clamp_shexp" => swiglu_clamp_shexp, default: Dflt::Same("swiglu_clamp_exp"), bound: Bound::NonNeg("0: none"), archs: DSV4),
-    row!(f "hyper_connection.epsilon" => hc_eps, bound: Bound::NonNeg("0: none"), archs: DSV4),
-    row!(u "attention.q_lora_rank" => q_lora_rank, bound: SIZE0, archs: DS),
-    row!(u "attention.kv_lora_rank" => kv_lora_rank, bound: SIZE0, archs: MLA),
-    row!(u "attention.key_length_mla" => head_dim_k_mla, bound: SIZE0, archs: MLA),
-    row!(u "attention.value_length_mla" => head_dim_v_mla, bound: SIZE0, archs: MLA),
-    row!(u "attention.indexer.head_count" => indexer_n_head, bound: SIZE0, archs: INDEXER),
-    row!(u "attention.indexer.key_length" => indexer_head_dim, bound: SIZE0, archs: INDEXER),
-    row!(u "attention.output_group_count" => o_group_count, bound: SIZE0, archs: DSV4),
-    row!(u "attention.output_lora_rank" => o_lora_rank, bound: SIZE0, archs: DSV4),
-    row!(u "hyper_connection.count" => hc_mult, bound: SIZE0, archs: DSV4),
-    row!(u "attention.indexer.top_k" => indexer_top_k, bound: Bound::Int(0, MAX_CTX, ""), archs: INDEXER),
-    row!(u "hyper_connection.sinkhorn_iterations" => hc_sinkhorn_iters, bound: Bound::Int(0, 1024, ""), archs: DSV4),
-    row!(u "hash_layer_count" => hash_layer_count, archs: DSV4),
+    row!(f "swiglu_clamp_exp" => dsv4.swiglu_clamp_exp, bound: Bound::NonNeg("0: none"), archs: DSV4),
+    row!(f "swiglu_clamp_shexp" => dsv4.swiglu_clamp_shexp, default: Dflt::Same("swiglu_clamp_exp"), bound: Bound::NonNeg("0: none"), archs: DSV4),
+    row!(f "hyper_connection.epsilon" => dsv4.hc_eps, bound: Bound::NonNeg("0: none"), archs: DSV4),
+    row!(u "attention.q_lora_rank" => mla.q_lora_rank, bound: SIZE0, archs: DS),
+    row!(u "attention.kv_lora_rank" => mla.kv_lora_rank, bound: SIZE0, archs: MLA),
+    row!(u "attention.key_length_mla" => mla.head_dim_k, bound: SIZE0, archs: MLA),
+    row!(u "attention.value_length_mla" => mla.head_dim_v, bound: SIZE0, archs: MLA),
+    row!(u "attention.indexer.head_count" => indexer.n_head, bound: SIZE0, archs: INDEXER),
+    row!(u "attention.indexer.key_length" => indexer.head_dim, bound: SIZE0, archs: INDEXER),
+    row!(u "attention.output_group_count" => dsv4.o_group_count, bound: SIZE0, archs: DSV4),
+    row!(u "attention.output_lora_rank" => dsv4.o_lora_rank, bound: SIZE0, archs: DSV4),
+    row!(u "hyper_connection.count" => dsv4.hc_mult, bound: SIZE0, archs: DSV4),
+    row!(u "attention.indexer.top_k" => indexer.top_k, bound: Bound::Int(0, MAX_CTX, ""), archs: INDEXER),
+    row!(u "hyper_connection.sinkhorn_iterations" => dsv4.hc_sinkhorn_iters, bound: Bound::Int(0, 1024, ""), archs: DSV4),
+    row!(u "hash_layer_count" => dsv4.hash_layer_count, archs: DSV4),
     Key {
         name: "attention.compress_ratios",
-        get: |h| Val::Text(format!("{:?}", h.compress_ratios)),
+        get: |h| Val::Text(format!("{:?}", h.dsv4.compress_ratios)),
         archs: DSV4,
         ..Key::BASE
     },
