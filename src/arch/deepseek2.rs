@@ -232,24 +232,22 @@ pub fn family(kv_lora: u64) -> Hparams {
 }
 
 /// V3-style routing: sigmoid gating, group-limited top-k, scaled weights.
-fn tiny() -> Hparams {
-    {
-        let mut hp = Hparams {
-            n_layer: 3,
-            n_head: 4,
-            n_expert: 16,
-            n_expert_used: 4,
-            n_expert_shared: 1,
-            n_ff_exp: 256,
-            n_ff: 512,
-            n_layer_dense_lead: 1,
-            gating: Gating::Sigmoid,
-            n_expert_groups: 4,
-            n_group_used: 2,
-            expert_weights_scale: 2.5,
-            ..tiny_of(family(512))
-        };
-        hp.mla.q_lora_rank = 256;
-        hp
-    }
+pub(super) fn tiny() -> Hparams {
+    let mut hp = Hparams {
+        n_layer: 3,
+        n_head: 4,
+        n_expert: 16,
+        n_expert_used: 4,
+        n_expert_shared: 1,
+        n_ff_exp: 256,
+        n_ff: 512,
+        n_layer_dense_lead: 1,
+        gating: Gating::Sigmoid,
+        n_expert_groups: 4,
+        n_group_used: 2,
+        expert_weights_scale: 2.5,
+        ..tiny_of(family(512))
+    };
+    hp.mla.q_lora_rank = 256;
+    hp
 }

@@ -11,7 +11,7 @@
 //! Source: llama.cpp `src/models/deepseek32.cpp` (`load_arch_hparams`, `load_arch_tensors`,
 //! graph), `src/llama-kv-cache-dsa.cpp` (the indexer's key cache).
 use super::rows::{ATTN_NORM, DENSE_FFN, EMBED_OUTPUT_TIED, FFN_NORM, NEXTN, ROUTER};
-use super::{deepseek2, tiny_of, Arch, KvLayout, Synth};
+use super::{deepseek2, Arch, KvLayout, Synth};
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::blocks::attention::ROPE_NORMAL;
@@ -20,7 +20,7 @@ use crate::graph::blocks::mla::MlaOpts;
 use crate::graph::blocks::{ExpertAct, MoeOpts};
 use crate::graph::GraphBuilder;
 use crate::model::arch::Rules;
-use crate::model::hparams::{Gating, RopeScaling};
+use crate::model::hparams::RopeScaling;
 use crate::model::{ArchSpec, Hparams, Layers::*, Role::*, TensorSpec};
 
 #[rustfmt::skip]
@@ -211,35 +211,22 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
 /// exactly 0, and top-k then broke those ties by cache row, so a sequence's picks depended on
 /// where its rows sat (multi-sequence batches, `tests/batch.rs`; libllama's unified cache alike).
 fn tiny() -> Hparams {
-    {
-        let mut hp = Hparams {
-            arch: &DEEPSEEK32.spec,
-            n_layer: 3,
-            n_head: 4,
-            n_expert: 16,
-            n_expert_used: 4,
-            n_expert_shared: 1,
-            n_ff_exp: 256,
-            n_ff: 512,
-            n_layer_dense_lead: 1,
-            gating: Gating::Sigmoid,
-            n_expert_groups: 4,
-            n_group_used: 2,
-            expert_weights_scale: 2.5,
-            ..tiny_of(deepseek2::family(512))
-        };
-        hp.mla.q_lora_rank = 256;
-        hp.indexer.n_head = 32;
-        hp.indexer.head_dim = 128;
-        hp.indexer.top_k = 8;
-        hp
-    }
+    // DeepSeek-V2/V3's tiny preset, plus the indexer.
+    let mut hp = Hparams {
+        arch: &DEEPSEEK32.spec,
+        ..deepseek2::tiny()
+    };
+    hp.indexer.n_head = 32;
+    hp.indexer.head_dim = 128;
+    hp.indexer.top_k = 8;
+    hp
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gguf::GgufValue;
+    use crate::model::hparams::Gating;
     use std::collections::HashMap;
     use std::path::Path;
 
