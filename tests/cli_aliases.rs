@@ -341,15 +341,15 @@ fn serve_accepts_every_llama_server_flag() {
         "note: --reranking: replaces --pooling mean",
         "note: --kv-unified",
         "note: --mirostat: ignored",
-        "note: --ignore-eos: ignored",
     ] {
         assert!(
             err.lines().any(|l| l.starts_with(want)),
             "no {want:?}: {err}"
         );
     }
-    // Embeddings are served (issue 29 item 6): no "no effect" note for them.
+    // Embeddings are served (issue 29 item 6), and --ignore-eos is: no note for them.
     assert!(!err.contains("--embedding"), "{err}");
+    assert!(!err.contains("--ignore-eos"), "{err}");
     for bad in ["avg", "sum"] {
         let o = serve(&[
             "-m",

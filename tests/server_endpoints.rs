@@ -491,6 +491,7 @@ fn llama_server_command_line_routes_and_shapes() {
     assert_eq!(params["temperature"], 0.0, "{p}");
     assert_eq!(params["n_predict"], 3, "{p}");
     assert_eq!(params["top_k"], 40, "{p}");
+    assert_eq!(params["ignore_eos"], false, "{p}");
     // --no-slots: 501, as llama-server.
     let (st, v) = get(&s.addr, "/slots");
     assert_eq!(st, 501, "{v}");
@@ -551,6 +552,28 @@ fn llama_server_command_line_routes_and_shapes() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(v["usage"]["total_tokens"], 128, "{v}");
+    // llama-server's ignore_eos: end-of-generation tokens are never sampled, even pushed by
+    // a bias of +100 that makes one the first token without it.
+    let push: Vec<Value> = end_ids(&s.addr)
+        .iter()
+        .map(|&id| json!([id, 100]))
+        .collect();
+    let (st, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "n_predict": 4, "logit_bias": push}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 0, "{v}");
+    let (st, v) = post(
+        &s.addr,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "n_predict": 4, "logit_bias": push, "ignore_eos": true}),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4, "{v}");
     // A bad array entry is named.
     let (st, v) = post(
         &s.addr,

@@ -43,9 +43,11 @@ fn target_dir() -> PathBuf {
     bin.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// The server's flags: a context long enough that a reply without `max_tokens` runs for
-/// seconds (time to press Stop), and batch-invariant kernels so the page's greedy reply and
-/// the API's are the same tokens.
+/// The server's flags: a reply without `max_tokens` runs until the context is full
+/// (`--ignore-eos`: the tiny model's gibberish samples an end-of-generation token within ~1,000
+/// tokens, about a second on a 2-core machine), and that context is long enough for it to run
+/// ~20 s at the ~900 tok/s of 2 cores (time to see a PCIe rate and press Stop); batch-invariant
+/// kernels so the page's greedy reply and the API's are the same tokens.
 fn serve_args(extra: &[&str]) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["--model".into(), model().into()];
     args.extend(
@@ -56,7 +58,8 @@ fn serve_args(extra: &[&str]) -> Vec<OsString> {
             "2",
             "--cpu",
             "--ctx",
-            "4096",
+            "16384",
+            "--ignore-eos",
             "--parallel",
             "2",
             "--alias",
@@ -606,6 +609,22 @@ fn chat_page_in_a_browser() {
         "(t => / [GM]B\\/s$/.test(t) && parseFloat(t) > 0)\
          (document.getElementById('pcie').textContent)",
         10,
+    );
+    // Still far from its end (else a reply that ends by itself as Stop is pressed would read as
+    // stopped and nothing would be cancelled): the test's context is too short for the machine.
+    let (_, _, slots) = http(&s.addr, "GET", "/slots", true, "");
+    let slots: Value = serde_json::from_str(&slots).unwrap();
+    let busy = slots
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["is_processing"] == json!(true)))
+        .unwrap_or_else(|| panic!("the endless reply ended before Stop was pressed: {slots}"));
+    let (decoded, n_ctx) = (
+        busy["n_decoded"].as_u64().unwrap(),
+        busy["n_ctx"].as_u64().unwrap(),
+    );
+    assert!(
+        decoded + 2000 < n_ctx,
+        "the endless reply is {decoded} tokens into a context of {n_ctx}: raise --ctx"
     );
     b.click("#stop");
     let reply = b.wait_for(

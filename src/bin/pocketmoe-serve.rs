@@ -405,8 +405,8 @@ struct LlamaServerArgs {
     dry_multiplier: Option<String>,
     #[arg(long, value_name = "LIST", hide = true)]
     samplers: Option<String>,
-    /// Not implemented here: end-of-generation tokens still end a request (a note says so;
-    /// a request can ban them with logit_bias).
+    /// Never sample end-of-generation tokens: a reply runs to its length limit (`-n`, the
+    /// request's `max_tokens`, or the context). A request's `ignore_eos` overrides it.
     #[arg(long)]
     ignore_eos: bool,
     /// Control tokens in the output: shown where the chat format needs them (a note says so).
@@ -660,12 +660,6 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
             );
         }
     }
-    if a.ignore_eos {
-        note(
-            "--ignore-eos",
-            "ignored: end-of-generation tokens still end a request here (a request can ban them with logit_bias)",
-        );
-    }
     if a.special {
         note(
             "-sp/--special",
@@ -710,6 +704,7 @@ fn sampling_defaults(a: &LlamaServerArgs) -> Result<pocketmoe::server::validate:
         Some(n) if n > 0 => Some(n as usize),
         Some(n) => anyhow::bail!("-n/--n-predict {n}: send -1 (no limit) or a count above 0"),
     };
+    d.ignore_eos = a.ignore_eos;
     Ok(d)
 }
 

@@ -113,6 +113,9 @@ pub struct GenRequest {
     pub cache_prompt: bool,
     /// Run in this slot (llama-server's `id_slot`), waiting for it if busy; `None`: any.
     pub id_slot: Option<usize>,
+    /// Never sample an end-of-generation token (llama-server's `ignore_eos`: a bias of -inf on
+    /// each of them).
+    pub ignore_eos: bool,
 }
 
 /// A token's log-probability and the most likely alternatives (from the raw logits).

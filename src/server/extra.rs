@@ -124,6 +124,7 @@ pub(super) fn default_params(st: &AppState) -> Value {
         ("stop".into(), json!([])),
         ("stream".into(), json!(false)),
         ("cache_prompt".into(), json!(true)),
+        ("ignore_eos".into(), json!(d.ignore_eos)),
         (
             "samplers".into(),
             json!(["penalties", "top_k", "top_p", "min_p", "temperature"]),

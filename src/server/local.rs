@@ -565,7 +565,14 @@ impl Engine for LocalEngine {
             sampling: req.sampling,
             max_tokens,
             logprobs: req.logprobs,
-            logit_bias: req.logit_bias,
+            logit_bias: if req.ignore_eos {
+                let eog = self.tok.eog_ids().into_iter();
+                let mut bias = req.logit_bias;
+                bias.extend(eog.map(|id| (id, f32::NEG_INFINITY)));
+                bias
+            } else {
+                req.logit_bias
+            },
             special,
             token_ids: req.token_ids,
             grammar,

@@ -148,6 +148,7 @@ fn settings(plan: &Plan) -> Value {
         ("stop".into(), json!(plan.stops)),
         ("stream".into(), json!(plan.stream)),
         ("cache_prompt".into(), json!(plan.gen.cache_prompt)),
+        ("ignore_eos".into(), json!(plan.gen.ignore_eos)),
     ]);
     Value::Object(v)
 }

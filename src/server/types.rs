@@ -80,6 +80,9 @@ pub struct Common {
     pub cache_prompt: Option<bool>,
     /// llama-server: run in this slot (-1 or absent: any).
     pub id_slot: Option<i64>,
+    /// llama-server: end-of-generation tokens are never sampled (the reply runs to its length
+    /// limit); absent: the server's `--ignore-eos`.
+    pub ignore_eos: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

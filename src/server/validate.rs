@@ -34,6 +34,9 @@ pub struct Defaults {
     pub seed: Option<u64>,
     /// Tokens to generate when a request sets no limit (`None`: until the context is full).
     pub n_predict: Option<usize>,
+    /// `--ignore-eos`: requests that do not say otherwise never sample an end-of-generation
+    /// token.
+    pub ignore_eos: bool,
 }
 
 /// Parses `bytes` as a JSON object and reads the shared fields and the endpoint's own.
@@ -314,6 +317,7 @@ fn common_plan(
             constraint,
             cache_prompt: c.cache_prompt.unwrap_or(true),
             id_slot: c.id_slot.and_then(|i| usize::try_from(i).ok()),
+            ignore_eos: c.ignore_eos.unwrap_or(defaults.ignore_eos),
         },
         stream,
         include_usage,
