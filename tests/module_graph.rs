@@ -7,6 +7,8 @@
 //!   (issue 27, item 7).
 //! - `server` does not name `experts`, in its tests neither: it reads the engine's figures
 //!   (`engine::StatsSnapshot`, issue 27, items 5 and 7).
+//! - `engine` names no architecture's own state (`dsv4`, `dsa`): it carries the architecture's
+//!   step plan without reading it (issue 27, item 2).
 //! - The runtime (`graph`, `experts`, `engine`) does not depend on the synthesiser.
 //! - No import circle between top-level modules, apart from those listed in [`KNOWN_CIRCLES`]
 //!   (still to break; a new one fails here).
@@ -217,6 +219,45 @@ fn server_does_not_name_experts() {
     assert!(
         found.is_empty(),
         "server names experts:\n{}",
+        found.join("\n")
+    );
+}
+
+/// Issue 27 item 2: an architecture's per-step state (DeepSeek-V4's compressor plans) is the
+/// architecture's (`arch::SeqState`, `graph::step::ArchStep`): the engine names none of its
+/// modules.
+#[test]
+fn engine_names_no_architecture_state() {
+    // Submodules (`crate::graph::dsv4`, `crate::arch::deepseek4`), which `lines_naming` (top-level
+    // modules) does not see: a path through one (`dsv4::x`) or its name in a `use` statement.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
+    let mut files = Vec::new();
+    rs_files(&root, &mut files);
+    files.sort();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let mut in_use = false;
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            in_use |= code.trim_start().starts_with("use ") || code.contains(" use ");
+            for m in ["dsv4", "dsa", "deepseek4", "deepseek32"] {
+                let named = code.match_indices(m).any(|(j, _)| {
+                    !code[..j].chars().next_back().is_some_and(ident)
+                        && !code[j + m.len()..].chars().next().is_some_and(ident)
+                        && (in_use || code[j + m.len()..].starts_with("::"))
+                });
+                if named {
+                    found.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
+                }
+            }
+            in_use &= !code.contains(';');
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "engine names an architecture's own state:\n{}",
         found.join("\n")
     );
 }

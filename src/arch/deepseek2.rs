@@ -75,6 +75,7 @@ pub static DEEPSEEK2: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: false,
+    nodes_per_block: super::NODES_PER_BLOCK,
     kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "deepseek-v3",

@@ -78,7 +78,12 @@ pub static DEEPSEEK32: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: false,
-    kv: KvLayout { k_only: false, extra: dsa::cache_tensors },
+    nodes_per_block: super::NODES_PER_BLOCK,
+    kv: KvLayout {
+        k_only: false,
+        extra: dsa::cache_tensors,
+        seq_state: None,
+    },
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
         aliases: &["deepseek_v32", "deepseek-v3.2", "deepseek_v3_2"],

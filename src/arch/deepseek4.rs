@@ -16,12 +16,13 @@
 //! a sliding-window block (`attention.key_length_swa`, default `attention.key_length`).
 //! Source: llama.cpp `src/models/deepseek4.cpp` (`load_arch_hparams`, `load_arch_tensors`).
 use super::rows::{ATTN_NORM, EMBED_OUTPUT, EXPERTS, FFN_NORM, NEXTN, ROUTER};
-use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, Synth};
+use super::{preset_base, tiny_of, with_heads, Arch, KvLayout, SeqState, Synth};
 use crate::ggml::{GgmlType, Tensor};
 use crate::gguf::Metadata;
 use crate::graph::blocks::dsv4::HcSite;
 use crate::graph::blocks::{ExpertAct, MoeOpts};
 use crate::graph::kv::Extra;
+use crate::graph::step::ArchStep;
 use crate::graph::{dsv4, GraphBuilder};
 use crate::model::arch::Rules;
 use crate::model::hparams::{Gating, RopeScaling};
@@ -120,7 +121,26 @@ pub static DEEPSEEK4: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: false,
-    kv: KvLayout { k_only: true, extra: cache_tensors },
+    // Hyper-connections, compressors and the indexer: ~200 nodes per ratio-4 block (96 per
+    // block overflowed the context at 21 blocks).
+    nodes_per_block: 320,
+    kv: KvLayout {
+        k_only: true,
+        extra: cache_tensors,
+        seq_state: Some(SeqState {
+            what: "compressor state (DeepSeek-V4's compressed blocks)",
+            kept: |h| !dsv4::ratios(&h.dsv4.compress_ratios).is_empty(),
+            plan: |h, spans, n, rings, n_ctx| {
+                ArchStep::compressors(dsv4::step_plans(
+                    &h.dsv4.compress_ratios,
+                    spans,
+                    n,
+                    rings,
+                    n_ctx, // the rows `cache_tensors` sized the compressed caches for
+                ))
+            },
+        }),
+    },
     synth: Synth {
         pre_tokenizer: "deepseek-v3",
         tiny: Some(tiny),

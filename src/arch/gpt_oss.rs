@@ -67,6 +67,7 @@ pub static GPT_OSS: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    nodes_per_block: super::NODES_PER_BLOCK,
     kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "gpt-4o",

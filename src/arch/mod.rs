@@ -25,6 +25,7 @@
 use crate::ggml::Tensor;
 use crate::gguf::Metadata;
 use crate::graph::kv::Extra;
+use crate::graph::step::{ArchStep, Span};
 use crate::graph::GraphBuilder;
 use crate::model::hparams::Gating;
 use crate::model::{ArchSpec, Hparams};
@@ -57,6 +58,9 @@ pub static ARCHS: &[&Arch] = &[
     &olmoe::OLMOE,
 ];
 
+/// Graph nodes of a plain block, generously (~64 are made).
+pub const NODES_PER_BLOCK: usize = 96;
+
 /// Vocabulary size of the tiny presets.
 pub const TINY_VOCAB: u64 = 1024;
 
@@ -73,6 +77,9 @@ pub struct Arch {
     /// Whether its graph runs over a quantised KV cache (`--kv-type`); deepseek2's MLA does not
     /// yet.
     pub quantized_kv: bool,
+    /// Graph nodes a block may make, at most (sizes a step's graph context): [`NODES_PER_BLOCK`]
+    /// for the plain blocks.
+    pub nodes_per_block: usize,
     /// What its KV cache holds besides one K and V row per position and block.
     pub kv: KvLayout,
     /// What the synthesiser needs for it.
@@ -87,6 +94,9 @@ pub struct KvLayout {
     pub k_only: bool,
     /// Its own cache tensors for a context of `n_ctx` positions and `n_seq` sequences.
     pub extra: fn(&Hparams, usize, usize) -> Vec<Extra>,
+    /// State it keeps per sequence that is not rows of positions (so a cache cannot be cut to
+    /// a prefix, saved or restored), which each step must plan for; `None`: nothing of the sort.
+    pub seq_state: Option<SeqState>,
 }
 
 impl KvLayout {
@@ -94,7 +104,25 @@ impl KvLayout {
     pub const PLAIN: KvLayout = KvLayout {
         k_only: false,
         extra: |_, _, _| Vec::new(),
+        seq_state: None,
     };
+}
+
+/// Per-sequence state of an architecture beside its cache rows (DeepSeek-V4's compressor
+/// rings), and the plan each step needs for it.
+pub struct SeqState {
+    /// What the state is, for errors ("compressor state (DeepSeek-V4's compressed blocks)").
+    pub what: &'static str,
+    /// Whether a model keeps any (a file may use none of what its architecture allows).
+    pub kept: fn(&Hparams) -> bool,
+    /// The plan of a step of `n` tokens over `spans`, with `rings` sequences (slots), each over
+    /// a cache of `n_ctx` rows.
+    pub plan: fn(&Hparams, &[Span], usize, usize, usize) -> ArchStep,
+}
+
+/// `hp`'s per-sequence state, where its model keeps any.
+pub fn seq_state(hp: &Hparams) -> Option<&'static SeqState> {
+    of(hp.arch).kv.seq_state.as_ref().filter(|s| (s.kept)(hp))
 }
 
 /// Synthesiser facts of an architecture (`crate::synth`).

@@ -44,6 +44,7 @@ pub static OLMOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    nodes_per_block: super::NODES_PER_BLOCK,
     kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "olmo",

@@ -55,6 +55,7 @@ pub static QWEN2MOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    nodes_per_block: super::NODES_PER_BLOCK,
     kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "qwen2",

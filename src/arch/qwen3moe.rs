@@ -43,6 +43,7 @@ pub static QWEN3MOE: Arch = Arch {
     },
     graph: Some(build),
     quantized_kv: true,
+    nodes_per_block: super::NODES_PER_BLOCK,
     kv: KvLayout::PLAIN,
     synth: Synth {
         pre_tokenizer: "qwen2",

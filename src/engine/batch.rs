@@ -22,6 +22,7 @@
 //! cache) and `llama_batch` / `inp_out_ids`.
 use super::step::{Mask, Outputs, StepPlan};
 use super::{Engine, EngineError};
+use crate::graph::step::{ArchStep, Span};
 use crate::graph::BatchInputs;
 
 /// Cache rows per page: the unit in which sequences get cache rows, and the padding of `n_kv`
@@ -360,12 +361,12 @@ impl Engine {
     }
 
     fn seq_tensors(&self) -> Result<Vec<crate::graph::kv::PositionTensor>, String> {
-        if self.keeps_compressors() {
-            return Err(
-                "this architecture (DeepSeek-V4) keeps compressor state per sequence besides \
-                 its KV rows: its cache cannot be cut to a prefix, saved or restored"
-                    .into(),
-            );
+        if let Some(s) = crate::arch::seq_state(&self.hp) {
+            return Err(format!(
+                "this model ({}) keeps {} per sequence besides its KV rows: its cache cannot \
+                 be cut to a prefix, saved or restored",
+                self.hp.arch.name, s.what
+            ));
         }
         self.kv.position_tensors()
     }
@@ -377,7 +378,7 @@ impl Engine {
         embd: bool,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         // The slot names per-sequence state only an architecture that keeps some has.
-        let per_seq_state = self.keeps_compressors();
+        let per_seq_state = crate::arch::seq_state(&self.hp).is_some();
         for c in chunks {
             if per_seq_state && c.slot >= self.opts.n_seq.max(1) {
                 return Err(EngineError::Model {
@@ -488,14 +489,14 @@ impl Engine {
             .unwrap_or(0);
         let n_kv = BatchInputs::padded_n_kv(top, 0, self.kv.n_ctx);
         let outs: Vec<i32> = (0..n as i32).filter(|&i| toks[i as usize].out).collect();
-        let comp = if self.keeps_compressors() {
+        let arch = if crate::arch::seq_state(&self.hp).is_some() {
             // Each chunk's tokens are one run of the micro-batch (`forward_batch` lays them out
             // so).
-            let mut spans: Vec<crate::graph::dsv4::Span> = Vec::new();
+            let mut spans: Vec<Span> = Vec::new();
             for (i, t) in toks.iter().enumerate() {
                 match spans.last_mut() {
                     Some(s) if toks[s.tok].chunk == t.chunk => s.n += 1,
-                    _ => spans.push(crate::graph::dsv4::Span {
+                    _ => spans.push(Span {
                         tok: i,
                         pos: t.pos,
                         n: 1,
@@ -504,9 +505,9 @@ impl Engine {
                     }),
                 }
             }
-            self.comp_plans(&spans, n)
+            self.arch_step(&spans, n)
         } else {
-            Vec::new()
+            ArchStep::default()
         };
         let plan = StepPlan {
             ids: toks.iter().map(|t| t.id as i32).collect(),
@@ -516,7 +517,7 @@ impl Engine {
             mask: Mask::Seqs { chunks, toks },
             out: Outputs::of_rows(outs, n),
             embd,
-            comp,
+            arch,
         };
         self.run_step(&plan)
     }

@@ -15,7 +15,7 @@ impl Engine {
         last_only: bool,
         n_out: usize,
         embd: bool,
-        comp: &[(usize, dsv4::CompPlan, usize)],
+        arch: &ArchStep,
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
         let size = graph_size(&self.hp);
         let window = self.hp.swa.window as usize;
@@ -49,18 +49,7 @@ impl Engine {
                 k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
             };
             let mut keep: Vec<String> = Vec::new();
-            let mut dsv4_inputs = None;
-            for (r, p, n_comp) in comp {
-                let inp = dsv4::CompInputs::create(ctx, *r, p, n, *n_comp, &mut keep)?;
-                let d = dsv4_inputs.get_or_insert(dsv4::Dsv4Inputs {
-                    csa: None,
-                    hca: None,
-                });
-                match r {
-                    4 => d.csa = Some(inp),
-                    _ => d.hca = Some(inp),
-                }
-            }
+            let dsv4_inputs = arch.inputs(ctx, n, &mut keep)?;
             let batch = BatchInputs {
                 tokens: t_tok,
                 pos: t_pos,
@@ -160,16 +149,10 @@ pub(crate) fn run_graph(
     Ok(())
 }
 
-/// Nodes a step's graph may hold: generous for the plain blocks (~64 nodes each), and enough
-/// for DeepSeek-V4's (hyper-connections, compressors and the indexer: ~200 per ratio-4 block;
-/// 96 per block overflowed the context at 21 blocks).
+/// Nodes a step's graph may hold: the architecture's most per block
+/// ([`arch::Arch::nodes_per_block`]), and the head's.
 pub(super) fn graph_size(hp: &Hparams) -> usize {
-    let per_block = if hp.dsv4.compress_ratios.is_empty() {
-        96
-    } else {
-        320
-    };
-    (hp.n_layer * per_block + 256).max(2048)
+    (hp.n_layer * arch::of(hp.arch).nodes_per_block + 256).max(2048)
 }
 
 /// f16 causal mask [n_kv, n]: token t (position p = n_past + t) sees cache positions j <= p with

@@ -294,8 +294,8 @@ impl Engine {
         last_only: bool,
     ) -> Result<OwnedGraph, EngineError> {
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
-        let comp = self.comp_plans(&dsv4::single(n_past, n), n);
-        Ok(self.build_graph(n, n_kv, last_only, 0, false, &comp)?.0)
+        let plan = self.arch_step(&arch_step::single(n_past, n), n);
+        Ok(self.build_graph(n, n_kv, last_only, 0, false, &plan)?.0)
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in

@@ -30,7 +30,8 @@ use crate::experts::{Offload, OffloadOptions, StepHook};
 use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Sched};
 use crate::gguf::{GgufError, GgufModel};
 use crate::graph::blocks::{Resident, RoutedExperts};
-use crate::graph::{dsv4, BatchInputs, GraphBuilder};
+use crate::graph::step::{self as arch_step, ArchStep, Span};
+use crate::graph::{BatchInputs, GraphBuilder};
 use crate::model::{validate::validate, Hparams};
 use std::path::Path;
 use std::rc::Rc;
@@ -283,22 +284,19 @@ impl Engine {
         Ok(out)
     }
 
-    /// Whether the model keeps compressor state besides its KV rows (DeepSeek-V4's compressed
-    /// blocks): steps then need plans ([`Self::comp_plans`]).
-    fn keeps_compressors(&self) -> bool {
-        !dsv4::ratios(&self.hp.dsv4.compress_ratios).is_empty()
-    }
-
-    /// The compressor plans of a step of `n` tokens over `spans` (DeepSeek-V4; empty for a
-    /// model without compressed blocks).
-    fn comp_plans(&self, spans: &[dsv4::Span], n: usize) -> Vec<(usize, dsv4::CompPlan, usize)> {
-        dsv4::step_plans(
-            &self.hp.dsv4.compress_ratios,
-            spans,
-            n,
-            self.opts.n_seq.max(1),
-            self.kv.n_ctx, // the rows `arch.kv.extra` sized the compressed caches for
-        )
+    /// The architecture's plan of a step of `n` tokens over `spans` (empty for a model that
+    /// keeps no state of its own per sequence, [`crate::arch::SeqState`]).
+    fn arch_step(&self, spans: &[Span], n: usize) -> ArchStep {
+        match crate::arch::seq_state(&self.hp) {
+            Some(s) => (s.plan)(
+                &self.hp,
+                spans,
+                n,
+                self.opts.n_seq.max(1),
+                self.kv.n_ctx, // the rows `arch.kv.extra` sized its caches for
+            ),
+            None => ArchStep::default(),
+        }
     }
 
     /// One micro-batch of the single sequence: its tokens at positions (and cache rows)
@@ -323,7 +321,7 @@ impl Engine {
                 step::Outputs::All
             },
             embd,
-            comp: self.comp_plans(&dsv4::single(n_past, n), n),
+            arch: self.arch_step(&arch_step::single(n_past, n), n),
         };
         let out = self.run_step(&plan)?;
         self.n_past = n_past + n;

@@ -1,7 +1,7 @@
 //! One forward pass, whoever asks for it: a single sequence (`Engine::forward*`: run, bench,
 //! embeddings, the tests) is a batch of one, and the server's multi-sequence micro-batches
 //! (`engine::batch`) are the general case. Both plan a [`StepPlan`] (tokens, positions, cache
-//! rows, mask, which rows come out, DeepSeek-V4's compressor plans) and hand it to
+//! rows, mask, which rows come out, the architecture's own plan) and hand it to
 //! [`Engine::run_step`], which builds the step's graph or reuses the last one of the same shape
 //! (one cache for both: [`GraphKey`]), writes its inputs, computes it (through the offload step
 //! hook when routed experts are offloaded: `run_graph`) and reads its outputs.
@@ -11,7 +11,7 @@
 use super::batch::{mask_row, SeqChunk, Tok};
 use super::{causal_mask_f16, out_name, run_graph, Engine, EngineError};
 use crate::experts::step::GraphNodes;
-use crate::graph::dsv4;
+use crate::graph::step::ArchStep;
 
 /// Which rows of a step's result come out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +59,8 @@ pub(super) struct GraphKey {
     /// (last_only, n_out), see [`Outputs::graph_args`].
     out: (bool, usize),
     embd: bool,
-    /// Per compression ratio: compressed rows made, compressed rows attended (DeepSeek-V4).
-    comp: Vec<(usize, usize)>,
+    /// What of the architecture's own plan shapes the graph ([`ArchStep::key`]).
+    arch: Vec<(usize, usize)>,
 }
 
 /// Whose positions a step's tokens see.
@@ -104,8 +104,8 @@ pub(super) struct StepPlan<'a> {
     pub out: Outputs,
     /// The final normed hidden states instead of logits.
     pub embd: bool,
-    /// DeepSeek-V4's compressor plans (empty for other architectures).
-    pub comp: Vec<(usize, dsv4::CompPlan, usize)>,
+    /// The architecture's own plan (DeepSeek-V4's compressors; empty for most).
+    pub arch: ArchStep,
 }
 
 impl Engine {
@@ -119,12 +119,12 @@ impl Engine {
             n_kv: p.n_kv,
             out: p.out.graph_args(),
             embd: p.embd,
-            comp: p.comp.iter().map(|(_, c, m)| (c.n_blocks(), *m)).collect(),
+            arch: p.arch.key(),
         };
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             self.graph = None;
             let (last_only, n_out) = key.out;
-            let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.comp)?;
+            let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;
             self.sched.alloc(&g.graph())?;
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.graph = Some((key, g, nodes));
@@ -146,9 +146,7 @@ impl Engine {
         if let Outputs::Rows(r) = &p.out {
             g.tensor("inp_out_ids").write_i32(r)?;
         }
-        for (r, plan, n_comp) in &p.comp {
-            dsv4::fill(|name| g.tensor(name), *r, plan, *n_comp)?;
-        }
+        p.arch.fill(|name| g.tensor(name))?;
         let t1 = std::time::Instant::now();
         run_graph(&mut self.sched, self.offload.as_mut(), g, nodes, n)?;
         let t2 = std::time::Instant::now();

@@ -17,6 +17,7 @@
 //! Shapes stay stable across decode: a step that completes no row writes one dummy row (to the
 //! cache's scratch row, never visible); ratio 4 always makes `ceil(n / 4)` rows (as libllama),
 //! and the attended width of compressed rows is padded to 256.
+use super::step::{single, Span};
 use crate::ggml::{Context, GgmlError, GgmlType, Tensor};
 
 /// Rows of a block's compressed cache at ratio `r` for `n_ctx` positions of each of `n_seq`
@@ -43,19 +44,6 @@ pub fn ratios(compress_ratios: &[u64]) -> Vec<usize> {
         .into_iter()
         .filter(|r| compress_ratios.contains(&(*r as u64)))
         .collect()
-}
-
-/// One sequence's run of tokens in a step: tokens `tok..tok + n` of the step, at positions
-/// `pos..pos + n`, with compressor ring `ring` (the server's slot), and its cache pages
-/// (`engine::batch`: position p in row `pages[p / 256] · 256 + p mod 256`; `None`: rows are
-/// positions, the single-sequence engine).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Span {
-    pub tok: usize,
-    pub pos: usize,
-    pub n: usize,
-    pub ring: usize,
-    pub pages: Option<Vec<u32>>,
 }
 
 /// Cache rows per page (`engine::batch::KV_PAGE`): a page of raw rows holds `256 / r` compressed
@@ -100,17 +88,6 @@ pub fn step_plans(
             (r, p, n_comp)
         })
         .collect()
-}
-
-/// The single-sequence step: `n` tokens at positions `n_past..`, ring 0, rows = positions.
-pub fn single(n_past: usize, n: usize) -> Vec<Span> {
-    vec![Span {
-        tok: 0,
-        pos: n_past,
-        n,
-        ring: 0,
-        pages: None,
-    }]
 }
 
 /// One compressor's plan for one step of one sequence.

@@ -7,6 +7,7 @@
 pub mod blocks;
 pub mod dsv4;
 pub mod kv;
+pub mod step;
 pub mod weights;
 
 use crate::ggml::{Context, Graph, Tensor};
