@@ -1,4 +1,6 @@
-//! Compiles the CUDA kernels in `kernels/` with nvcc when the `cuda` feature is on.
+//! Compiles the CUDA kernels in `kernels/` with nvcc when the `cuda` feature is on, and links
+//! the CUDA runtime the crate's copy streams call (with no kernel to compile, directly, as `cc`
+//! would).
 //!
 //! Architectures come from `CMAKE_CUDA_ARCHITECTURES` (the variable that also steers ggml-cuda's
 //! build) in CMake syntax: `90`, `86-real`, `75-virtual`, `native`, `;`-separated. cudart is
@@ -64,11 +66,32 @@ fn main() {
             build.flag(gencode(arch));
         }
     }
-    for entry in std::fs::read_dir("kernels").expect("extra-kernels/kernels is missing") {
-        let path = entry.expect("reading kernels/").path();
-        if path.extension().is_some_and(|e| e == "cu") {
-            build.file(&path);
+    let kernels: Vec<PathBuf> = std::fs::read_dir("kernels")
+        .map(|dir| {
+            dir.map(|e| e.expect("reading kernels/").path())
+                .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if kernels.is_empty() {
+        // No kernel of our own today: link cudart as `cc` does for one (its library folder
+        // beside nvcc, then `-l`), for the copy streams' runtime calls.
+        if let Some(nvcc) = env::split_paths(&env::var_os("PATH").unwrap_or_default())
+            .map(|d| d.join("nvcc"))
+            .find(|p| p.is_file())
+        {
+            let lib = nvcc
+                .parent()
+                .expect("nvcc is in a folder")
+                .join("../targets/x86_64-linux/lib");
+            if lib.is_dir() {
+                println!("cargo:rustc-link-search=native={}", lib.display());
+            }
         }
+        let lib = if shared { "cudart" } else { "cudart_static" };
+        println!("cargo:rustc-link-lib={lib}");
+        return;
     }
+    build.files(&kernels);
     build.compile("pocketmoe_kernels");
 }

@@ -195,26 +195,6 @@ fn cuda_mul_mat_id_matches_reference() {
     check_mul_mat_id(&Backend::cuda(0).unwrap());
 }
 
-#[cfg(feature = "cuda-api")]
-#[test]
-fn cuda_remap_expert_ids_kernel() {
-    let slot_of_expert = [2, -1, 0, -1, 1, -1, -1, 3];
-    let ids = [0, 1, 2, 7, 4, 4, 5, 9, -3, 2];
-    let (slots, misses) = extra_kernels::remap_expert_ids_host(&ids, &slot_of_expert).unwrap();
-    let want: Vec<i32> = ids
-        .iter()
-        .map(|&i| {
-            if (0..8).contains(&i) {
-                slot_of_expert[i as usize]
-            } else {
-                -1
-            }
-        })
-        .collect();
-    assert_eq!(slots, want);
-    assert_eq!(misses, want.iter().filter(|&&s| s < 0).count() as i32);
-}
-
 /// DeepSeek-V4's hyper-connection ops (`ggml_dsv4_hc_{comb,pre,post}`, which libllama's deepseek4
 /// graph uses by default and ours will call) against a host reference of their documented
 /// definitions, on random inputs: the Sinkhorn mixing matrix, the streams' weighted sum and the

@@ -1,5 +1,5 @@
-//! Raw launcher declarations plus the few CUDA runtime calls needed to test a kernel from host
-//! data. The engine passes its own device pointers and stream; `*_host` helpers are for tests.
+//! The few CUDA runtime calls of the expert cache's copy streams (and, when there are kernels of
+//! our own, their launchers' declarations).
 use std::ffi::c_void;
 use std::os::raw::c_int;
 
@@ -7,21 +7,6 @@ use std::os::raw::c_int;
 pub type Stream = *mut c_void;
 
 extern "C" {
-    /// See `kernels/remap_expert_ids.cuh`. Returns a `cudaError_t`.
-    pub fn pmoe_remap_expert_ids(
-        ids: *const i32,
-        n: i32,
-        slot_of_expert: *const i32,
-        n_expert: i32,
-        slots_out: *mut i32,
-        n_miss: *mut i32,
-        stream: Stream,
-    ) -> c_int;
-
-    fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int;
-    fn cudaFree(ptr: *mut c_void) -> c_int;
-    fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: c_int) -> c_int;
-    fn cudaDeviceSynchronize() -> c_int;
     fn cudaGetErrorString(err: c_int) -> *const std::os::raw::c_char;
     fn cudaSetDevice(device: c_int) -> c_int;
     fn cudaStreamCreateWithFlags(stream: *mut Stream, flags: u32) -> c_int;
@@ -109,8 +94,6 @@ impl Drop for CopyStream {
     }
 }
 
-const H2D: c_int = 1;
-const D2H: c_int = 2;
 
 /// A CUDA runtime error with the call that failed.
 #[derive(Debug)]
@@ -145,70 +128,4 @@ fn check(call: &'static str, code: c_int) -> Result<(), CudaError> {
         code,
         message,
     })
-}
-
-/// Device memory holding a copy of a host slice; freed on drop.
-struct DeviceVec {
-    ptr: *mut c_void,
-    bytes: usize,
-}
-
-impl DeviceVec {
-    fn from_host(data: &[i32]) -> Result<Self, CudaError> {
-        let bytes = std::mem::size_of_val(data).max(4);
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: plain allocation of `bytes` bytes.
-        check("cudaMalloc", unsafe { cudaMalloc(&mut ptr, bytes) })?;
-        let v = Self { ptr, bytes };
-        // SAFETY: ptr has `bytes` >= size_of_val(data) bytes.
-        check("cudaMemcpy H2D", unsafe {
-            cudaMemcpy(ptr, data.as_ptr().cast(), std::mem::size_of_val(data), H2D)
-        })?;
-        Ok(v)
-    }
-
-    fn to_host(&self, n: usize) -> Result<Vec<i32>, CudaError> {
-        assert!(n * 4 <= self.bytes);
-        let mut out = vec![0i32; n];
-        // SAFETY: out has n*4 bytes, the device buffer at least as many.
-        check("cudaMemcpy D2H", unsafe {
-            cudaMemcpy(out.as_mut_ptr().cast(), self.ptr, n * 4, D2H)
-        })?;
-        Ok(out)
-    }
-}
-
-impl Drop for DeviceVec {
-    fn drop(&mut self) {
-        // SAFETY: we own the allocation.
-        unsafe { cudaFree(self.ptr) };
-    }
-}
-
-/// Runs `pmoe_remap_expert_ids` on the default stream over host data: returns the slot per id
-/// and the miss count.
-pub fn remap_expert_ids_host(
-    ids: &[i32],
-    slot_of_expert: &[i32],
-) -> Result<(Vec<i32>, i32), CudaError> {
-    let d_ids = DeviceVec::from_host(ids)?;
-    let d_table = DeviceVec::from_host(slot_of_expert)?;
-    let d_out = DeviceVec::from_host(&vec![0; ids.len()])?;
-    let d_miss = DeviceVec::from_host(&[0])?;
-    // SAFETY: all pointers are device allocations of the sizes passed; null = default stream.
-    let code = unsafe {
-        pmoe_remap_expert_ids(
-            d_ids.ptr.cast(),
-            ids.len() as i32,
-            d_table.ptr.cast(),
-            slot_of_expert.len() as i32,
-            d_out.ptr.cast(),
-            d_miss.ptr.cast(),
-            std::ptr::null_mut(),
-        )
-    };
-    check("pmoe_remap_expert_ids", code)?;
-    // SAFETY: plain synchronisation.
-    check("cudaDeviceSynchronize", unsafe { cudaDeviceSynchronize() })?;
-    Ok((d_out.to_host(ids.len())?, d_miss.to_host(1)?[0]))
 }

@@ -2,7 +2,8 @@
 //! with one `extern "C"` launcher that takes a stream), and the Rust declarations of those
 //! launchers. Without the `cuda` feature the crate is empty apart from [`available`].
 //!
-//! Kernels: `remap_expert_ids` (expert id -> GPU cache slot, with a miss count).
+//! Kernels: none today (`kernels/README.md`); the crate holds the CUDA runtime calls of the
+//! expert cache's copy streams ([`CopyStream`]).
 
 /// Whether this build compiled the kernels.
 pub const fn available() -> bool {
@@ -13,4 +14,4 @@ pub const fn available() -> bool {
 pub mod ffi;
 
 #[cfg(feature = "cuda-api")]
-pub use ffi::{remap_expert_ids_host, CopyStream, CudaError};
+pub use ffi::{CopyStream, CudaError};
