@@ -563,10 +563,9 @@ fn today_long() -> String {
 
 /// Kimi K2 Instruct with a tool call: its template keeps the call ids in a list it grows with
 /// `list.append` and drains with `list.pop(0)`; minijinja's values are immutable and pycompat
-/// has neither method, so the render fails ("sequence has no method named append"). A known
-/// defect, kept here with the rendering it should give.
+/// has neither method, so the render failed ("sequence has no method named append") until
+/// assigned `[]` became mutable lists (`tokenizer::jinja::mutable_lists`).
 #[test]
-#[ignore = "known defect: minijinja has no list.append/pop (Kimi-K2-Instruct tool calls)"]
 fn kimi_k2_instruct_tool_calls() {
     let kimi = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot \
                 AI.<|im_end|>\n";
@@ -843,8 +842,8 @@ const FEATURES_NOT_YET: &[(&str, Kind)] = &[
     ("openbmb-MiniCPM5-1B", Kind::Reasoning),
 ];
 
-/// Tool cases kept as known-defect tests (ignored, failing until fixed) rather than here.
-const TOOLS_KNOWN_DEFECT: &[&str] = &["Kimi-K2-Instruct"];
+/// Tool cases checked by a test of their own rather than here (`kimi_k2_instruct_tool_calls`).
+const TOOLS_OWN_TEST: &[&str] = &["Kimi-K2-Instruct"];
 
 /// Every template of [`MATCHING`] is checked on each plain conversation (c0 with a system
 /// message, c1 without; each with and without the generation prompt), against libllama or a
@@ -880,7 +879,7 @@ fn templates_have_the_cases_their_features_need() {
         let not_yet = |k: Kind| FEATURES_NOT_YET.contains(&(name, k));
         let has = |k: Kind| mine.iter().any(|c| c.kind == k) || not_yet(k);
         let tools = src.contains("tool_calls") || src.contains("tools");
-        if tools && !has(Kind::Tools) && !TOOLS_KNOWN_DEFECT.contains(&name) {
+        if tools && !has(Kind::Tools) && !TOOLS_OWN_TEST.contains(&name) {
             missing.push(format!("{name}: tools"));
         }
         let thinks = [

@@ -151,17 +151,24 @@ fn circles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<BTreeSet<S
     s.out
 }
 
+/// The `.rs` files under `src/<dir>`, sorted.
+fn src_files(dir: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    rs_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir),
+        &mut files,
+    );
+    files.sort();
+    files
+}
+
 /// The lines of the files under `src/<dir>` (test code included, comments not) that name the
 /// top-level module `m`: a path through it (`m::…`, `crate::m`, `pocketmoe::m`) or `m` inside a
 /// `use crate::{…}` group.
 fn lines_naming(dir: &str, m: &str) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
-    let mut files = Vec::new();
-    rs_files(&root, &mut files);
-    files.sort();
     let ident = |c: char| c.is_alphanumeric() || c == '_';
     let mut found = Vec::new();
-    for f in &files {
+    for f in &src_files(dir) {
         let text = std::fs::read_to_string(f).unwrap();
         // Brace depth inside a `crate::{` group (it may span lines); 0 outside one.
         let mut group = 0usize;
@@ -230,13 +237,9 @@ fn server_does_not_name_experts() {
 fn engine_names_no_architecture_state() {
     // Submodules (`crate::graph::dsv4`, `crate::arch::deepseek4`), which `lines_naming` (top-level
     // modules) does not see: a path through one (`dsv4::x`) or its name in a `use` statement.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine");
-    let mut files = Vec::new();
-    rs_files(&root, &mut files);
-    files.sort();
     let ident = |c: char| c.is_alphanumeric() || c == '_';
     let mut found = Vec::new();
-    for f in &files {
+    for f in &src_files("engine") {
         let text = std::fs::read_to_string(f).unwrap();
         let mut in_use = false;
         for (i, line) in text.lines().enumerate() {

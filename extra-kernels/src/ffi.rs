@@ -94,7 +94,6 @@ impl Drop for CopyStream {
     }
 }
 
-
 /// A CUDA runtime error with the call that failed.
 #[derive(Debug)]
 pub struct CudaError {

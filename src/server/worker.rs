@@ -391,7 +391,11 @@ pub fn run<M: BatchModel, V: Vocab>(
         while i < actions.len() {
             if slots[actions[i].0].is_none() {
                 let (id, action, reply) = actions.remove(i);
-                let _ = reply.send(slot_action(model, cfg, &mut cache, id, action));
+                let done = slot_action(model, cfg, &mut cache, id, action);
+                // Published before the answer: a client that reads /slots right after an
+                // erase or restore must find the slot's new state there.
+                publish(&slots, &cache, cfg, shared);
+                let _ = reply.send(done);
             } else {
                 i += 1;
             }

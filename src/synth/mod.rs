@@ -352,79 +352,27 @@ pub fn metadata(
     Ok(kv)
 }
 
-/// Hyper-parameters as `{arch}.`-relative GGUF keys (the inverse of `Hparams::from_meta`).
+/// Hyper-parameters as `{arch}.`-relative GGUF keys (the inverse of `Hparams::from_meta`):
+/// every row of the schema (`model::hparams::schema::KEYS`) the architecture reads whose value is
+/// set (non-zero, true) or whose key the architecture requires; then the rows read by code of
+/// their own (gating, RoPE scaling type, DeepSeek-V4's compression ratios).
 pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
-    let u = |x: u64| GgufValue::U32(x as u32);
-    let mut kv = vec![
-        ("context_length", u(h.n_ctx_train)),
-        ("embedding_length", u(h.n_embd)),
-        ("block_count", u(h.n_layer as u64)),
-        ("vocab_size", u(h.n_vocab)),
-        ("attention.head_count", u(h.n_head)),
-        ("attention.head_count_kv", u(h.n_head_kv)),
-        ("attention.key_length", u(h.head_dim_k)),
-        ("attention.value_length", u(h.head_dim_v)),
-        (
-            "attention.layer_norm_rms_epsilon",
-            GgufValue::F32(h.rms_eps),
-        ),
-        ("rope.freq_base", GgufValue::F32(h.rope_freq_base)),
-        ("rope.dimension_count", u(h.n_rot)),
-        ("expert_count", u(h.n_expert)),
-        ("expert_used_count", u(h.n_expert_used)),
-        ("expert_gating_func", u(h.gating as u64)),
-        (
-            "expert_weights_norm",
-            GgufValue::Bool(h.expert_weights_norm),
-        ),
-    ];
-    let optional = [
-        ("feed_forward_length", h.n_ff),
-        ("expert_feed_forward_length", h.n_ff_exp),
-        ("expert_shared_feed_forward_length", h.n_ff_shexp),
-        ("expert_shared_count", h.n_expert_shared),
-        ("leading_dense_block_count", h.n_layer_dense_lead as u64),
-        ("expert_group_count", h.n_expert_groups),
-        ("expert_group_used_count", h.n_group_used),
-        ("attention.sliding_window", h.swa.window),
-        ("attention.q_lora_rank", h.mla.q_lora_rank),
-        ("attention.kv_lora_rank", h.mla.kv_lora_rank),
-        ("attention.key_length_mla", h.mla.head_dim_k),
-        ("attention.value_length_mla", h.mla.head_dim_v),
-        ("nextn_predict_layers", h.n_layer_nextn as u64),
-        // DeepSeek-V4.
-        ("attention.indexer.head_count", h.indexer.n_head),
-        ("attention.indexer.key_length", h.indexer.head_dim),
-        ("attention.indexer.top_k", h.indexer.top_k),
-        ("attention.output_group_count", h.dsv4.o_group_count),
-        ("attention.output_lora_rank", h.dsv4.o_lora_rank),
-        ("hyper_connection.count", h.dsv4.hc_mult),
-        (
-            "hyper_connection.sinkhorn_iterations",
-            h.dsv4.hc_sinkhorn_iters,
-        ),
-        ("hash_layer_count", h.dsv4.hash_layer_count as u64),
-    ];
-    let optional_f32 = [
-        ("swiglu_clamp_exp", h.dsv4.swiglu_clamp_exp),
-        ("swiglu_clamp_shexp", h.dsv4.swiglu_clamp_shexp),
-        ("hyper_connection.epsilon", h.dsv4.hc_eps),
-        (
-            "attention.compress_rope_freq_base",
-            h.dsv4.compress_rope_freq_base,
-        ),
-    ];
-    // Written when set, or when the architecture requires the key (deepseek4's
-    // hash_layer_count may be 0).
-    let set = optional.into_iter().map(|(k, v)| (k, u(v), v > 0)).chain(
-        optional_f32
-            .into_iter()
-            .map(|(k, v)| (k, GgufValue::F32(v), v > 0.0)),
-    );
-    kv.extend(
-        set.filter(|(k, _, set)| *set || h.arch.required_keys.contains(k))
-            .map(|(k, v, _)| (k, v)),
-    );
+    use crate::model::hparams::schema::{Ty, Val, KEYS};
+    let mut kv: Vec<(&'static str, GgufValue)> = KEYS
+        .iter()
+        .filter(|k| k.applies_to(h.arch.name))
+        .filter_map(|k| {
+            let required = h.arch.required_keys.contains(&k.name);
+            let v = match (k.ty, (k.get)(h)) {
+                (Ty::Uint, Val::U(x)) if x > 0 || required => GgufValue::U32(x as u32),
+                (Ty::Float, Val::F(x)) if x != 0.0 || required => GgufValue::F32(x),
+                (Ty::Bool, Val::B(b)) if b || required => GgufValue::Bool(b),
+                _ => return None,
+            };
+            Some((k.name, v))
+        })
+        .collect();
+    kv.push(("expert_gating_func", GgufValue::U32(h.gating as u32)));
     if !h.dsv4.compress_ratios.is_empty() {
         let ratios = h.dsv4.compress_ratios.iter().map(|&r| r as u32).collect();
         kv.push((
@@ -436,24 +384,6 @@ pub fn hparams_kv(h: &Hparams) -> Vec<(&'static str, GgufValue)> {
         kv.push((
             "rope.scaling.type",
             GgufValue::Str(h.rope_scaling.name().into()),
-        ));
-    }
-    if h.rope_scaling_factor > 0.0 {
-        kv.push(("rope.scaling.factor", GgufValue::F32(h.rope_scaling_factor)));
-    }
-    if h.n_ctx_orig_yarn > 0 {
-        kv.push(("rope.scaling.original_context_length", u(h.n_ctx_orig_yarn)));
-    }
-    if h.rope_yarn_log_mul != 0.0 {
-        kv.push((
-            "rope.scaling.yarn_log_multiplier",
-            GgufValue::F32(h.rope_yarn_log_mul),
-        ));
-    }
-    if h.expert_weights_scale > 0.0 {
-        kv.push((
-            "expert_weights_scale",
-            GgufValue::F32(h.expert_weights_scale),
         ));
     }
     kv

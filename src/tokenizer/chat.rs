@@ -113,8 +113,11 @@ impl ChatTemplate {
     ) -> Result<Self, TokenizerError> {
         let (name, source) = (name.into(), source.into());
         let mut env = jinja::environment();
-        env.add_template_owned(TEMPLATE, jinja::rewrite_hf_tags(&source))
-            .map_err(|e| template_err(&name, &e))?;
+        env.add_template_owned(
+            TEMPLATE,
+            jinja::mutable_lists(&jinja::rewrite_hf_tags(&source)),
+        )
+        .map_err(|e| template_err(&name, &e))?;
         Ok(Self {
             name,
             source,

@@ -12,8 +12,9 @@
 //! values (separators `", "`/`": "` without indent, `","`/`": "` with it; floats in `repr` form;
 //! no HTML escaping, unlike minijinja's built-in `tojson`); `strftime_now` formats the current
 //! UTC time (llama.cpp uses local time; the two agree on UTC machines such as CI).
-use minijinja::value::{Kwargs, Value, ValueKind};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State};
+use std::sync::{Arc, Mutex};
 
 /// A fresh environment with HF's settings and helpers.
 pub(crate) fn environment() -> Environment<'static> {
@@ -30,7 +31,126 @@ pub(crate) fn environment() -> Environment<'static> {
     });
     env.add_function("strftime_now", |fmt: String| strftime(&fmt, unix_now()));
     env.add_filter("tojson", tojson);
+    env.add_function(NEW_LIST, || Value::from_object(List::default()));
     env
+}
+
+/// The function [`mutable_lists`] puts in place of an assigned `[]`.
+const NEW_LIST: &str = "__pocketmoe_list";
+
+/// A list a template may grow and drain as Python's (`append`, `extend`, `insert`, `pop`,
+/// `clear`): minijinja's own lists are immutable (Kimi K2's template queues its tool-call ids
+/// with `namespace(ids=[])`, `.ids.append(id)` and `.ids.pop(0)`, as llama.cpp's own Jinja engine
+/// allows). Other methods are pycompat's, on a copy.
+#[derive(Debug, Default)]
+struct List(Mutex<Vec<Value>>);
+
+impl List {
+    fn items(&self) -> std::sync::MutexGuard<'_, Vec<Value>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Python's index `i` into a list of `len` (negative from the end), if in range.
+fn py_index(i: &Value, len: usize) -> Option<usize> {
+    let i = i.as_i64()?;
+    let i = if i < 0 { i + len as i64 } else { i };
+    usize::try_from(i).ok().filter(|&i| i < len)
+}
+
+impl Object for List {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let v = self.items();
+        v.get(py_index(key, v.len())?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.items().clone())
+    }
+
+    fn call_method(
+        self: &Arc<Self>,
+        state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
+        let mut v = self.items();
+        match (method, args) {
+            ("append", [x]) => v.push(x.clone()),
+            ("extend", [xs]) => v.extend(xs.try_iter()?),
+            ("insert", [i, x]) => {
+                let len = v.len() as i64;
+                let i = i
+                    .as_i64()
+                    .ok_or_else(|| bad("list.insert: the index must be an int"))?;
+                let at = if i < 0 { (i + len).max(0) } else { i.min(len) };
+                v.insert(at as usize, x.clone());
+            }
+            ("pop", []) => return v.pop().ok_or_else(|| bad("pop from empty list")),
+            ("pop", [i]) => {
+                let at = py_index(i, v.len()).ok_or_else(|| bad("pop index out of range"))?;
+                return Ok(v.remove(at));
+            }
+            ("clear", []) => v.clear(),
+            _ => {
+                let copy = Value::from(v.clone());
+                drop(v);
+                return minijinja_contrib::pycompat::unknown_method_callback(
+                    state, &copy, method, args,
+                );
+            }
+        }
+        Ok(Value::from(()))
+    }
+}
+
+/// Puts a mutable [`List`] in place of each `[]` a template assigns inside a tag (`set x = []`,
+/// `namespace(ids=[])`): the only lists a template can grow, since it cannot name an
+/// expression's result. Other `[]` (`x == []`, `[] + y`, in strings outside tags) stay.
+pub(crate) fn mutable_lists(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find(['{']) {
+        let tag = &rest[open..];
+        let close = match (tag.starts_with("{%"), tag.starts_with("{{")) {
+            (true, _) => tag.find("%}"),
+            (_, true) => tag.find("}}"),
+            _ => None,
+        };
+        let Some(close) = close else {
+            out.push_str(&rest[..open + 1]);
+            rest = &rest[open + 1..];
+            continue;
+        };
+        out.push_str(&rest[..open]);
+        let body = &tag[..close];
+        let mut i = 0;
+        while let Some(at) = body[i..].find('[') {
+            let at = i + at;
+            let inner = body[at + 1..].trim_start();
+            let before = body[..at].trim_end();
+            let assigned = before.ends_with('=')
+                && !before[..before.len() - 1].ends_with(['=', '!', '<', '>']);
+            if assigned && inner.starts_with(']') {
+                let end = body.len() - inner.len() + 1;
+                out.push_str(&body[i..at]);
+                out.push_str(NEW_LIST);
+                out.push_str("()");
+                i = end;
+            } else {
+                out.push_str(&body[i..at + 1]);
+                i = at + 1;
+            }
+        }
+        out.push_str(&body[i..]);
+        rest = &tag[close..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Rewrites HF's `{% generation %}`...`{% endgeneration %}` (the AssistantTracker extension,
@@ -460,5 +580,27 @@ mod tests {
             r#"[1,2.5,"é<\"\n"]"#
         );
         assert_eq!(r("{{ {}|tojson }}{{ []|tojson(indent=4) }}"), "{}[]");
+    }
+
+    #[test]
+    fn assigned_empty_lists_are_mutable_as_pythons() {
+        // Only assigned `[]` become mutable; a comparison and text outside tags stay.
+        assert_eq!(
+            mutable_lists("[] {% set a = [] %}{% set n = namespace(ids=[ ]) %}{{ a == [] }}"),
+            "[] {% set a = __pocketmoe_list() %}{% set n = namespace(ids=__pocketmoe_list()) %}{{ a == [] }}"
+        );
+        let env = environment();
+        let src = mutable_lists(
+            "{% set n = namespace(ids=[]) %}{% set _ = n.ids.append(1) %}\
+             {% set _ = n.ids.extend([2, 3]) %}{% set _ = n.ids.insert(0, 0) %}\
+             {{ n.ids.pop(0) }}|{{ n.ids.pop() }}|{{ n.ids | length }}|{{ n.ids[-1] }}|\
+             {{ n.ids | tojson }}|{% for x in n.ids %}{{ x }}{% endfor %}",
+        );
+        let out = env.render_str(&src, ()).unwrap();
+        assert_eq!(out, "0|3|2|2|[1, 2]|12");
+        let err = env
+            .render_str(&mutable_lists("{% set a = [] %}{{ a.pop() }}"), ())
+            .unwrap_err();
+        assert!(err.to_string().contains("pop from empty list"), "{err}");
     }
 }
