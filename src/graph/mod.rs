@@ -7,12 +7,14 @@
 pub mod blocks;
 pub mod dsv4;
 pub mod kv;
+pub mod layers;
 pub mod weights;
 
 use crate::ggml::{Context, Graph, Tensor};
 use crate::model::Hparams;
 use kv::KvCache;
-use weights::Weights;
+use layers::Block;
+use weights::{Weights, W};
 
 /// The inputs of one micro-batch (created by the engine, filled after allocation).
 #[derive(Clone, Copy)]
@@ -83,6 +85,21 @@ impl<'a> GraphBuilder<'a> {
         } else {
             t.set_name(name)
         }
+    }
+
+    /// The tensor of weight `h`.
+    pub fn t(&self, h: W) -> Tensor<'a> {
+        self.w.t(h)
+    }
+
+    /// [`Self::t`] of an optional weight.
+    pub fn t_opt(&self, h: Option<W>) -> Option<Tensor<'a>> {
+        h.map(|h| self.w.t(h))
+    }
+
+    /// Block `il`'s weights, by type (resolved when the weights were declared).
+    pub fn blk(&self, il: usize) -> &'a Block {
+        self.w.layers().block(il)
     }
 
     /// The weight `blk.{il}.{suffix}`; its absence is a graph invariant violation (validation ran
