@@ -311,11 +311,6 @@ impl Weights {
         self.host.as_ref().map_or(0, |p| p.bytes)
     }
 
-    /// Tensor `template` (with `{}` = block) of block `il`, if present.
-    pub fn layer(&self, il: usize, suffix: &str) -> Option<Tensor<'_>> {
-        self.get(&format!("blk.{il}.{suffix}"))
-    }
-
     /// A handle for `t`, a tensor of this [`Weights`].
     fn handle(&mut self, t: *mut ggml_sys::ggml_tensor) -> W {
         self.slots.push(NonNull::new(t).expect("a declared tensor"));
