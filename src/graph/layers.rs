@@ -21,9 +21,9 @@ use super::weights::{Resolver, WeightsError, W};
 type R<T> = Result<T, WeightsError>;
 
 /// Every tensor the graphs read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Layers {
-    pub io: Option<Io>,
+    pub io: Io,
     /// One per decode block.
     pub blocks: Vec<Block>,
 }
@@ -217,15 +217,12 @@ impl Layers {
         let blocks = (0..r.hp.n_layer_decode())
             .map(|il| Block::resolve(r, il))
             .collect::<R<_>>()?;
-        Ok(Self {
-            io: Some(io),
-            blocks,
-        })
+        Ok(Self { io, blocks })
     }
 
     /// The input/output weights.
     pub fn io(&self) -> &Io {
-        self.io.as_ref().expect("weights resolved at declare")
+        &self.io
     }
 
     /// Block `il`'s weights.

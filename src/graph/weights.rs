@@ -186,19 +186,23 @@ impl Weights {
         } else {
             None
         };
-        let mut w = Self {
+        let mut r = Resolver {
+            main: &main,
+            host: host.as_ref(),
+            slots: Vec::new(),
+            hp,
+            keep,
+        };
+        let layers = Layers::resolve(&mut r)?;
+        // The handles point into the parts' contexts, which moving the parts leaves in place.
+        let slots = r.slots;
+        Ok(Self {
             main,
             host,
             extra: (0, 0),
-            slots: Vec::new(),
-            layers: Layers::default(),
-        };
-        w.layers = Layers::resolve(&mut Resolver {
-            w: &mut w,
-            hp,
-            keep,
-        })?;
-        Ok(w)
+            slots,
+            layers,
+        })
     }
 
     /// The tensor `h` stands for.
@@ -310,35 +314,45 @@ impl Weights {
     pub fn host_bytes(&self) -> u64 {
         self.host.as_ref().map_or(0, |p| p.bytes)
     }
-
-    /// A handle for `t`, a tensor of this [`Weights`].
-    fn handle(&mut self, t: *mut ggml_sys::ggml_tensor) -> W {
-        self.slots.push(NonNull::new(t).expect("a declared tensor"));
-        W(u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 weights"))
-    }
 }
 
 /// Resolves names into [`W`] handles while [`Weights::declare`] builds the typed [`Layers`]:
 /// what the file holds, what the architecture's table lists for a block, and what stays out of
 /// the weights (the routed experts, offloading).
 pub struct Resolver<'r> {
-    w: &'r mut Weights,
+    main: &'r Part,
+    host: Option<&'r Part>,
+    /// What the handles made so far stand for (`Weights::slots`).
+    slots: Vec<NonNull<ggml_sys::ggml_tensor>>,
     /// The model's hyper-parameters (`hp.arch` is the table).
     pub hp: &'r Hparams,
     keep: &'r dyn Fn(&str) -> bool,
 }
 
 impl Resolver<'_> {
-    /// The tensor `name`, if declared (the main backend's copy where there are two).
-    pub fn global(&mut self, name: &str) -> Option<W> {
-        let raw = self.w.get(name)?.raw();
-        Some(self.w.handle(raw))
+    /// A handle for `t`, a tensor of the parts being declared.
+    fn handle(&mut self, t: Tensor<'_>) -> W {
+        self.slots
+            .push(NonNull::new(t.raw()).expect("a declared tensor"));
+        W(u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 weights"))
     }
 
-    /// The token embedding for the lookup by id (the host copy where there is one).
+    /// The tensor `name`, if declared (the main backend's copy where there are two, as
+    /// [`Weights::get`]).
+    pub fn global(&mut self, name: &str) -> Option<W> {
+        let (main, host) = (self.main, self.host);
+        let t = main.get(name).or_else(|| host?.get(name))?;
+        Some(self.handle(t))
+    }
+
+    /// The token embedding for the lookup by id: the host copy where there is one (as
+    /// [`Weights::embedding`]).
     pub fn embedding(&mut self) -> Option<W> {
-        let raw = self.w.embedding()?.raw();
-        Some(self.w.handle(raw))
+        let (main, host) = (self.main, self.host);
+        let t = host
+            .and_then(|p| p.get(TOKEN_EMBD))
+            .or_else(|| main.get(TOKEN_EMBD))?;
+        Some(self.handle(t))
     }
 
     /// The global tensor `name`, which `what` needs.
