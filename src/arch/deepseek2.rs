@@ -193,15 +193,7 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
     g.pre_norm_decoder_with(
         |g, h, il| g.mla_attention(h, il, &mla),
-        "ffn_norm.weight",
-        |g, h, il| {
-            if il < g.hp.n_layer_dense_lead {
-                return g.swiglu_ffn(h, il, "");
-            }
-            let routed = g.moe(h, il, &moe);
-            let shared = g.swiglu_ffn(h, il, "_shexp");
-            g.add(routed, shared, "ffn_out", il as i32)
-        },
+        |g, h, il| g.ffn(h, il, &moe),
     )
 }
 

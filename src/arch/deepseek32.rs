@@ -197,15 +197,7 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
                 (g.dsa_mask(h, qr, il), k)
             })
         },
-        "ffn_norm.weight",
-        |g, h, il| {
-            if il < g.hp.n_layer_dense_lead {
-                return g.swiglu_ffn(h, il, "");
-            }
-            let routed = g.moe(h, il, &moe);
-            let shared = g.swiglu_ffn(h, il, "_shexp");
-            g.add(routed, shared, "ffn_out", il as i32)
-        },
+        |g, h, il| g.ffn(h, il, &moe),
     )
 }
 

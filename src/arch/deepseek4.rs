@@ -435,7 +435,8 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     for il in 0..hp.n_layer_decode() {
         let i = il as i32;
         let m = g.hc_pre(x, il, HcSite::Attn);
-        let h = g.rms_norm(m.cur, g.wl(il, "attn_norm.weight"), "attn_norm", i);
+        let w = g.blk(il);
+        let h = g.rms_norm(m.cur, g.t(w.attn_norm), "attn_norm", i);
         let h = g.dsv4_attention(h, il);
         x = g.cb(g.hc_post(h, x, &m), "hc_attn_post", i);
 
@@ -443,11 +444,15 @@ fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
         // libllama's node order: the FFN mix's post and comb before its weighted sum.
         g.graph.build_forward(m.post);
         g.graph.build_forward(m.comb);
-        let h = g.rms_norm(m.cur, g.wl(il, "ffn_norm.weight"), "ffn_norm", i);
-        let selected = (il < hp.dsv4.hash_layer_count)
-            .then(|| ctx.get_rows(g.wl(il, "ffn_gate_tid2eid.weight"), g.batch.tokens));
+        let h = g.rms_norm(m.cur, g.t(w.ffn_norm), "ffn_norm", i);
+        // Hash blocks (the table's tid2eid rows: `il < hash_layer_count`) pick by token id.
+        let moe_w = w.moe();
+        let selected = moe_w.tid2eid.map(|t| ctx.get_rows(g.t(t), g.batch.tokens));
         let routed = g.moe_selected(h, il, &moe, selected);
-        let shared = g.swiglu_ffn_clamped(h, il, "_shexp", hp.dsv4.swiglu_clamp_shexp);
+        let shexp = moe_w
+            .shared
+            .expect("deepseek4's table lists shared experts");
+        let shared = g.shared_experts(h, il, &shexp, hp.dsv4.swiglu_clamp_shexp);
         let y = g.add(routed, shared, "ffn_out", i);
         x = g.cb(g.hc_post(y, x, &m), "l_last", i);
     }

@@ -77,14 +77,7 @@ pub static GLM4MOE: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::PerHead, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
-    g.pre_norm_decoder(&attn, "post_attention_norm.weight", |g, h, il| {
-        if il < g.hp.n_layer_dense_lead {
-            return g.swiglu_ffn(h, il, "");
-        }
-        let routed = g.moe(h, il, &moe);
-        let shared = g.swiglu_ffn(h, il, "_shexp");
-        g.add(routed, shared, "ffn_out", il as i32)
-    })
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What GLM-4.5 models share (the synth presets start from it).

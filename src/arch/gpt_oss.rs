@@ -138,9 +138,7 @@ fn check(h: &Hparams) -> Result<(), String> {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::None, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::SwigluOai, g.hp.expert_weights_scale);
-    g.pre_norm_decoder(&attn, "post_attention_norm.weight", |g, h, il| {
-        g.moe(h, il, &moe)
-    })
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What gpt-oss models share (the synth presets start from it).

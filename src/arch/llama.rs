@@ -76,13 +76,7 @@ pub static LLAMA: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::None, ROPE_NORMAL);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
-    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
-        if g.wl_opt(il, "ffn_gate_inp.weight").is_some() {
-            g.moe(h, il, &moe)
-        } else {
-            g.swiglu_ffn(h, il, "")
-        }
-    })
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What Mixtral models share (the synth presets start from it).

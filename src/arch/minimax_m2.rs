@@ -64,7 +64,7 @@ pub static MINIMAX_M2: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::Full, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
-    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What MiniMax-M2 models share (the synth presets start from it).

@@ -58,7 +58,7 @@ pub static OLMOE: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::Full, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
-    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What OLMoE models share (the synth presets start from it).

@@ -71,11 +71,7 @@ pub static QWEN2MOE: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::None, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, g.hp.expert_weights_scale);
-    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| {
-        let routed = g.moe(h, il, &moe);
-        let shared = g.shared_expert_sigmoid_gated(h, il);
-        g.add(routed, shared, "ffn_out", il as i32)
-    })
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What Qwen2-MoE models share (the synth presets start from it).

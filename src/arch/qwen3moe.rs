@@ -59,7 +59,7 @@ pub static QWEN3MOE: Arch = Arch {
 fn build<'a>(g: &GraphBuilder<'a>) -> Tensor<'a> {
     let attn = AttnOpts::new(QkNorm::PerHead, ROPE_NEOX);
     let moe = MoeOpts::new(g.hp, ExpertAct::Swiglu, 1.0);
-    g.pre_norm_decoder(&attn, "ffn_norm.weight", |g, h, il| g.moe(h, il, &moe))
+    g.pre_norm_decoder(&attn, |g, h, il| g.ffn(h, il, &moe))
 }
 
 /// What Qwen3-MoE models share (the synth presets start from it).

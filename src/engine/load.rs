@@ -96,7 +96,11 @@ impl Engine {
         // CPU-only and resident: the weights are filled once the engine can build graphs on
         // them, which decide what goes into the CPU's extra buffer types (`fill_weights`).
         let repack = opts.repack && Rc::ptr_eq(&main, &cpu) && !offload;
-        let mut weights = weights::Weights::declare(&file, host.is_some(), &keep)?;
+        let mut weights =
+            weights::Weights::declare(&file, &hp, host.is_some(), &keep).map_err(|e| match e {
+                weights::WeightsError::Ggml(e) => e.into(),
+                missing => model_err(missing.to_string()),
+            })?;
         if !repack {
             let none = weights::ExtraPlacement::new();
             weights.fill(&file, &main, host, &none, progress)?;

@@ -129,7 +129,7 @@ fn predicted_logits<'a>(
     il: usize,
     name: &str,
 ) -> Tensor<'a> {
-    let logits = g.ctx.mul_mat(g.wl(next, "ffn_gate_inp.weight"), x);
+    let logits = g.ctx.mul_mat(g.t(g.blk(next).moe().router), x);
     g.cb(logits, name, il as i32)
 }
 

@@ -7,13 +7,15 @@
 pub mod blocks;
 pub mod dsv4;
 pub mod kv;
+pub mod layers;
 pub mod step;
 pub mod weights;
 
 use crate::ggml::{Context, Graph, Tensor};
 use crate::model::Hparams;
 use kv::KvCache;
-use weights::Weights;
+use layers::Block;
+use weights::{Weights, W};
 
 /// The inputs of one micro-batch (created by the engine, filled after allocation).
 #[derive(Clone, Copy)]
@@ -86,23 +88,19 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    /// The weight `blk.{il}.{suffix}`; its absence is a graph invariant violation (validation ran
-    /// before loading), so this panics with the name.
-    pub fn wl(&self, il: usize, suffix: &str) -> Tensor<'a> {
-        self.w
-            .layer(il, suffix)
-            .unwrap_or_else(|| panic!("weight blk.{il}.{suffix} missing after validation"))
+    /// The tensor of weight `h`.
+    pub fn t(&self, h: W) -> Tensor<'a> {
+        self.w.t(h)
     }
 
-    /// An optional per-layer weight.
-    pub fn wl_opt(&self, il: usize, suffix: &str) -> Option<Tensor<'a>> {
-        self.w.layer(il, suffix)
+    /// [`Self::t`] of an optional weight.
+    pub fn t_opt(&self, h: Option<W>) -> Option<Tensor<'a>> {
+        h.map(|h| self.w.t(h))
     }
 
-    pub fn wg(&self, name: &str) -> Tensor<'a> {
-        self.w
-            .get(name)
-            .unwrap_or_else(|| panic!("weight {name} missing after validation"))
+    /// Block `il`'s weights, by type (resolved when the weights were declared).
+    pub fn blk(&self, il: usize) -> &'a Block {
+        self.w.layers().block(il)
     }
 
     pub fn add(&self, a: Tensor<'a>, b: Tensor<'a>, name: &str, il: i32) -> Tensor<'a> {
@@ -119,31 +117,31 @@ impl<'a> GraphBuilder<'a> {
 impl<'a> GraphBuilder<'a> {
     /// The pre-norm decoder stack most MoE architectures share, for every decode block `il`:
     /// `x += attention(rms_norm(x, attn_norm))`, then `x += ffn(rms_norm(x, <ffn_norm>), il)`,
-    /// and the output head. Architecture files pick the attention options, the pre-FFN norm's
-    /// name and the FFN (routed experts, plus shared experts where the model has them).
+    /// and the output head. Architecture files pick the attention options and the FFN (routed
+    /// experts, plus shared experts where the model has them); the pre-FFN norm is the block's
+    /// (`ffn_norm`, or `post_attention_norm` where the table names it so).
     pub fn pre_norm_decoder(
         &self,
         attn: &blocks::AttnOpts,
-        ffn_norm: &str,
         ffn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
     ) -> Tensor<'a> {
-        self.pre_norm_decoder_with(|g, h, il| g.attention(h, il, attn), ffn_norm, ffn)
+        self.pre_norm_decoder_with(|g, h, il| g.attention(h, il, attn), ffn)
     }
 
     /// [`Self::pre_norm_decoder`] with the attention block chosen by the architecture (MLA).
     pub fn pre_norm_decoder_with(
         &self,
         attn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
-        ffn_norm: &str,
         ffn: impl Fn(&Self, Tensor<'a>, usize) -> Tensor<'a>,
     ) -> Tensor<'a> {
         let mut x = self.embed(); // [n_embd, n_tokens]
         for il in 0..self.hp.n_layer_decode() {
             let i = il as i32;
-            let h = self.rms_norm(x, self.wl(il, "attn_norm.weight"), "attn_norm", i);
+            let w = self.blk(il);
+            let h = self.rms_norm(x, self.t(w.attn_norm), "attn_norm", i);
             let h = attn(self, h, il);
             let ffn_inp = self.add(h, x, "ffn_inp", i);
-            let h = self.rms_norm(ffn_inp, self.wl(il, ffn_norm), "ffn_norm", i);
+            let h = self.rms_norm(ffn_inp, self.t(w.ffn_norm), "ffn_norm", i);
             let h = ffn(self, h, il);
             x = self.add(h, ffn_inp, "l_out", i);
         }

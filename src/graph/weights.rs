@@ -14,9 +14,12 @@
 //! Invariant: `get(name)` returns exactly the GGUF tensor of that name (the device copy where
 //! there are two); shapes were checked against the architecture table before loading
 //! (`model::validate`).
+use super::layers::Layers;
 use crate::ggml::{Backend, BufType, Context, GgmlError, Graph, Tensor, TensorIndex};
 use crate::gguf::GgufModel;
+use crate::model::Hparams;
 use std::collections::HashMap;
+use std::ptr::NonNull;
 
 /// The tensor looked up by token id.
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -36,6 +39,27 @@ pub struct Weights {
     host: Option<Part>,
     /// Tensors in one of the CPU's extra buffer types, and their bytes.
     extra: (usize, u64),
+    /// The tensors [`W`] handles stand for (tensors of `main`'s and `host`'s contexts, which
+    /// live as long as `self`).
+    slots: Vec<NonNull<ggml_sys::ggml_tensor>>,
+    /// Every tensor the graphs read, by block and kind, resolved once at [`Weights::declare`].
+    layers: Layers,
+}
+
+/// A weight of [`Weights`]: a handle without a lifetime (`Copy`, storable in the typed per-block
+/// structs of [`Layers`]), turned into the tensor by [`Weights::t`]. Only the [`Weights`] that
+/// made it knows what it stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct W(u32);
+
+/// Why weights could not be declared.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error(transparent)]
+    Ggml(#[from] GgmlError),
+    /// A tensor the graph of a block needs is not in the file (the caller names the file).
+    #[error("missing tensor {name}, which {what} needs")]
+    Missing { name: String, what: String },
 }
 
 /// Where a weight goes besides its backend's default buffer: one of the CPU device's extra
@@ -131,24 +155,28 @@ impl Weights {
     /// bytes.
     pub fn load(
         model: &GgufModel,
+        hp: &Hparams,
         main: &Backend,
         host: Option<&Backend>,
         keep: &dyn Fn(&str) -> bool,
         progress: &dyn Fn(u64, u64),
-    ) -> Result<Self, GgmlError> {
-        let mut w = Self::declare(model, host.is_some(), keep)?;
+    ) -> Result<Self, WeightsError> {
+        let mut w = Self::declare(model, hp, host.is_some(), keep)?;
         w.fill(model, main, host, &ExtraPlacement::new(), progress)?;
         Ok(w)
     }
 
     /// [`Weights::load`] in two steps: the tensors without memory (so a graph can be built on
     /// them to see how each is used, [`Weights::extra_placement`]), then [`Weights::fill`].
-    /// `host`: whether a host backend will take the token embedding.
+    /// `host`: whether a host backend will take the token embedding. Resolves the tensors each
+    /// block's graph reads ([`Layers`], by `hp`'s architecture table): a tensor a block needs and
+    /// the file lacks is an error naming it ([`WeightsError::Missing`]).
     pub fn declare(
         model: &GgufModel,
+        hp: &Hparams,
         host: bool,
         keep: &dyn Fn(&str) -> bool,
-    ) -> Result<Self, GgmlError> {
+    ) -> Result<Self, WeightsError> {
         let tied = model.tensors().all(|t| t.name != "output.weight");
         let on_host = |name: &str| host && name == TOKEN_EMBD && keep(name);
         let on_main = |name: &str| keep(name) && (!on_host(name) || tied);
@@ -158,11 +186,33 @@ impl Weights {
         } else {
             None
         };
+        let mut r = Resolver {
+            main: &main,
+            host: host.as_ref(),
+            slots: Vec::new(),
+            hp,
+            keep,
+        };
+        let layers = Layers::resolve(&mut r)?;
+        // The handles point into the parts' contexts, which moving the parts leaves in place.
+        let slots = r.slots;
         Ok(Self {
             main,
             host,
             extra: (0, 0),
+            slots,
+            layers,
         })
+    }
+
+    /// The tensor `h` stands for.
+    pub fn t(&self, h: W) -> Tensor<'_> {
+        Tensor::from_raw(self.slots[h.0 as usize])
+    }
+
+    /// The typed weights of the model's blocks and its input/output.
+    pub fn layers(&self) -> &Layers {
+        &self.layers
     }
 
     /// Allocates and fills declared weights: on `main` (those `extra` names in their buffer
@@ -264,9 +314,101 @@ impl Weights {
     pub fn host_bytes(&self) -> u64 {
         self.host.as_ref().map_or(0, |p| p.bytes)
     }
+}
 
-    /// Tensor `template` (with `{}` = block) of block `il`, if present.
-    pub fn layer(&self, il: usize, suffix: &str) -> Option<Tensor<'_>> {
-        self.get(&format!("blk.{il}.{suffix}"))
+/// Resolves names into [`W`] handles while [`Weights::declare`] builds the typed [`Layers`]:
+/// what the file holds, what the architecture's table lists for a block, and what stays out of
+/// the weights (the routed experts, offloading).
+pub struct Resolver<'r> {
+    main: &'r Part,
+    host: Option<&'r Part>,
+    /// What the handles made so far stand for (`Weights::slots`).
+    slots: Vec<NonNull<ggml_sys::ggml_tensor>>,
+    /// The model's hyper-parameters (`hp.arch` is the table).
+    pub hp: &'r Hparams,
+    keep: &'r dyn Fn(&str) -> bool,
+}
+
+impl Resolver<'_> {
+    /// A handle for `t`, a tensor of the parts being declared.
+    fn handle(&mut self, t: Tensor<'_>) -> W {
+        self.slots
+            .push(NonNull::new(t.raw()).expect("a declared tensor"));
+        W(u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 weights"))
+    }
+
+    /// The tensor `name`, if declared (the main backend's copy where there are two, as
+    /// [`Weights::get`]).
+    pub fn global(&mut self, name: &str) -> Option<W> {
+        let (main, host) = (self.main, self.host);
+        let t = main.get(name).or_else(|| host?.get(name))?;
+        Some(self.handle(t))
+    }
+
+    /// The token embedding for the lookup by id: the host copy where there is one (as
+    /// [`Weights::embedding`]).
+    pub fn embedding(&mut self) -> Option<W> {
+        let (main, host) = (self.main, self.host);
+        let t = host
+            .and_then(|p| p.get(TOKEN_EMBD))
+            .or_else(|| main.get(TOKEN_EMBD))?;
+        Some(self.handle(t))
+    }
+
+    /// The global tensor `name`, which `what` needs.
+    pub fn global_req(&mut self, name: &str, what: &str) -> Result<W, WeightsError> {
+        self.global(name).ok_or_else(|| WeightsError::Missing {
+            name: name.to_string(),
+            what: what.to_string(),
+        })
+    }
+
+    /// `blk.{il}.{suffix}`, which `what` of block `il` uses where the file has it: its absence
+    /// is an error naming it only where the architecture's table requires it in that block.
+    pub fn opt(&mut self, il: usize, suffix: &str, what: &str) -> Result<Option<W>, WeightsError> {
+        let name = format!("blk.{il}.{suffix}");
+        match self.global(&name) {
+            Some(h) => Ok(Some(h)),
+            None if self.required(il, suffix) => Err(WeightsError::Missing {
+                name,
+                what: format!("block {il}'s {what}"),
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// `blk.{il}.{suffix}`, which `what` of block `il` needs: its absence is an error naming it.
+    pub fn req(&mut self, il: usize, suffix: &str, what: &str) -> Result<W, WeightsError> {
+        self.global(&format!("blk.{il}.{suffix}"))
+            .ok_or_else(|| WeightsError::Missing {
+                name: format!("blk.{il}.{suffix}"),
+                what: format!("block {il}'s {what}"),
+            })
+    }
+
+    /// Whether the architecture's table requires `blk.{}.{suffix}` in block `il`.
+    fn required(&self, il: usize, suffix: &str) -> bool {
+        let name = format!("blk.{{}}.{suffix}");
+        self.hp.arch.tensor_specs().any(|t| {
+            t.name == name
+                && t.in_layer(self.hp, il)
+                && self.hp.arch.required_in(t, self.hp, Some(il))
+        })
+    }
+
+    /// Whether the architecture's table has `blk.{}.{suffix}` in block `il` (what decides the
+    /// kind of each part of a block: MLA or GQA attention, dense or routed FFN, ...).
+    pub fn listed(&self, il: usize, suffix: &str) -> bool {
+        let name = format!("blk.{{}}.{suffix}");
+        self.hp
+            .arch
+            .tensor_specs()
+            .any(|t| t.name == name && t.in_layer(self.hp, il))
+    }
+
+    /// Whether `blk.{il}.{suffix}` is one of the weights (false for what another store holds:
+    /// the routed experts when offloading).
+    pub fn kept(&self, il: usize, suffix: &str) -> bool {
+        (self.keep)(&format!("blk.{il}.{suffix}"))
     }
 }

@@ -2,6 +2,7 @@
 //! attention): q/k/v projections (+ optional biases), optional q/k RMSNorm, RoPE, cache store,
 //! `flash_attn_ext` with a causal mask, output projection.
 use crate::ggml::{RopeParams, Tensor};
+use crate::graph::layers::{Attn, Proj};
 use crate::graph::GraphBuilder;
 
 /// Where the q/k RMSNorm applies, if anywhere.
@@ -37,9 +38,9 @@ impl<'a> GraphBuilder<'a> {
     }
 
     /// Projection `w·x` plus an optional bias.
-    fn proj(&self, x: Tensor<'a>, il: usize, name: &str) -> Tensor<'a> {
-        let y = self.ctx.mul_mat(self.wl(il, &format!("{name}.weight")), x);
-        match self.wl_opt(il, &format!("{name}.bias")) {
+    fn proj(&self, x: Tensor<'a>, p: Proj) -> Tensor<'a> {
+        let y = self.ctx.mul_mat(self.t(p.w), x);
+        match self.t_opt(p.b) {
             Some(b) => self.ctx.add(y, b),
             None => y,
         }
@@ -51,16 +52,14 @@ impl<'a> GraphBuilder<'a> {
         let (n_head, n_head_kv) = (hp.n_head as i64, hp.n_head_kv as i64);
         let (dk, nt) = (hp.head_dim_k as i64, b.n_tokens as i64);
         let ili = il as i32;
+        let w = self.blk(il).gqa();
 
-        let mut q = self.cb(self.proj(x, il, "attn_q"), "Qcur", ili); // [dk*n_head, nt]
-        let mut k = self.cb(self.proj(x, il, "attn_k"), "Kcur", ili); // [dk*n_head_kv, nt]
-        let v = self.cb(self.proj(x, il, "attn_v"), "Vcur", ili); // [dv*n_head_kv, nt]
+        let mut q = self.cb(self.proj(x, w.q), "Qcur", ili); // [dk*n_head, nt]
+        let mut k = self.cb(self.proj(x, w.k), "Kcur", ili); // [dk*n_head_kv, nt]
+        let v = self.cb(self.proj(x, w.v), "Vcur", ili); // [dv*n_head_kv, nt]
 
         // q/k norms apply where the file has them (required ones were checked at load).
-        let (qn, kn) = (
-            self.wl_opt(il, "attn_q_norm.weight"),
-            self.wl_opt(il, "attn_k_norm.weight"),
-        );
+        let (qn, kn) = (self.t_opt(w.q_norm), self.t_opt(w.k_norm));
         if opts.qk_norm == QkNorm::Full {
             if let Some(w) = qn {
                 q = self.rms_norm(q, w, "Qcur_normed", ili);
@@ -84,7 +83,7 @@ impl<'a> GraphBuilder<'a> {
 
         let scale = 1.0 / (dk as f32).sqrt();
         let o = self.attend_kv(q, k, v, il, scale); // [dv*n_head, nt]
-        self.cb(self.proj(o, il, "attn_output"), "attn_out", ili)
+        self.cb(self.proj(o, w.output), "attn_out", ili)
     }
 
     /// Stores this batch's `k` [dk, n_head_kv, nt] (contiguous) and `v` [dv * n_head_kv, nt]
@@ -149,8 +148,10 @@ impl<'a> GraphBuilder<'a> {
             _ => b.mask,
         };
         let o = ctx.flash_attn(qp, k_all, v_all, mask, scale); // [dv, n_head, nt]
-        if let Some(sinks) = self.wl_opt(il, "attn_sinks.weight") {
-            ctx.flash_attn_add_sinks(o, sinks);
+        if let Attn::Gqa(w) = &self.blk(il).attn {
+            if let Some(sinks) = self.t_opt(w.sinks) {
+                ctx.flash_attn_add_sinks(o, sinks);
+            }
         }
         let o = ctx
             .reshape(o, &[dv * n_head, nt])

@@ -73,29 +73,20 @@ impl<'a> GraphBuilder<'a> {
         let n_kv = b.n_kv() as i64;
         let rp = self.rope_params_scaled(hp.n_rot, hp.rope_freq_base, ROPE_NEOX);
         let rot = self.kv.extra(ROT_NAME); // [d, d]
+        let iw = self.blk(il).mla().indexer.as_ref().unwrap_or_else(|| {
+            panic!("block {il} has no indexer in its architecture's table; the graph asks for it")
+        });
 
         // Queries: [d, nh, nt], roped, rotated.
-        let q = self.cb(
-            ctx.mul_mat(self.wl(il, "indexer.attn_q_b.weight"), qr),
-            "indexer_q",
-            i,
-        ); // [d * nh, nt]
+        let q = self.cb(ctx.mul_mat(self.t(iw.q_b), qr), "indexer_q", i); // [d * nh, nt]
         let q = ctx.reshape(q, &[d, nh, nt]).expect("indexer q 3d");
         let q = self.cb(ctx.rope(q, b.pos, &rp), "indexer_q", i); // [d, nh, nt]
 
         // Keys: [d, 1, nt], normed, roped, rotated; stored now.
-        let k = self.cb(
-            ctx.mul_mat(self.wl(il, "indexer.attn_k.weight"), x),
-            "indexer_k",
-            i,
-        ); // [d, nt]
+        let k = self.cb(ctx.mul_mat(self.t(iw.k), x), "indexer_k", i); // [d, nt]
         let k = ctx.norm(k, K_NORM_EPS);
-        let k = ctx.mul(k, self.wl(il, "indexer.k_norm.weight"));
-        let k = self.cb(
-            ctx.add(k, self.wl(il, "indexer.k_norm.bias")),
-            "indexer_k",
-            i,
-        ); // [d, nt]
+        let k = ctx.mul(k, self.t(iw.k_norm));
+        let k = self.cb(ctx.add(k, self.t(iw.k_norm_bias)), "indexer_k", i); // [d, nt]
         let k = ctx.reshape(k, &[d, 1, nt]).expect("indexer k 3d");
         let k = self.cb(ctx.rope(k, b.pos, &rp), "indexer_k", i); // [d, 1, nt]
 
@@ -111,11 +102,7 @@ impl<'a> GraphBuilder<'a> {
         self.graph.build_forward(store);
 
         // Per-head weights [nh, nt], pre-scaled.
-        let w = self.cb(
-            ctx.mul_mat(self.wl(il, "indexer.proj.weight"), x),
-            "indexer_weights",
-            i,
-        ); // [nh, nt]
+        let w = self.cb(ctx.mul_mat(self.t(iw.proj), x), "indexer_weights", i); // [nh, nt]
         let w = self.cb(
             ctx.scale(w, 1.0 / ((d * nh) as f32).sqrt()),
             "indexer_weights",

@@ -12,6 +12,7 @@ use crate::ggml::{RopeParams, Tensor};
 use crate::graph::blocks::attention::ROPE_NORMAL;
 use crate::graph::blocks::rope::mul_add1;
 use crate::graph::dsv4::CompInputs;
+use crate::graph::layers::{CompW, Dsv4Comp};
 use crate::graph::GraphBuilder;
 
 /// Which hyper-connection mix: before the attention or before the FFN.
@@ -89,15 +90,11 @@ impl<'a> GraphBuilder<'a> {
     /// The hyper-connection pre-mix of block `il` on the streams `x` [n_embd, hc, nt].
     pub fn hc_pre(&self, x: Tensor<'a>, il: usize, site: HcSite) -> HcMix<'a> {
         let (ctx, hp) = (self.ctx, self.hp);
-        let s = match site {
-            HcSite::Attn => "attn",
-            HcSite::Ffn => "ffn",
+        let (s, w) = match site {
+            HcSite::Attn => ("attn", self.blk(il).hc()[0]),
+            HcSite::Ffn => ("ffn", self.blk(il).hc()[1]),
         };
-        let (f, scale, base) = (
-            self.wl(il, &format!("hc_{s}_fn.weight")),
-            self.wl(il, &format!("hc_{s}_scale.weight")),
-            self.wl(il, &format!("hc_{s}_base.weight")),
-        );
+        let (f, scale, base) = (self.t(w.f), self.t(w.scale), self.t(w.base));
         let hc = hp.dsv4.hc_mult as i64;
         let mixes = self.hc_mixes(x, f); // [(2+hc)·hc, nt]
         let nt = mixes.ne()[1];
@@ -156,11 +153,11 @@ impl<'a> GraphBuilder<'a> {
         let flat = self.select_outputs(flat); // [n_embd·hc, n_out]
         let n_out = flat.ne()[1];
         let x = ctx.reshape(flat, &[n_embd, hc, n_out]).expect("streams 3d");
-        let mixes = self.hc_mixes(x, self.wg("output_hc_fn.weight")); // [hc, n_out]
-        let pre = ctx.add(
-            ctx.mul(mixes, self.wg("output_hc_scale.weight")),
-            self.wg("output_hc_base.weight"),
-        );
+        let w = self.w.layers().io().hc_head.unwrap_or_else(|| {
+            panic!("the architecture's table has no output_hc_*; the graph asks for them")
+        });
+        let mixes = self.hc_mixes(x, self.t(w.f)); // [hc, n_out]
+        let pre = ctx.add(ctx.mul(mixes, self.t(w.scale)), self.t(w.base));
         let pre = self.cb(
             ctx.scale_bias(ctx.sigmoid(pre), 1.0, hp.dsv4.hc_eps),
             "hc_head_pre",
@@ -188,16 +185,17 @@ impl<'a> GraphBuilder<'a> {
         let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
         let r = self.dsv4_ratio(il);
         let rp = self.dsv4_rope(r != 0);
+        let w = self.blk(il).dsv4();
 
-        let qr = self.cb(ctx.mul_mat(self.wl(il, "attn_q_a.weight"), x), "qr", i);
-        let qr = self.rms_norm(qr, self.wl(il, "attn_q_a_norm.weight"), "qr_norm", i); // [q_lora, nt]
-        let q = ctx.mul_mat(self.wl(il, "attn_q_b.weight"), qr);
+        let qr = self.cb(ctx.mul_mat(self.t(w.q_a), x), "qr", i);
+        let qr = self.rms_norm(qr, self.t(w.q_a_norm), "qr_norm", i); // [q_lora, nt]
+        let q = ctx.mul_mat(self.t(w.q_b), qr);
         let q = ctx.reshape(q, &[hd, n_head, nt]).expect("q 3d");
         let q = self.cb(ctx.rms_norm(q, hp.rms_eps), "q_norm", i);
         let q = self.cb(self.rope_tail(q, b.pos, &rp), "q", i); // [hd, n_head, nt]
 
-        let kv = ctx.mul_mat(self.wl(il, "attn_kv.weight"), x);
-        let kv = self.rms_norm(kv, self.wl(il, "attn_kv_a_norm.weight"), "kv_norm", i);
+        let kv = ctx.mul_mat(self.t(w.kv), x);
+        let kv = self.rms_norm(kv, self.t(w.kv_a_norm), "kv_norm", i);
         let kv = ctx.reshape(kv, &[hd, 1, nt]).expect("kv 3d");
         let kv = self.cb(self.rope_tail(kv, b.pos, &rp), "kv", i); // [hd, 1, nt]
 
@@ -205,27 +203,38 @@ impl<'a> GraphBuilder<'a> {
         let csa = dsv4.and_then(|d| d.csa).filter(|_| r == 4);
         let hca = dsv4.and_then(|d| d.hca).filter(|_| r == 128);
         let comp = |name: &str| self.kv.extra(&format!("dsv4_{name}_l{il}"));
-        let attn_comp = || Compressor {
-            wkv: self.wl(il, "attn_compressor_kv.weight"),
-            wgate: self.wl(il, "attn_compressor_gate.weight"),
-            ape: self.wl(il, "attn_compressor_ape.weight"),
-            norm: self.wl(il, "attn_compressor_norm.weight"),
-            cache: comp("comp"),
-            state_kv: comp("state_kv"),
-            state_score: comp("state_score"),
-            d: hd,
-            rot: None,
+        // The block's compressors, by its table (the same ratio rule as `dsv4_ratio`).
+        let (comp_w, lid_w) = match w.comp {
+            Dsv4Comp::None => (None, None),
+            Dsv4Comp::Hca(c) => (Some(c), None),
+            Dsv4Comp::Csa { comp, lid, .. } => (Some(comp), Some(lid)),
+        };
+        let no_comp = || -> CompW { panic!("block {il} compresses but has no compressor weights") };
+        let attn_comp = || {
+            let c = comp_w.unwrap_or_else(no_comp);
+            Compressor {
+                wkv: self.t(c.kv),
+                wgate: self.t(c.gate),
+                ape: self.t(c.ape),
+                norm: self.t(c.norm),
+                cache: comp("comp"),
+                state_kv: comp("state_kv"),
+                state_score: comp("state_score"),
+                d: hd,
+                rot: None,
+            }
         };
         if let Some(inp) = &hca {
             self.dsv4_compress(x, il, inp, 128, attn_comp(), "hca");
         }
         if let Some(inp) = &csa {
             self.dsv4_compress(x, il, inp, 4, attn_comp(), "csa");
+            let lw = lid_w.unwrap_or_else(no_comp);
             let lid = Compressor {
-                wkv: self.wl(il, "indexer_compressor_kv.weight"),
-                wgate: self.wl(il, "indexer_compressor_gate.weight"),
-                ape: self.wl(il, "indexer_compressor_ape.weight"),
-                norm: self.wl(il, "indexer_compressor_norm.weight"),
+                wkv: self.t(lw.kv),
+                wgate: self.t(lw.gate),
+                ape: self.t(lw.ape),
+                norm: self.t(lw.norm),
                 cache: comp("lid"),
                 state_kv: comp("lid_state_kv"),
                 state_score: comp("lid_state_score"),
@@ -265,7 +274,7 @@ impl<'a> GraphBuilder<'a> {
         if let Some(n) = n_kv_max {
             ctx.flash_attn_n_kv_max(o, n);
         }
-        ctx.flash_attn_add_sinks(o, self.wl(il, "attn_sinks.weight"));
+        ctx.flash_attn_add_sinks(o, self.t(w.sinks));
         let o = ctx.reshape(o, &[hd, n_head, nt]).expect("attn 3d");
         let o = ctx.rope_offset(ctx.rope_back(o, b.pos, &rp), (hd - hp.n_rot as i64) as i32);
         let o = self.cb(o, "attn_derope", i);
@@ -279,16 +288,12 @@ impl<'a> GraphBuilder<'a> {
             [0, 2, 1, 3],
         ); // [og, nt, g]
         let wo_a = ctx
-            .reshape(self.wl(il, "attn_output_a.weight"), &[og, o_lora, g])
+            .reshape(self.t(w.output_a), &[og, o_lora, g])
             .expect("wo_a 3d");
         let oa = self.cb(ctx.mul_mat(wo_a, o), "attn_wo_a", i); // [o_lora, nt, g]
         let oa = ctx.cont(ctx.permute(oa, [0, 2, 1, 3])); // [o_lora, g, nt]
         let oa = ctx.reshape(oa, &[o_lora * g, nt]).expect("wo_a out 2d");
-        self.cb(
-            ctx.mul_mat(self.wl(il, "attn_output_b.weight"), oa),
-            "attn_out",
-            i,
-        )
+        self.cb(ctx.mul_mat(self.t(w.output_b), oa), "attn_out", i)
     }
 
     /// One compressor's step: projections and scores of this step's tokens, the compressed rows
@@ -378,7 +383,10 @@ impl<'a> GraphBuilder<'a> {
             hp.indexer.n_head as i64,
             b.n_tokens as i64,
         );
-        let q = ctx.mul_mat(self.wl(il, "indexer.attn_q_b.weight"), qr);
+        let Dsv4Comp::Csa { q_b, proj, .. } = self.blk(il).dsv4().comp else {
+            panic!("block {il} has no lightning indexer in its architecture's table")
+        };
+        let q = ctx.mul_mat(self.t(q_b), qr);
         let q = ctx.reshape(q, &[d, h, nt]).expect("indexer q");
         let q = self.rope_tail(q, b.pos, &self.dsv4_rope(true));
         let q = self.cb(
@@ -386,7 +394,7 @@ impl<'a> GraphBuilder<'a> {
             "lid_q_rot",
             i,
         ); // [d, h, nt]
-        let w = ctx.mul_mat(self.wl(il, "indexer.proj.weight"), x);
+        let w = ctx.mul_mat(self.t(proj), x);
         let w = self.cb(
             ctx.scale(w, 1.0 / ((d * h) as f32).sqrt()),
             "lid_weights",

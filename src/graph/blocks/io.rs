@@ -5,10 +5,7 @@ use crate::graph::GraphBuilder;
 impl<'a> GraphBuilder<'a> {
     /// `token_embd` rows of the batch's tokens -> [n_embd, n_tokens] (f32).
     pub fn embed(&self) -> Tensor<'a> {
-        let table = self
-            .w
-            .embedding()
-            .unwrap_or_else(|| panic!("weight token_embd.weight missing after validation"));
+        let table = self.t(self.w.layers().io().embd);
         let e = self.ctx.get_rows(table, self.batch.tokens);
         self.cb(e, "inp_embd", -1)
     }
@@ -37,14 +34,11 @@ impl<'a> GraphBuilder<'a> {
     /// Final norm and output projection of the selected columns `x` [n_embd, n_out]; with
     /// `batch.embd`, the final norm only -> [n_embd, n_out] (the embeddings' input).
     pub fn output_head(&self, x: Tensor<'a>) -> Tensor<'a> {
-        let x = self.rms_norm(x, self.wg("output_norm.weight"), "result_norm", -1);
+        let io = self.w.layers().io();
+        let x = self.rms_norm(x, self.t(io.output_norm), "result_norm", -1);
         if self.batch.embd {
             return x;
         }
-        let head = self
-            .w
-            .get("output.weight")
-            .unwrap_or_else(|| self.wg("token_embd.weight"));
-        self.cb(self.ctx.mul_mat(head, x), "result_output", -1)
+        self.cb(self.ctx.mul_mat(self.t(io.head), x), "result_output", -1)
     }
 }

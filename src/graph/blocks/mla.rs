@@ -18,6 +18,7 @@
 //! (n_rot)]. The score scale folds in YaRN's mscale twice (`kq_scale`), as llama.cpp does.
 use crate::ggml::Tensor;
 use crate::graph::blocks::rope::mul_add1;
+use crate::graph::layers::{MlaKv, MlaQ};
 use crate::graph::GraphBuilder;
 
 /// MLA settings of an architecture.
@@ -68,28 +69,22 @@ impl<'a> GraphBuilder<'a> {
         let kv_lora = hp.mla.kv_lora_rank as i64;
         let rp = self.rope_params_scaled(hp.n_rot, hp.rope_freq_base, opts.rope_mode);
         let f32_row = |n: i64| n as usize * 4;
+        let w = self.blk(il).mla();
 
         // q: [dk * n_head, nt]
-        let (q, mask) = match self.wl_opt(il, "attn_q_a.weight") {
-            Some(q_a) => {
-                let q = self.cb(ctx.mul_mat(q_a, x), "q", i); // [q_lora, nt]
-                let q = self.rms_norm(q, self.wl(il, "attn_q_a_norm.weight"), "q", i);
+        let (q, mask) = match w.q {
+            MlaQ::LowRank { a, a_norm, b } => {
+                let q = self.cb(ctx.mul_mat(self.t(a), x), "q", i); // [q_lora, nt]
+                let q = self.rms_norm(q, self.t(a_norm), "q", i);
                 let mask = mask_of(Some(q));
-                let q = self.cb(ctx.mul_mat(self.wl(il, "attn_q_b.weight"), q), "q", i);
+                let q = self.cb(ctx.mul_mat(self.t(b), q), "q", i);
                 (q, mask)
             }
-            None => (
-                self.cb(ctx.mul_mat(self.wl(il, "attn_q.weight"), x), "q", i),
-                mask_of(None),
-            ),
+            MlaQ::Full(q) => (self.cb(ctx.mul_mat(self.t(q), x), "q", i), mask_of(None)),
         };
         let q = self.cb(ctx.reshape(q, &[dk, n_head, nt]).expect("q 3d"), "q", i); // [dk, n_head, nt]
 
-        let kv_cmpr_pe = self.cb(
-            ctx.mul_mat(self.wl(il, "attn_kv_a_mqa.weight"), x),
-            "kv_cmpr_pe",
-            i,
-        ); // [kv_lora + n_rot, nt]
+        let kv_cmpr_pe = self.cb(ctx.mul_mat(self.t(w.kv_a_mqa), x), "kv_cmpr_pe", i); // [kv_lora + n_rot, nt]
         let row = f32_row(kv_lora + n_rot);
         let kv_cmpr = self.cb(
             ctx.view(kv_cmpr_pe, &[kv_lora, nt], &[row], 0),
@@ -99,7 +94,7 @@ impl<'a> GraphBuilder<'a> {
         let k_pe = ctx.view(kv_cmpr_pe, &[n_rot, 1, nt], &[row, row], f32_row(kv_lora)); // [n_rot, 1, nt]
         let k_pe = self.cb(k_pe, "k_pe", i);
         let k_pe = self.cb(ctx.rope(k_pe, b.pos, &rp), "k_pe", i); // [n_rot, 1, nt]
-        let kv_cmpr = self.rms_norm(kv_cmpr, self.wl(il, "attn_kv_a_norm.weight"), "kv_cmpr", i); // [kv_lora, nt]
+        let kv_cmpr = self.rms_norm(kv_cmpr, self.t(w.kv_a_norm), "kv_cmpr", i); // [kv_lora, nt]
 
         let qnb = q.nb();
         let q_nope = ctx.view(q, &[nope, n_head, nt], &[qnb[1], qnb[2]], 0); // [nope, n_head, nt]
@@ -109,16 +104,15 @@ impl<'a> GraphBuilder<'a> {
         let q_pe = self.cb(ctx.rope(q_pe, b.pos, &rp), "q_pe", i); // [n_rot, n_head, nt]
 
         let kq_scale = self.mla_kq_scale(opts.rope_mode);
-        let o = if hp.is_mla() {
-            self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale, mask.0, mask.1)
-        } else {
-            self.mla_decompressed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
+        let o = match w.kv {
+            MlaKv::Absorbed { .. } => {
+                self.mla_absorbed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale, mask.0, mask.1)
+            }
+            MlaKv::Decompressed { .. } => {
+                self.mla_decompressed(q_nope, q_pe, kv_cmpr, k_pe, il, kq_scale)
+            }
         }; // [dv * n_head, nt]
-        self.cb(
-            ctx.mul_mat(self.wl(il, "attn_output.weight"), o),
-            "attn_out",
-            i,
-        ) // [n_embd, nt]
+        self.cb(ctx.mul_mat(self.t(w.output), o), "attn_out", i) // [n_embd, nt]
     }
 
     /// The absorbed form (files with `attn_k_b`/`attn_v_b`): MQA over the K-only latent cache.
@@ -142,13 +136,12 @@ impl<'a> GraphBuilder<'a> {
         let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
         let dv = hp.mla_head_dim_v() as i64;
         let (n_rot, kv_lora) = (hp.n_rot as i64, hp.mla.kv_lora_rank as i64);
+        let MlaKv::Absorbed { k_b, v_b } = self.blk(il).mla().kv else {
+            unreachable!("called for absorbed blocks")
+        };
         // Absorb attn_k_b into q: [nope, kv_lora, n_head] x [nope, nt, n_head] -> [kv_lora, nt, n_head].
         let q_nope = self.cb(ctx.permute(q_nope, [0, 2, 1, 3]), "q_nope_perm", i); // [nope, nt, n_head]
-        let q_abs = self.cb(
-            ctx.mul_mat(self.wl(il, "attn_k_b.weight"), q_nope),
-            "q_nope_absorbed",
-            i,
-        ); // [kv_lora, nt, n_head]
+        let q_abs = self.cb(ctx.mul_mat(self.t(k_b), q_nope), "q_nope_absorbed", i); // [kv_lora, nt, n_head]
         let q_abs = self.cb(ctx.permute(q_abs, [0, 2, 1, 3]), "q_nope_absorbed_perm", i); // [kv_lora, n_head, nt]
         let q_cur = self.cb(ctx.concat(q_abs, q_pe, 0), "Qcur", i); // [kv_lora + n_rot, n_head, nt]
 
@@ -177,11 +170,7 @@ impl<'a> GraphBuilder<'a> {
 
         // Decompress per head with attn_v_b: [kv_lora, dv, n_head] x [kv_lora, nt, n_head].
         let o = ctx.permute(o, [0, 2, 1, 3]); // [kv_lora, nt, n_head]
-        let o = self.cb(
-            ctx.mul_mat(self.wl(il, "attn_v_b.weight"), o),
-            "fattn_mla",
-            i,
-        ); // [dv, nt, n_head]
+        let o = self.cb(ctx.mul_mat(self.t(v_b), o), "fattn_mla", i); // [dv, nt, n_head]
         let o = ctx.cont(ctx.permute(o, [0, 2, 1, 3])); // [dv, n_head, nt]
         let o = ctx.reshape(o, &[dv * n_head, nt]).expect("attn out 2d"); // [dv * n_head, nt]
         self.cb(o, "kqv_out", i)
@@ -204,11 +193,10 @@ impl<'a> GraphBuilder<'a> {
         let (n_head, nt) = (hp.n_head as i64, b.n_tokens as i64);
         let dv = hp.mla_head_dim_v() as i64;
         let (n_rot, nope) = (hp.n_rot as i64, hp.mla_qk_nope() as i64);
-        let kv = self.cb(
-            ctx.mul_mat(self.wl(il, "attn_kv_b.weight"), kv_cmpr),
-            "kv",
-            i,
-        ); // [n_head * (nope + dv), nt]
+        let MlaKv::Decompressed { kv_b } = self.blk(il).mla().kv else {
+            unreachable!("called for decompressed blocks")
+        };
+        let kv = self.cb(ctx.mul_mat(self.t(kv_b), kv_cmpr), "kv", i); // [n_head * (nope + dv), nt]
         let row = (nope + dv) as usize * 4;
         let k_nope = ctx.view(kv, &[nope, n_head, nt], &[row, row * n_head as usize], 0); // [nope, n_head, nt]
         let k_nope = self.cb(k_nope, "k_nope_view", i);

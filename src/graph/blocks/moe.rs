@@ -119,12 +119,13 @@ impl<'a> GraphBuilder<'a> {
     ) -> Routing<'a> {
         let ctx = self.ctx;
         let ili = il as i32;
-        let mut logits = ctx.mul_mat(self.wl(il, "ffn_gate_inp.weight"), x); // [n_expert, nt]
+        let w = self.blk(il).moe();
+        let mut logits = ctx.mul_mat(self.t(w.router), x); // [n_expert, nt]
         if opts.gating == Gating::SqrtSoftplus {
             // As llama.cpp does for this gating: the router's matmul accumulates in F32.
             ctx.prec_f32(logits);
         }
-        if let Some(b) = self.wl_opt(il, "ffn_gate_inp.bias") {
+        if let Some(b) = self.t_opt(w.router_bias) {
             logits = ctx.add(logits, b);
         }
         let logits = self.cb(logits, "ffn_moe_logits", ili);
@@ -150,7 +151,7 @@ impl<'a> GraphBuilder<'a> {
         let ili = il as i32;
         let nt = self.batch.n_tokens as i64;
         let k = hp.n_expert_used as i64;
-        let selection = match self.wl_opt(il, "exp_probs_b.bias") {
+        let selection = match self.t_opt(self.blk(il).moe().probs_bias) {
             Some(b) => self.cb(ctx.add(probs, b), "ffn_moe_probs_biased", ili),
             None => probs,
         };
@@ -263,11 +264,11 @@ impl<'a> GraphBuilder<'a> {
         r: &Routing<'a>,
         opts: &MoeOpts,
     ) -> Tensor<'a> {
-        let w = [
-            Some(self.wl(il, "ffn_up_exps.weight")),
-            self.wl_opt(il, "ffn_gate_exps.weight"),
-            Some(self.wl(il, "ffn_down_exps.weight")),
-        ];
+        // Resident experts run only where the engine kept them in the weights.
+        let e = self.blk(il).moe().exps.unwrap_or_else(|| {
+            panic!("block {il}'s routed experts are not in the weights (offloaded)")
+        });
+        let w = [Some(self.t(e.up)), self.t_opt(e.gate), Some(self.t(e.down))];
         let t = ExpertTensors {
             w,
             biases: self.expert_biases(il),
@@ -278,8 +279,7 @@ impl<'a> GraphBuilder<'a> {
 
     /// Block `il`'s optional per-expert biases (up, gate, down), resident in every mode.
     pub fn expert_biases(&self, il: usize) -> [Option<Tensor<'a>>; 3] {
-        ["ffn_up_exps", "ffn_gate_exps", "ffn_down_exps"]
-            .map(|m| self.wl_opt(il, &format!("{m}.bias")))
+        self.blk(il).moe().exps_bias.map(|b| self.t_opt(b))
     }
 
     /// up/gate/down through `mul_mat_id` with expert ids `ids` (per matrix, into `t.w`'s third
