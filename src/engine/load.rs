@@ -42,7 +42,11 @@ impl Engine {
         }
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
         let mut opts = opts;
-        let devices: Vec<Device> = opts.device_list().into_iter().map(Device::resolve).collect();
+        let devices: Vec<Device> = opts
+            .device_list()
+            .into_iter()
+            .map(Device::resolve)
+            .collect();
         opts.device = devices[0];
         opts.devices = if devices.len() > 1 {
             devices

@@ -145,7 +145,9 @@ impl Engine {
     /// In a layer split, the device whose memory holds weight `name` (`None` on one device, or
     /// for a name the weights do not hold).
     pub fn weight_device(&self, name: &str) -> Option<usize> {
-        self.split.as_ref()?.device_of_tensor(self.weights.get(name)?)
+        self.split
+            .as_ref()?
+            .device_of_tensor(self.weights.get(name)?)
     }
 
     /// In a layer split, the device whose memory holds KV-cache tensor `name`.

@@ -90,7 +90,10 @@ impl Split {
             }
         }
         let shares: Vec<f64> = if opts.tensor_split.is_empty() {
-            budgets.iter().map(|b| b.map_or(1.0, |b| b as f64)).collect()
+            budgets
+                .iter()
+                .map(|b| b.map_or(1.0, |b| b as f64))
+                .collect()
         } else {
             opts.tensor_split.clone()
         };

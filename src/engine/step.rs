@@ -129,8 +129,7 @@ impl Engine {
                 None => self.sched.alloc(&g.graph())?,
                 Some(s) => {
                     let graph = g.graph();
-                    self.sched
-                        .alloc_assigned(&graph, &s.plan.assign(&graph))?;
+                    self.sched.alloc_assigned(&graph, &s.plan.assign(&graph))?;
                 }
             }
             let nodes = GraphNodes::resolve(&nodes, &g);

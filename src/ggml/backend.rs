@@ -565,7 +565,11 @@ impl Sched {
     /// the backends as passed to `new`) for each `(t, backend)` in `assign`
     /// (`ggml_backend_sched_set_tensor_backend`); the scheduler places the other nodes as
     /// usual and copies sources between backends where needed.
-    pub fn alloc_assigned(&mut self, graph: &Graph<'_>, assign: &[(Tensor<'_>, usize)]) -> Result<()> {
+    pub fn alloc_assigned(
+        &mut self,
+        graph: &Graph<'_>,
+        assign: &[(Tensor<'_>, usize)],
+    ) -> Result<()> {
         // SAFETY: live scheduler and graph; the assignments are made after the reset (which
         // clears them) and before the split (which keeps them).
         let ok = unsafe {
@@ -584,7 +588,11 @@ impl Sched {
     }
 
     /// [`Sched::reserve`] with the assignments of [`Sched::alloc_assigned`].
-    pub fn reserve_assigned(&mut self, graph: &Graph<'_>, assign: &[(Tensor<'_>, usize)]) -> Result<()> {
+    pub fn reserve_assigned(
+        &mut self,
+        graph: &Graph<'_>,
+        assign: &[(Tensor<'_>, usize)],
+    ) -> Result<()> {
         // SAFETY: as in alloc_assigned.
         let ok = unsafe {
             sys::ggml_backend_sched_reset(self.ptr.as_ptr());

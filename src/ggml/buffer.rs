@@ -361,7 +361,10 @@ impl Context {
         let buf = self.new_buffer_of(buft, size)?;
         let mut off = 0;
         for &t in ts {
-            off = buf.place(Tensor::from_raw(std::ptr::NonNull::new(t.raw()).expect("a tensor")), off)?;
+            off = buf.place(
+                Tensor::from_raw(std::ptr::NonNull::new(t.raw()).expect("a tensor")),
+                off,
+            )?;
         }
         Ok(buf.size())
     }

@@ -876,7 +876,10 @@ impl<'ctx> Tensor<'ctx> {
     pub fn is_view_op(&self) -> bool {
         matches!(
             self.get().op,
-            sys::GGML_OP_VIEW | sys::GGML_OP_RESHAPE | sys::GGML_OP_PERMUTE | sys::GGML_OP_TRANSPOSE
+            sys::GGML_OP_VIEW
+                | sys::GGML_OP_RESHAPE
+                | sys::GGML_OP_PERMUTE
+                | sys::GGML_OP_TRANSPOSE
         )
     }
 
@@ -897,7 +900,8 @@ impl<'ctx> Tensor<'ctx> {
             unsafe { (*t.view_src).buffer }
         };
         // SAFETY: a live buffer; its type is static.
-        (!buf.is_null()).then(|| super::BufType::from_raw(unsafe { sys::ggml_backend_buffer_get_type(buf) }))
+        (!buf.is_null())
+            .then(|| super::BufType::from_raw(unsafe { sys::ggml_backend_buffer_get_type(buf) }))
     }
 
     /// Whether this tensor is a matrix product (`mul_mat` or `mul_mat_id`), whose source 0 is

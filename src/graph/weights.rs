@@ -231,7 +231,9 @@ impl Weights {
             done += n;
             progress(done, total);
         };
-        self.extra = self.main.fill(model, main, extra, &ExtraPlacement::new(), &mut report)?;
+        self.extra = self
+            .main
+            .fill(model, main, extra, &ExtraPlacement::new(), &mut report)?;
         if let Some(h) = &mut self.host {
             let backend = host.expect("host weights declared without a host backend");
             let none = ExtraPlacement::new();
