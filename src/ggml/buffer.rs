@@ -354,6 +354,7 @@ impl Context {
     /// Allocates one buffer of type `buft` holding `ts` (tensors of this context, not yet
     /// allocated), each placed as [`BufferRef::place`] places it. Returns its size.
     pub fn alloc_group(&self, buft: BufType, ts: &[Tensor<'_>]) -> Result<usize> {
+        // `place` starts every tensor at a multiple of 256 (a multiple of any CPU alignment).
         let size: usize = ts
             .iter()
             .map(|&t| buft.alloc_size(t).next_multiple_of(256))

@@ -2,7 +2,8 @@
 //! type, shape), allocated in one buffer of the backend it is placed on, and filled from the
 //! mmap'd file (the bytes are copied as they are: quantised blocks are never dequantised).
 //!
-//! Placement: the main backend holds every kept tensor. When the engine offloads experts, the
+//! Placement: the main backend holds every kept tensor (in a layer split over several devices,
+//! `engine::split`, each block's tensors are in one buffer of its device instead: `fill_split`). When the engine offloads experts, the
 //! token embedding lives in host memory instead, as in llama.cpp: its lookup (`get_rows` of one
 //! row per token) runs on the CPU and only the batch's rows cross to the GPU. That saves its
 //! VRAM for expert-cache slots (0.3 GB for a 150k vocabulary). A model whose output head is tied
