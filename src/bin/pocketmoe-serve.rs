@@ -59,8 +59,15 @@ struct Args {
     /// Run on GPU N (needs a CUDA build). Default: GPU 0 when this is a CUDA build and a GPU is
     /// present (with --gpu-mem defaulting to its free memory minus a margin, so a model larger
     /// than the GPU offloads its experts by itself), else the CPU.
-    #[arg(long, conflicts_with = "cpu")]
-    gpu: Option<usize>,
+    /// Several (`--gpu 0,1`): the model's blocks split over them (llama.cpp's `-sm layer`;
+    /// fully resident models only; -ts sets their shares).
+    #[arg(
+        long,
+        conflicts_with = "cpu",
+        value_delimiter = ',',
+        value_name = "N[,N...]"
+    )]
+    gpu: Vec<usize>,
     /// Run on the CPU even when a GPU is present.
     #[arg(long, conflicts_with = "n_gpu_layers")]
     cpu: bool,
@@ -356,10 +363,12 @@ struct LlamaServerArgs {
     /// Device list: use --gpu N / --cpu here (a note says so).
     #[arg(long, value_name = "LIST")]
     device: Option<String>,
-    /// Multi-GPU split: one GPU here (no effect).
+    /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU) or `none`
+    /// (the first GPU only). `row` (tensor parallelism) is not built yet: refused.
     #[arg(long, value_name = "MODE")]
     split_mode: Option<String>,
-    /// Multi-GPU split: one GPU here (no effect).
+    /// With several GPUs (--gpu 0,1): each one's share of the blocks (e.g. 3,1; default: in
+    /// proportion to their memory). No effect with one device.
     #[arg(long, value_name = "LIST")]
     tensor_split: Option<String>,
     /// Use --gpu N here (a note says so).
@@ -632,8 +641,6 @@ fn llama_notes(a: &LlamaServerArgs) -> Result<Vec<String>> {
         (a.no_warmup, "--no-warmup"),
         (a.log_disable, "--log-disable"),
         (a.webui, "--webui"),
-        (a.split_mode.is_some(), "-sm/--split-mode"),
-        (a.tensor_split.is_some(), "-ts/--tensor-split"),
         (a.cache_ram.is_some(), "--cache-ram"),
         (a.defrag_thold.is_some(), "--defrag-thold"),
     ] {
@@ -783,12 +790,23 @@ fn run(args: Args) -> Result<i32> {
     let size = std::fs::metadata(&model).map_or(0, |m| m.len());
     let pb = pocketmoe::cli::byte_progress(size, "loading");
     let pb2 = pb.clone();
-    let (device, note) = pocketmoe::cli::device_for(args.cpu, args.gpu, args.n_gpu_layers);
+    let (device, note) =
+        pocketmoe::cli::device_for(args.cpu, args.gpu.first().copied(), args.n_gpu_layers);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    let (devices, tensor_split, note) = pocketmoe::cli::split_for(
+        &args.gpu,
+        args.llama.split_mode.as_deref(),
+        args.llama.tensor_split.as_deref(),
+    )?;
     if let Some(note) = note {
         eprintln!("{note}");
     }
     let mut engine_opts = EngineOptions {
         device,
+        devices,
+        tensor_split,
         n_threads: args.threads,
         n_ubatch: args.batch,
         gpu_mem: args.gpu_mem,

@@ -170,6 +170,50 @@ pub fn llama_flags<I: IntoIterator<Item = std::ffi::OsString>>(
     out
 }
 
+/// The devices and tensor split a command line asks for: `--gpu 0,1` (several GPUs: a layer
+/// split, `engine::split`), llama.cpp's `-sm/--split-mode` (`layer`, the default with several
+/// GPUs; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's share of the blocks,
+/// `3,1` or `3/1`). Returns `EngineOptions::devices` (empty: one device), its
+/// `tensor_split`, and a note to print where an option has no effect. Refused: `-sm row` (and
+/// `tensor`, `graph`: tensor parallelism is not built yet), an unknown mode, a bad share.
+pub fn split_for(
+    gpus: &[usize],
+    split_mode: Option<&str>,
+    tensor_split: Option<&str>,
+) -> anyhow::Result<(Vec<crate::engine::Device>, Vec<f64>, Option<String>)> {
+    use crate::engine::Device;
+    let layer = match split_mode.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("layer") => true,
+        Some("none") => false,
+        Some(m @ ("row" | "tensor" | "graph")) => anyhow::bail!(
+            "-sm {m}: splitting tensors across GPUs (tensor parallelism) is not built yet \
+             (issue 26); -sm layer (the default with --gpu 0,1,...) splits whole blocks over \
+             the GPUs"
+        ),
+        Some(m) => anyhow::bail!("-sm {m}: unknown split mode (layer, none)"),
+    };
+    let ts = match tensor_split {
+        None => Vec::new(),
+        Some(list) => list
+            .split([',', '/'])
+            .map(|x| {
+                x.trim().parse::<f64>().map_err(|_| {
+                    anyhow::anyhow!("-ts {list}: {x:?} is not a number (e.g. -ts 3,1)")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    if gpus.len() > 1 && layer {
+        let devices = gpus.iter().map(|&i| Device::Cuda(i)).collect();
+        return Ok((devices, ts, None));
+    }
+    let note = (!ts.is_empty()).then(|| {
+        "note: -ts/--tensor-split has no effect with one device (give several: --gpu 0,1)"
+            .to_string()
+    });
+    Ok((Vec::new(), Vec::new(), note))
+}
+
 /// The llama.cpp spellings `pocketmoe-serve` takes (llama-server's names).
 pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
@@ -203,6 +247,8 @@ pub const SERVE_LLAMA_FLAGS: &[(&str, &str)] = &[
 /// The llama.cpp spellings `pocketmoe` subcommands take (llama-cli's names).
 pub const CLI_LLAMA_FLAGS: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
+    ("-ts", "--tensor-split"),
+    ("-sm", "--split-mode"),
     ("-hfr", "--hf-repo"),
     ("-hff", "--hf-file"),
     ("-hf", "--hf-repo"),
@@ -249,5 +295,33 @@ impl Decoder for LlamaDecoder<'_> {
         let l = self.ctx.eval_last(&[token as i32], self.n_past)?;
         self.n_past += 1;
         Ok(l)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_for;
+    use crate::engine::Device;
+
+    #[test]
+    fn split_options_follow_llama_cpp() {
+        // Several GPUs: a layer split, -ts as given (commas or slashes).
+        let (d, ts, note) = split_for(&[0, 1], None, Some("3,1")).unwrap();
+        assert_eq!(d, vec![Device::Cuda(0), Device::Cuda(1)]);
+        assert_eq!(ts, vec![3.0, 1.0]);
+        assert!(note.is_none());
+        let (_, ts, _) = split_for(&[0, 1], Some("layer"), Some("3/1")).unwrap();
+        assert_eq!(ts, vec![3.0, 1.0]);
+        // -sm none: the first GPU alone; one GPU: -ts has no effect (a note says so).
+        assert!(split_for(&[0, 1], Some("none"), None).unwrap().0.is_empty());
+        let (d, ts, note) = split_for(&[0], None, Some("1,1")).unwrap();
+        assert!(d.is_empty() && ts.is_empty() && note.is_some());
+        // Tensor parallelism is not built: refused, never silently one device.
+        let e = split_for(&[0, 1], Some("row"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not built"), "{e}");
+        assert!(split_for(&[0, 1], Some("diagonal"), None).is_err());
+        assert!(split_for(&[0, 1], None, Some("3,x")).is_err());
     }
 }

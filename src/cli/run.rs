@@ -40,10 +40,24 @@ pub struct RunArgs {
     /// Wrap the prompt as a user message with the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    /// Run on GPU N (needs a CUDA build). Default: GPU 0 when this is a CUDA build and a GPU is
-    /// present, else the CPU.
-    #[arg(long, conflicts_with = "cpu")]
-    pub gpu: Option<usize>,
+    /// Run on GPU N (needs a CUDA build); several (`--gpu 0,1`): the model's blocks split
+    /// over them (llama.cpp's `-sm layer`; fully resident models only). Default: GPU 0 when
+    /// this is a CUDA build and a GPU is present, else the CPU.
+    #[arg(
+        long,
+        conflicts_with = "cpu",
+        value_delimiter = ',',
+        value_name = "N[,N...]"
+    )]
+    pub gpu: Vec<usize>,
+    /// With several GPUs: each one's share of the blocks (llama.cpp's `-ts 3,1`; default: in
+    /// proportion to their memory).
+    #[arg(long = "tensor-split", value_name = "LIST")]
+    pub tensor_split: Option<String>,
+    /// With several GPUs: `layer` (the default: whole blocks per GPU) or `none` (the first GPU
+    /// only); llama.cpp's `-sm`. `row` (tensor parallelism) is not built yet.
+    #[arg(long = "split-mode", value_name = "MODE")]
+    pub split_mode: Option<String>,
     /// Run on the CPU even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
@@ -149,12 +163,22 @@ pub fn run(args: RunArgs) -> Result<()> {
     if prompt.is_empty() {
         bail!("the prompt tokenized to nothing");
     }
-    let (device, note) = super::device_for(args.cpu, args.gpu, args.n_gpu_layers);
+    let (device, note) = super::device_for(args.cpu, args.gpu.first().copied(), args.n_gpu_layers);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
+    let (devices, tensor_split, note) = super::split_for(
+        &args.gpu,
+        args.split_mode.as_deref(),
+        args.tensor_split.as_deref(),
+    )?;
     if let Some(note) = note {
         eprintln!("{note}");
     }
     let mut opts = EngineOptions {
         device,
+        devices,
+        tensor_split,
         n_threads: args.threads,
         gpu_mem: args.gpu_mem,
         kv_type: args.cache_type,

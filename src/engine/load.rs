@@ -42,7 +42,18 @@ impl Engine {
         }
         let total_bytes: u64 = tensors.iter().map(|t| t.n_bytes).sum();
         let mut opts = opts;
-        opts.device = opts.device.resolve();
+        let devices: Vec<Device> = opts
+            .device_list()
+            .into_iter()
+            .map(Device::resolve)
+            .collect();
+        opts.device = devices[0];
+        opts.devices = if devices.len() > 1 {
+            devices
+        } else {
+            Vec::new()
+        };
+        let multi = !opts.devices.is_empty();
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache;
         // nor does an architecture whose attention reads V from the K row (`arch.kv.k_only`).
         let v_width = if hp.is_mla() || arch.kv.k_only {
@@ -76,15 +87,32 @@ impl Engine {
                 .map(|(free, total)| self::auto_budget(free as u64, total as u64));
         }
         let kv_bytes = kv_row * kv_ctx as u64;
+        // A layer split: its plan and its devices' backends (the first is `gpu`, made above).
+        let split = if multi {
+            Some(split::Split::new(
+                &opts,
+                gpu.clone(),
+                (!auto_budget).then_some(opts.gpu_mem).flatten(),
+                &hp,
+                total_bytes + kv_bytes,
+                COMPUTE_RESERVE,
+            )?)
+        } else {
+            None
+        };
         // Offload when the budget is below the whole model (+ KV + a compute reserve).
-        let offload = opts
-            .gpu_mem
-            .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
+        let offload = split.is_none()
+            && opts
+                .gpu_mem
+                .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
         let cpu = Rc::new(Backend::cpu_polling(
             opts.n_threads,
             cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
         )?);
-        let main = gpu.clone().unwrap_or_else(|| cpu.clone());
+        let main = match &split {
+            Some(s) => s.devices[0].clone(),
+            None => gpu.clone().unwrap_or_else(|| cpu.clone()),
+        };
         // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
         // out of the weights: the offload store holds them.
         let resident = |name: &str| v.roles.get(name).is_none_or(|r| r.is_resident());
@@ -101,13 +129,16 @@ impl Engine {
                 weights::WeightsError::Ggml(e) => e.into(),
                 missing => model_err(missing.to_string()),
             })?;
-        if !repack {
+        if let Some(s) = &split {
+            weights.fill_split(&file, &main, &|name| s.weight_buft(name), progress)?;
+        } else if !repack {
             let none = weights::ExtraPlacement::new();
             weights.fill(&file, &main, host, &none, progress)?;
         }
         let rot = kv::rotation_sizes(opts.kv_type, hp.head_dim_k as usize, hp.head_dim_v as usize);
-        let kv = kv::KvCache::new(
+        let kv = kv::KvCache::new_placed(
             &main,
+            &|name| split.as_ref().and_then(|s| s.cache_buft(name)),
             &widths,
             kv_ctx,
             opts.kv_type,
@@ -144,7 +175,10 @@ impl Engine {
         } else {
             None
         };
-        let backends = if Rc::ptr_eq(&main, &cpu) {
+        let backends = if let Some(s) = &split {
+            // The devices in order (device k is the scheduler's backend k), the CPU last.
+            s.devices.iter().cloned().chain([cpu]).collect()
+        } else if Rc::ptr_eq(&main, &cpu) {
             vec![cpu]
         } else {
             vec![main.clone(), cpu]
@@ -166,6 +200,7 @@ impl Engine {
             kv,
             weights,
             _backends: backends,
+            split,
             _file: file,
             n_past: 0,
             model_bytes: total_bytes,
@@ -284,9 +319,16 @@ impl Engine {
     pub(super) fn reserve_largest(&mut self) -> Result<u64, EngineError> {
         let n = self.opts.n_ubatch.min(self.opts.n_ctx).max(1);
         let g = self.graph_at(n, self.opts.n_ctx - n, false)?;
-        self.sched.reserve(&g.graph())?;
+        match &self.split {
+            None => self.sched.reserve(&g.graph())?,
+            Some(s) => {
+                let graph = g.graph();
+                self.sched
+                    .reserve_assigned(&graph, &s.plan.assign(&graph))?;
+            }
+        }
         drop(g);
-        Ok(self.sched.buffer_size(0) as u64)
+        Ok(self.compute_bytes())
     }
 
     /// The graph of a single-sequence micro-batch of `n` tokens at `n_past`, with its padded
@@ -360,7 +402,7 @@ impl Engine {
 /// starve every other thread of the machine (the server's, another engine's, another process's),
 /// and on an oversubscribed 2-core machine each graph then stalled for whole time slices
 /// (issue 27).
-pub(super) fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> bool {
+pub(crate) fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> bool {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let n = if n_threads == 0 { cores } else { n_threads };
     !cpu_experts && (gpu || n < cores)

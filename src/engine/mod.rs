@@ -15,6 +15,7 @@ mod load;
 mod options;
 pub mod sampling;
 pub mod snapshot;
+pub mod split;
 mod step;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
@@ -23,6 +24,7 @@ pub(crate) use graph::{out_name, run_graph};
 use options::gib;
 pub use options::{auto_budget, Device, EngineOptions, AUTO_MARGIN, AUTO_MARGIN_FRACTION};
 pub use snapshot::StatsSnapshot;
+pub use split::LayerPlan;
 
 use crate::arch;
 use crate::experts::step::GraphNodes;
@@ -52,6 +54,10 @@ pub enum EngineError {
     KvPages { need: usize, have: usize },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
     BadToken { id: u32, n_vocab: u64 },
+    /// Devices a caller asked for that this build cannot split over as asked (several
+    /// devices: `engine::split`).
+    #[error("{0}")]
+    Devices(String),
 }
 
 pub struct Engine {
@@ -66,6 +72,8 @@ pub struct Engine {
     kv: kv::KvCache,
     weights: weights::Weights,
     _backends: Vec<Rc<Backend>>,
+    /// The layer split over several devices (`None`: one device, as before).
+    split: Option<split::Split>,
     _file: GgufModel,
     n_past: usize,
     /// Bytes of the model's tensors, and whether the budget was chosen automatically.
@@ -120,7 +128,47 @@ impl Engine {
         self.weights.bytes()
             + self.kv.bytes() as u64
             + self.offload.as_ref().map_or(0, |o| o.dev_bytes() as u64)
-            + self.sched.buffer_size(0) as u64
+            + self.compute_bytes()
+    }
+
+    /// Bytes of the scheduler's compute buffers on the device(s) (each device's in a split).
+    fn compute_bytes(&self) -> u64 {
+        let n = self.split.as_ref().map_or(1, |s| s.devices.len());
+        (0..n).map(|i| self.sched.buffer_size(i) as u64).sum()
+    }
+
+    /// The layer split's plan (`None` on one device).
+    pub fn layer_plan(&self) -> Option<&LayerPlan> {
+        self.split.as_ref().map(|s| &s.plan)
+    }
+
+    /// In a layer split, the device whose memory holds weight `name` (`None` on one device, or
+    /// for a name the weights do not hold).
+    pub fn weight_device(&self, name: &str) -> Option<usize> {
+        self.split
+            .as_ref()?
+            .device_of_tensor(self.weights.get(name)?)
+    }
+
+    /// In a layer split, the device whose memory holds KV-cache tensor `name`.
+    pub fn cache_device(&self, name: &str) -> Option<usize> {
+        self.split.as_ref()?.device_of_tensor(self.kv.named(name)?)
+    }
+
+    /// The scheduler backend (device k is backend k; the CPU comes last) that ran the node
+    /// named `name` of the last step's graph, and the number of backend splits of that graph.
+    pub fn node_backend(&self, name: &str) -> Option<usize> {
+        let (_, g, _) = self.graph.as_ref()?;
+        let graph = g.graph();
+        let t = (0..graph.n_nodes())
+            .map(|i| graph.node(i))
+            .find(|t| t.name() == name)?;
+        self.sched.tensor_backend(t)
+    }
+
+    /// Backend splits of the last step's graph (ggml's scheduler: runs of nodes on one backend).
+    pub fn n_splits(&self) -> usize {
+        self.sched.n_splits()
     }
 
     /// Offload statistics (`None` when the model is fully resident).
@@ -154,6 +202,9 @@ impl Engine {
             (Device::Cuda(_), Some(b)) => format!(", budget {} (--gpu-mem)", gib(b)),
             _ => String::new(),
         };
+        if let Some(sp) = &self.split {
+            return self.split_plan(sp);
+        }
         let mut s = format!("plan: model {} on {dev}{budget}\n", gib(self.model_bytes));
         let compute = self.sched.buffer_size(0) as u64;
         match &self.offload {
@@ -196,6 +247,53 @@ impl Engine {
                     o.n_ubatch
                 );
             }
+        }
+        s
+    }
+
+    /// [`Engine::plan`] of a layer split: per device, its blocks, weights, KV cache and
+    /// compute buffer.
+    fn split_plan(&self, sp: &split::Split) -> String {
+        let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+        let o = &self.opts;
+        let p = &sp.plan;
+        let mut s = format!(
+            "plan: model {} split by layers over {} devices (all weights resident; KV cache {} tokens, {})",
+            gib(self.model_bytes),
+            sp.devices.len(),
+            o.n_ctx,
+            o.kv_type.name()
+        );
+        for (k, dev) in sp.devices.iter().enumerate() {
+            let name = match o.devices[k] {
+                Device::Cuda(i) => format!("CUDA{i}"),
+                _ => format!("CPU stand-in {k}"),
+            };
+            let r = &p.blocks[k];
+            let blocks = if r.is_empty() {
+                "no blocks".to_string()
+            } else {
+                format!("blocks {}..={}", r.start, r.end - 1)
+            };
+            let mut ends = Vec::new();
+            if k == p.input {
+                ends.push("token embedding");
+            }
+            if k == p.output {
+                ends.push("output head");
+            }
+            let ends = if ends.is_empty() {
+                String::new()
+            } else {
+                format!(" + {}", ends.join(" + "))
+            };
+            let budget = sp.budgets[k].map_or(String::new(), |b| format!(", budget {}", gib(b)));
+            s += &format!(
+                "\n  {name}: {blocks}{ends}; weights {}, KV cache {}, compute buffer {}{budget}",
+                gib(self.weights.bytes_in(dev.buffer_type())),
+                gib(self.kv.bytes_in(dev.buffer_type()) as u64),
+                gib(self.sched.buffer_size(k) as u64)
+            );
         }
         s
     }

@@ -22,6 +22,17 @@ impl Device {
     }
 }
 
+impl EngineOptions {
+    /// The devices the engine runs on: [`EngineOptions::devices`], or `[device]` when empty.
+    pub fn device_list(&self) -> Vec<Device> {
+        if self.devices.is_empty() {
+            vec![self.device]
+        } else {
+            self.devices.clone()
+        }
+    }
+}
+
 /// `b` bytes as GiB with two decimals, for messages.
 pub(super) fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
@@ -41,7 +52,20 @@ pub fn auto_budget(free: u64, total: u64) -> u64 {
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
+    /// The device the model runs on (when [`EngineOptions::devices`] is empty).
     pub device: Device,
+    /// Several devices, for a layer split (llama.cpp's `-sm layer`, issue 26): each holds a
+    /// contiguous run of blocks with their KV rows, the first also the token embedding, the
+    /// last the output head (`engine::split`). Empty (the default): `device` alone, the
+    /// single-device engine. A one-element list is the same as `device` = that element.
+    /// [`Device::Cpu`] more than once stands in for GPUs on a machine without them: each its
+    /// own CPU backend with its own memory (what tests/multi_device.rs checks the split with).
+    /// CPU and CUDA devices are not mixed, and offloading experts is not built with several.
+    pub devices: Vec<Device>,
+    /// Each device's share of the blocks (llama.cpp's `--tensor-split`, e.g. `[3.0, 1.0]`);
+    /// empty: in proportion to each device's memory (its `gpu_mem` budget or free VRAM; equal
+    /// for CPU stand-ins).
+    pub tensor_split: Vec<f64>,
     pub n_ctx: usize,
     pub n_threads: usize,
     pub n_ubatch: usize,
@@ -86,6 +110,8 @@ impl Default for EngineOptions {
         Self {
             n_seq: 1,
             device: Device::Cpu,
+            devices: Vec::new(),
+            tensor_split: Vec::new(),
             n_ctx: 4096,
             n_threads: 0,
             n_ubatch: 512,

@@ -125,7 +125,13 @@ impl Engine {
             self.graph = None;
             let (last_only, n_out) = key.out;
             let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;
-            self.sched.alloc(&g.graph())?;
+            match &self.split {
+                None => self.sched.alloc(&g.graph())?,
+                Some(s) => {
+                    let graph = g.graph();
+                    self.sched.alloc_assigned(&graph, &s.plan.assign(&graph))?;
+                }
+            }
             let nodes = GraphNodes::resolve(&nodes, &g);
             self.graph = Some((key, g, nodes));
         }

@@ -173,6 +173,10 @@ pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
     /// The CPU backend's persistent worker threads (dropped after `Drop` frees the backend).
     threadpool: Option<ThreadPool>,
+    /// The buffer type this backend's memory is allocated from, where it is not the backend's
+    /// default: a CPU stand-in device's own copy of the CPU buffer type
+    /// ([`Backend::cpu_standin`]).
+    buft: Option<super::BufType>,
 }
 
 impl Backend {
@@ -191,6 +195,7 @@ impl Backend {
         let mut b = Self {
             ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("CPU".into()))?,
             threadpool: None,
+            buft: None,
         };
         let n = if n_threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -233,6 +238,7 @@ impl Backend {
             ptr: NonNull::new(ptr)
                 .ok_or_else(|| GgmlError::BackendInit(format!("CUDA{device}")))?,
             threadpool: None,
+            buft: None,
         })
     }
 
@@ -265,7 +271,11 @@ impl Backend {
         let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
         let threadpool = None;
         NonNull::new(ptr)
-            .map(|ptr| Self { ptr, threadpool })
+            .map(|ptr| Self {
+                ptr,
+                threadpool,
+                buft: None,
+            })
             .ok_or_else(|| {
                 let names: Vec<String> = Device::all().into_iter().map(|d| d.name).collect();
                 GgmlError::NoSuchDevice(name.into(), names.join(", "))
@@ -274,6 +284,28 @@ impl Backend {
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_backend {
         self.ptr.as_ptr()
+    }
+
+    /// A CPU backend standing in for device `k` of a multi-device run (tests of the layer split
+    /// on a machine without GPUs): a CPU backend like [`Backend::cpu_polling`] whose memory
+    /// comes from its own buffer type, [`super::BufType::cpu_standin`]`(k)`. ggml's scheduler
+    /// tells backends apart by buffer type (it moves a node to an earlier backend of the same
+    /// buffer type), so stand-ins sharing the CPU's one would all collapse onto the first.
+    pub fn cpu_standin(k: usize, n_threads: usize, poll: bool) -> Result<Self> {
+        let mut b = Self::cpu_polling(n_threads, poll)?;
+        b.buft = Some(super::BufType::cpu_standin(k));
+        Ok(b)
+    }
+
+    /// The buffer type this backend's tensors are allocated from (its default, or a stand-in's
+    /// own).
+    pub fn buffer_type(&self) -> super::BufType {
+        self.buft.unwrap_or_else(|| {
+            // SAFETY: live backend; the default buffer type is a static singleton.
+            super::BufType::from_raw(unsafe {
+                sys::ggml_backend_get_default_buffer_type(self.raw())
+            })
+        })
     }
 
     pub fn name(&self) -> String {
@@ -403,7 +435,7 @@ impl Sched {
                 .iter()
                 .map(|b| match gpu_host {
                     Some(h) if !b.is_cuda() => h,
-                    _ => sys::ggml_backend_get_default_buffer_type(b.raw()),
+                    _ => b.buffer_type().raw(),
                 })
                 .collect()
         };
@@ -527,6 +559,70 @@ impl Sched {
         };
         // SAFETY: live scheduler; the callback is a plain function and `user` stays valid while set.
         unsafe { sys::ggml_backend_sched_set_eval_callback(self.ptr.as_ptr(), cb, user) };
+    }
+
+    /// [`Sched::alloc`] with node `t` of `graph` run by backend `assign[..].1` (an index into
+    /// the backends as passed to `new`) for each `(t, backend)` in `assign`
+    /// (`ggml_backend_sched_set_tensor_backend`); the scheduler places the other nodes as
+    /// usual and copies sources between backends where needed.
+    pub fn alloc_assigned(
+        &mut self,
+        graph: &Graph<'_>,
+        assign: &[(Tensor<'_>, usize)],
+    ) -> Result<()> {
+        // SAFETY: live scheduler and graph; the assignments are made after the reset (which
+        // clears them) and before the split (which keeps them).
+        let ok = unsafe {
+            sys::ggml_backend_sched_reset(self.ptr.as_ptr());
+            self.set_backends(assign);
+            sys::ggml_backend_sched_alloc_graph(self.ptr.as_ptr(), graph.raw())
+        };
+        if !ok {
+            return Err(GgmlError::Alloc {
+                backend: "scheduler".into(),
+                what: "graph".into(),
+                size: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Sched::reserve`] with the assignments of [`Sched::alloc_assigned`].
+    pub fn reserve_assigned(
+        &mut self,
+        graph: &Graph<'_>,
+        assign: &[(Tensor<'_>, usize)],
+    ) -> Result<()> {
+        // SAFETY: as in alloc_assigned.
+        let ok = unsafe {
+            sys::ggml_backend_sched_reset(self.ptr.as_ptr());
+            self.set_backends(assign);
+            sys::ggml_backend_sched_reserve(self.ptr.as_ptr(), graph.raw())
+        };
+        if !ok {
+            return Err(GgmlError::Alloc {
+                backend: "scheduler".into(),
+                what: "reserved graph".into(),
+                size: 0,
+            });
+        }
+        Ok(())
+    }
+
+    fn set_backends(&mut self, assign: &[(Tensor<'_>, usize)]) {
+        for &(t, i) in assign {
+            let b = self.backends[i].raw();
+            // SAFETY: live scheduler, tensor and one of its backends (index checked above).
+            unsafe { sys::ggml_backend_sched_set_tensor_backend(self.ptr.as_ptr(), t.raw(), b) };
+        }
+    }
+
+    /// The index (as passed to `new`) of the backend the last allocated graph runs `t` on,
+    /// `None` where the scheduler assigned it none.
+    pub fn tensor_backend(&self, t: Tensor<'_>) -> Option<usize> {
+        // SAFETY: live scheduler and tensor; a pure lookup.
+        let b = unsafe { sys::ggml_backend_sched_get_tensor_backend(self.ptr.as_ptr(), t.raw()) };
+        self.backends.iter().position(|x| x.raw() == b)
     }
 
     /// Number of backend splits of the last graph.

@@ -32,7 +32,7 @@ impl Context {
         // device has none and the CPU's is used instead.
         let buft = unsafe {
             match mem {
-                Memory::Device => sys::ggml_backend_get_default_buffer_type(backend.raw()),
+                Memory::Device => backend.buffer_type().raw(),
                 Memory::Host => {
                     let dev = sys::ggml_backend_get_device(backend.raw());
                     let host = if dev.is_null() {
@@ -229,6 +229,50 @@ impl std::fmt::Debug for BufType {
 }
 
 impl BufType {
+    pub(crate) fn from_raw(p: sys::ggml_backend_buffer_type_t) -> Self {
+        Self(p)
+    }
+
+    pub(crate) fn raw(&self) -> sys::ggml_backend_buffer_type_t {
+        self.0
+    }
+
+    /// The buffer type of CPU stand-in device `k` ([`Backend::cpu_standin`]): a copy of the CPU
+    /// buffer type (the same functions, device and context, so the same memory and the same
+    /// name) at an address of its own, made once per `k` for the process. ggml compares buffer
+    /// types by address: the scheduler sees `k` distinct devices, and every CPU backend still
+    /// supports them (the CPU device takes any host buffer type).
+    ///
+    /// This reads `struct ggml_backend_buffer_type` (`ggml-backend-impl.h` of the pinned ggml:
+    /// eight function pointers, then the device and context pointers) as ten pointers; the copy
+    /// is checked to answer as the CPU type does.
+    pub fn cpu_standin(k: usize) -> Self {
+        const WORDS: usize = 10;
+        type Raw = [usize; WORDS];
+        static COPIES: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+        let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the CPU buffer type is a static singleton of that layout (see above).
+        let cpu = unsafe { sys::ggml_backend_cpu_buffer_type() };
+        while copies.len() <= k {
+            // SAFETY: as above; the copy is leaked, so it lives as long as the process.
+            let raw: Raw = unsafe { *(cpu as *const Raw) };
+            copies.push(Box::into_raw(Box::new(raw)) as usize);
+        }
+        let t = Self(copies[k] as sys::ggml_backend_buffer_type_t);
+        // SAFETY: the copy holds the CPU type's own functions; pure queries.
+        unsafe {
+            assert!(
+                sys::ggml_backend_buft_is_host(t.0)
+                    && sys::ggml_backend_buft_get_alignment(t.0)
+                        == sys::ggml_backend_buft_get_alignment(cpu)
+                    && t.name() == BufType(cpu).name(),
+                "a copy of the CPU buffer type does not answer as it does: the layout of \
+                 ggml_backend_buffer_type changed (see BufType::cpu_standin)"
+            );
+        }
+        t
+    }
+
     /// ggml's name for it (`CPU_REPACK`, `CPU`, ...).
     pub fn name(&self) -> String {
         // SAFETY: static buffer type; ggml returns a static C string.
@@ -307,6 +351,25 @@ impl Backend {
 }
 
 impl Context {
+    /// Allocates one buffer of type `buft` holding `ts` (tensors of this context, not yet
+    /// allocated), each placed as [`BufferRef::place`] places it. Returns its size.
+    pub fn alloc_group(&self, buft: BufType, ts: &[Tensor<'_>]) -> Result<usize> {
+        // `place` starts every tensor at a multiple of 256 (a multiple of any CPU alignment).
+        let size: usize = ts
+            .iter()
+            .map(|&t| buft.alloc_size(t).next_multiple_of(256))
+            .sum();
+        let buf = self.new_buffer_of(buft, size)?;
+        let mut off = 0;
+        for &t in ts {
+            off = buf.place(
+                Tensor::from_raw(std::ptr::NonNull::new(t.raw()).expect("a tensor")),
+                off,
+            )?;
+        }
+        Ok(buf.size())
+    }
+
     /// Allocates a `size`-byte buffer of type `buft`, owned by this context (tensors are put in
     /// it with [`BufferRef::place`]).
     pub fn new_buffer_of(&self, buft: BufType, size: usize) -> Result<BufferRef<'_>> {

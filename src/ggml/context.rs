@@ -113,7 +113,9 @@ impl Context {
     pub fn alloc_tensors(&self, backend: &Backend) -> Result<usize> {
         // SAFETY: context and backend are live; ggml returns null on failure (or when there is
         // nothing to allocate, which we treat as 0 bytes).
-        let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors(self.raw(), backend.raw()) };
+        let buf = unsafe {
+            sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), backend.buffer_type().raw())
+        };
         if buf.is_null() {
             // SAFETY: walking the context's tensor list; pointers stay valid while self lives.
             let pending = unsafe {
@@ -867,6 +869,39 @@ impl<'ctx> Tensor<'ctx> {
             ptr,
             _ctx: PhantomData,
         }
+    }
+
+    /// Whether this tensor is a view of another (view, reshape, permute, transpose): no
+    /// computation of its own.
+    pub fn is_view_op(&self) -> bool {
+        matches!(
+            self.get().op,
+            sys::GGML_OP_VIEW
+                | sys::GGML_OP_RESHAPE
+                | sys::GGML_OP_PERMUTE
+                | sys::GGML_OP_TRANSPOSE
+        )
+    }
+
+    /// Whether this tensor's memory is already allocated (its own buffer, or its view source's).
+    pub fn has_buffer(&self) -> bool {
+        let t = self.get();
+        // SAFETY: a view source lives in a context at least as long as its view.
+        !t.buffer.is_null() || (!t.view_src.is_null() && unsafe { !(*t.view_src).buffer.is_null() })
+    }
+
+    /// The buffer type of this tensor's memory (`None` while unallocated).
+    pub fn buffer_type(&self) -> Option<super::BufType> {
+        let t = self.get();
+        let buf = if t.view_src.is_null() {
+            t.buffer
+        } else {
+            // SAFETY: as in has_buffer.
+            unsafe { (*t.view_src).buffer }
+        };
+        // SAFETY: a live buffer; its type is static.
+        (!buf.is_null())
+            .then(|| super::BufType::from_raw(unsafe { sys::ggml_backend_buffer_get_type(buf) }))
     }
 
     /// Whether this tensor is a matrix product (`mul_mat` or `mul_mat_id`), whose source 0 is

@@ -50,6 +50,14 @@ impl<'ctx> Graph<'ctx> {
         unsafe { sys::ggml_graph_n_nodes(self.raw()) as usize }
     }
 
+    /// Node `i` (`i < n_nodes()`), in the order ggml computes them.
+    pub fn node(&self, i: usize) -> Tensor<'ctx> {
+        assert!(i < self.n_nodes());
+        // SAFETY: i < n_nodes; the node lives in a context that outlives 'ctx.
+        let node = unsafe { sys::ggml_graph_node(self.raw(), i as i32) };
+        Tensor::from_raw(NonNull::new(node).expect("graph node"))
+    }
+
     /// Every read of a tensor by a node of this graph: (node, source slot, the source's
     /// [`Tensor::id`]). A view, reshape or permute of a tensor is a node that reads it, so a
     /// tensor read through a view shows a read by a view node.

@@ -1,7 +1,7 @@
 //! KV cache: per layer, K and V rows (one row per position, all kv heads side by side) in f16
 //! (or q8_0), on the same backend as the weights. Positions `0..n_ctx`; writing past the end is
 //! a clear error (`EngineError::ContextFull`), never an out-of-bounds view.
-use crate::ggml::{Backend, Context, GgmlError, GgmlType, Tensor, TensorIndex};
+use crate::ggml::{Backend, BufType, Context, GgmlError, GgmlType, Tensor, TensorIndex};
 
 pub struct KvCache {
     ctx: Context,
@@ -97,6 +97,20 @@ impl KvCache {
         rot: (usize, usize),
         extra: &[Extra],
     ) -> Result<Self, GgmlError> {
+        Self::new_placed(backend, &|_| None, widths, n_ctx, ty, rot, extra)
+    }
+
+    /// [`KvCache::new`] with each tensor `place(name)` gives a buffer type for (a layer split's
+    /// other devices: `engine::split`) in one buffer of that type, the rest on `backend`.
+    pub fn new_placed(
+        backend: &Backend,
+        place: &dyn Fn(&str) -> Option<BufType>,
+        widths: &[(usize, usize)],
+        n_ctx: usize,
+        ty: GgmlType,
+        rot: (usize, usize),
+        extra: &[Extra],
+    ) -> Result<Self, GgmlError> {
         let ctx = Context::new(2 * widths.len() + 3 + extra.len(), 0)?;
         let mut extra_bytes = 0;
         for e in extra {
@@ -119,9 +133,24 @@ impl KvCache {
                     .set_name(&format!("cache_v_l{il}"));
             }
         }
+        let index = ctx.index();
+        let mut groups: Vec<(BufType, Vec<Tensor<'_>>)> = Vec::new();
+        let mut names: Vec<&str> = index.names().collect();
+        names.sort_unstable();
+        for name in names {
+            if let Some(buft) = place(name) {
+                let t = ctx.get(&index, name).expect("indexed");
+                match groups.iter_mut().find(|(b, _)| *b == buft) {
+                    Some((_, ts)) => ts.push(t),
+                    None => groups.push((buft, vec![t])),
+                }
+            }
+        }
+        for (buft, ts) in &groups {
+            ctx.alloc_group(*buft, ts)?;
+        }
         ctx.alloc_tensors(backend)?;
         ctx.clear_buffers(0);
-        let index = ctx.index();
         for e in extra {
             if let Some(v) = &e.init {
                 let t = ctx.get(&index, &e.name).expect("just made");
@@ -232,6 +261,16 @@ impl KvCache {
     /// The V rotation (the attention output is rotated back by it).
     pub fn rot_v(&self) -> Option<Tensor<'_>> {
         (self.rot.1 > 0).then(|| self.find("attn_rot_v"))
+    }
+
+    /// Bytes of the cache's tensors in buffers of type `buft` (a device's, in a layer split).
+    pub fn bytes_in(&self, buft: BufType) -> usize {
+        self.index
+            .names()
+            .filter_map(|n| self.ctx.get(&self.index, n))
+            .filter(|t| t.buffer_type() == Some(buft))
+            .map(|t| t.n_bytes())
+            .sum()
     }
 
     pub fn bytes(&self) -> usize {

@@ -2,7 +2,8 @@
 //! type, shape), allocated in one buffer of the backend it is placed on, and filled from the
 //! mmap'd file (the bytes are copied as they are: quantised blocks are never dequantised).
 //!
-//! Placement: the main backend holds every kept tensor. When the engine offloads experts, the
+//! Placement: the main backend holds every kept tensor (in a layer split over several devices,
+//! `engine::split`, each block's tensors are in one buffer of its device instead: `fill_split`). When the engine offloads experts, the
 //! token embedding lives in host memory instead, as in llama.cpp: its lookup (`get_rows` of one
 //! row per token) runs on the CPU and only the batch's rows cross to the GPU. That saves its
 //! VRAM for expert-cache slots (0.3 GB for a 150k vocabulary). A model whose output head is tied
@@ -98,6 +99,7 @@ impl Part {
         model: &GgufModel,
         backend: &Backend,
         extra: &ExtraPlacement,
+        split: &ExtraPlacement,
         progress: &mut dyn FnMut(u64),
     ) -> Result<(usize, u64), GgmlError> {
         assert!(self.pending, "weights filled twice");
@@ -106,29 +108,28 @@ impl Part {
             .filter(|t| self.index.contains(&t.name))
             .map(|t| t.name.clone())
             .collect();
-        let mut by_type: Vec<(BufType, Vec<Tensor<'_>>)> = Vec::new();
-        for name in &names {
-            if let Some(&buft) = extra.get(name) {
-                let t = self.get(name).expect("declared");
-                match by_type.iter_mut().find(|(b, _)| *b == buft) {
-                    Some((_, ts)) => ts.push(t),
-                    None => by_type.push((buft, vec![t])),
+        let mut n_extra = (0, 0);
+        // The extra buffer types' tensors (counted), then those of other devices (`split`).
+        for (map, counted) in [(extra, true), (split, false)] {
+            let mut by_type: Vec<(BufType, Vec<Tensor<'_>>)> = Vec::new();
+            for name in &names {
+                if let Some(&buft) = map.get(name) {
+                    let t = self.get(name).expect("declared");
+                    if t.has_buffer() {
+                        continue; // placed by the first map
+                    }
+                    match by_type.iter_mut().find(|(b, _)| *b == buft) {
+                        Some((_, ts)) => ts.push(t),
+                        None => by_type.push((buft, vec![t])),
+                    }
                 }
             }
-        }
-        let mut n_extra = (0, 0);
-        for (buft, ts) in &by_type {
-            // `place` starts every tensor at a multiple of 256 (a multiple of any CPU alignment).
-            let size: usize = ts
-                .iter()
-                .map(|&t| buft.alloc_size(t).next_multiple_of(256))
-                .sum();
-            let buf = self.ctx.new_buffer_of(*buft, size)?;
-            let mut off = 0;
-            for &t in ts {
-                off = buf.place(t, off)?;
-                n_extra.0 += 1;
-                n_extra.1 += t.n_bytes() as u64;
+            for (buft, ts) in &by_type {
+                self.ctx.alloc_group(*buft, ts)?;
+                if counted {
+                    n_extra.0 += ts.len();
+                    n_extra.1 += ts.iter().map(|t| t.n_bytes() as u64).sum::<u64>();
+                }
             }
         }
         // The rest (ggml skips tensors that already have memory).
@@ -231,12 +232,54 @@ impl Weights {
             done += n;
             progress(done, total);
         };
-        self.extra = self.main.fill(model, main, extra, &mut report)?;
+        self.extra = self
+            .main
+            .fill(model, main, extra, &ExtraPlacement::new(), &mut report)?;
         if let Some(h) = &mut self.host {
             let backend = host.expect("host weights declared without a host backend");
-            h.fill(model, backend, &ExtraPlacement::new(), &mut report)?;
+            let none = ExtraPlacement::new();
+            h.fill(model, backend, &none, &none, &mut report)?;
         }
         Ok(())
+    }
+
+    /// Fills the declared weights of a layer split (`engine::split`): each tensor in a buffer of
+    /// the buffer type `place(name)` gives (one buffer per type), those it gives `None` on
+    /// `main`. No host part, no extra buffer types.
+    pub fn fill_split(
+        &mut self,
+        model: &GgufModel,
+        main: &Backend,
+        place: &dyn Fn(&str) -> Option<BufType>,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<(), GgmlError> {
+        assert!(self.host.is_none(), "a layer split keeps no host weights");
+        let split: ExtraPlacement = self
+            .main
+            .index
+            .names()
+            .filter_map(|n| Some((n.to_string(), place(n)?)))
+            .collect();
+        let total = self.main.bytes;
+        let mut done = 0;
+        let mut report = |n: u64| {
+            done += n;
+            progress(done, total);
+        };
+        self.main
+            .fill(model, main, &ExtraPlacement::new(), &split, &mut report)?;
+        Ok(())
+    }
+
+    /// Bytes of the weights in buffers of type `buft` (a device's, in a layer split).
+    pub fn bytes_in(&self, buft: BufType) -> u64 {
+        self.main
+            .index
+            .names()
+            .filter_map(|n| self.main.get(n))
+            .filter(|t| t.buffer_type() == Some(buft))
+            .map(|t| t.n_bytes() as u64)
+            .sum()
     }
 
     /// Which declared weights of the main backend go into one of `bufts` (the CPU device's extra
