@@ -56,11 +56,12 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Run on GPU N (needs a CUDA build). Default: GPU 0 when this is a CUDA build and a GPU is
-    /// present (with --gpu-mem defaulting to its free memory minus a margin, so a model larger
-    /// than the GPU offloads its experts by itself), else the CPU.
-    /// Several (`--gpu 0,1`): the model's blocks split over them (llama.cpp's `-sm layer`;
-    /// fully resident models only; -ts sets their shares).
+    /// Run on GPU N (needs a CUDA build). Default: every GPU when this is a CUDA build and GPUs
+    /// are present (with --gpu-mem defaulting to each one's free memory minus a margin, so a
+    /// model larger than the GPUs offloads its experts by itself), else the CPU.
+    /// Several (`--gpu 0,1`, or the default with several GPUs): the model's blocks split over
+    /// them (llama.cpp's `-sm layer`; -ts sets their shares; `-sm none` keeps the first GPU
+    /// alone), each caching the routed experts of its own blocks when they do not all fit.
     #[arg(
         long,
         conflicts_with = "cpu",
@@ -81,9 +82,11 @@ struct Args {
     )]
     n_gpu_layers: Option<pocketmoe::cli::GpuLayers>,
     /// Memory budget on the GPU (bytes; K/M/G/KiB/MiB/GiB suffixes; default: the GPU's free
-    /// memory minus max(1 GiB, 5%)); routed experts that do not fit are offloaded.
-    #[arg(long, value_parser = pocketmoe::cli::inspect::parse_bytes)]
-    gpu_mem: Option<u64>,
+    /// memory minus max(1 GiB, 5%)); routed experts that do not fit are offloaded. With several
+    /// GPUs: one value for each, or one per GPU (`--gpu-mem 22GiB,11GiB`); each GPU then caches
+    /// the experts of its own blocks.
+    #[arg(long, value_delimiter = ',', value_parser = pocketmoe::cli::inspect::parse_bytes)]
+    gpu_mem: Vec<u64>,
     /// Context length of each request (prompt + completion); the KV cache holds
     /// ctx × parallel positions (-c/--ctx-size gives the whole cache instead, as llama-server).
     /// Default, as llama.cpp's --fit: on a GPU, the model's
@@ -795,8 +798,9 @@ fn run(args: Args) -> Result<i32> {
     if let Some(note) = note {
         eprintln!("{note}");
     }
+    let gpus = pocketmoe::cli::gpus_for(&args.gpu, device);
     let (devices, tensor_split, note) = pocketmoe::cli::split_for(
-        &args.gpu,
+        &gpus,
         args.llama.split_mode.as_deref(),
         args.llama.tensor_split.as_deref(),
     )?;
@@ -809,7 +813,8 @@ fn run(args: Args) -> Result<i32> {
         tensor_split,
         n_threads: args.threads,
         n_ubatch: args.batch,
-        gpu_mem: args.gpu_mem,
+        gpu_mem: pocketmoe::cli::budgets_for(&args.gpu_mem).0,
+        gpu_mems: pocketmoe::cli::budgets_for(&args.gpu_mem).1,
         kv_type: cache_type,
         repack: !args.no_repack,
         ..Default::default()

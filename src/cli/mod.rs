@@ -170,6 +170,32 @@ pub fn llama_flags<I: IntoIterator<Item = std::ffi::OsString>>(
     out
 }
 
+/// The GPUs a command line runs on: those of `--gpu` (`gpus`); without it, on a GPU (`device`
+/// from [`device_for`], not the CPU), every visible CUDA device, as llama.cpp spreads a model
+/// over all GPUs by default (`-sm none` keeps the first alone, [`split_for`]).
+pub fn gpus_for(gpus: &[usize], device: crate::engine::Device) -> Vec<usize> {
+    gpus_for_visible(gpus, device, crate::ggml::Backend::cuda_device_count())
+}
+
+/// [`gpus_for`] on a machine with `visible` CUDA devices.
+fn gpus_for_visible(gpus: &[usize], device: crate::engine::Device, visible: usize) -> Vec<usize> {
+    if gpus.is_empty() && device != crate::engine::Device::Cpu && visible > 1 {
+        (0..visible).collect()
+    } else {
+        gpus.to_vec()
+    }
+}
+
+/// `--gpu-mem` as given: one budget for every device (`gpu_mem`), or one per device of a layer
+/// split (`gpu_mems`, two or more).
+pub fn budgets_for(list: &[u64]) -> (Option<u64>, Vec<u64>) {
+    match list {
+        [] => (None, Vec::new()),
+        [one] => (Some(*one), Vec::new()),
+        many => (None, many.to_vec()),
+    }
+}
+
 /// The devices and tensor split a command line asks for: `--gpu 0,1` (several GPUs: a layer
 /// split, `engine::split`), llama.cpp's `-sm/--split-mode` (`layer`, the default with several
 /// GPUs; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's share of the blocks,
@@ -300,8 +326,23 @@ impl Decoder for LlamaDecoder<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_for;
+    use super::{budgets_for, gpus_for_visible, split_for};
     use crate::engine::Device;
+
+    #[test]
+    fn every_visible_gpu_by_default_and_budgets_per_device() {
+        // No --gpu on a GPU: all visible GPUs (one: as before, no split).
+        assert_eq!(gpus_for_visible(&[], Device::Auto, 4), vec![0, 1, 2, 3]);
+        assert_eq!(gpus_for_visible(&[], Device::Cuda(0), 2), vec![0, 1]);
+        assert!(gpus_for_visible(&[], Device::Auto, 1).is_empty());
+        // --gpu given, or --cpu: as given.
+        assert_eq!(gpus_for_visible(&[1], Device::Cuda(1), 4), vec![1]);
+        assert!(gpus_for_visible(&[], Device::Cpu, 4).is_empty());
+        // --gpu-mem: one for all, or one per device.
+        assert_eq!(budgets_for(&[]), (None, vec![]));
+        assert_eq!(budgets_for(&[8]), (Some(8), vec![]));
+        assert_eq!(budgets_for(&[8, 4]), (None, vec![8, 4]));
+    }
 
     #[test]
     fn split_options_follow_llama_cpp() {

@@ -41,8 +41,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub chat: bool,
     /// Run on GPU N (needs a CUDA build); several (`--gpu 0,1`): the model's blocks split
-    /// over them (llama.cpp's `-sm layer`; fully resident models only). Default: GPU 0 when
-    /// this is a CUDA build and a GPU is present, else the CPU.
+    /// over them (llama.cpp's `-sm layer`), each GPU caching the routed experts of its blocks
+    /// when the model does not fit them all. Default: every GPU when this is a CUDA build and
+    /// GPUs are present (`-sm none`: the first alone), else the CPU.
     #[arg(
         long,
         conflicts_with = "cpu",
@@ -81,9 +82,10 @@ pub struct RunArgs {
     pub cache_type: crate::ggml::GgmlType,
     /// Device memory budget (e.g. 8GiB; default on a GPU: its free memory minus max(1 GiB, 5%)).
     /// When the model does not fit, routed experts stay in pinned host memory and the GPU keeps
-    /// a cache of them (docs/design.md §4).
-    #[arg(long, value_parser = super::inspect::parse_bytes)]
-    pub gpu_mem: Option<u64>,
+    /// a cache of them (docs/design.md §4). With several GPUs: one value for each, or one per
+    /// GPU (`--gpu-mem 22GiB,11GiB`); each GPU then caches the experts of its own blocks.
+    #[arg(long, value_delimiter = ',', value_parser = super::inspect::parse_bytes)]
+    pub gpu_mem: Vec<u64>,
     /// Expert-cache policy: lru, lfu, lfru, lfru:HALF_LIFE.
     #[arg(long, default_value = "lfru", value_parser = crate::experts::policy::PolicyKind::parse)]
     pub cache_policy: crate::experts::policy::PolicyKind,
@@ -167,8 +169,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(note) = note {
         eprintln!("{note}");
     }
+    let gpus = super::gpus_for(&args.gpu, device);
     let (devices, tensor_split, note) = super::split_for(
-        &args.gpu,
+        &gpus,
         args.split_mode.as_deref(),
         args.tensor_split.as_deref(),
     )?;
@@ -180,7 +183,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         devices,
         tensor_split,
         n_threads: args.threads,
-        gpu_mem: args.gpu_mem,
+        gpu_mem: super::budgets_for(&args.gpu_mem).0,
+        gpu_mems: super::budgets_for(&args.gpu_mem).1,
         kv_type: args.cache_type,
         policy: args.cache_policy.clone(),
         prefetch: !args.no_prefetch,

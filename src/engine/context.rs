@@ -96,15 +96,23 @@ pub fn fit_context_for(
     let file = GgufModel::open(path)?;
     let (_, hp) = crate::arch::hparams(&file).map_err(model_err)?;
     let model_bytes: u64 = file.tensors().map(|t| t.n_bytes).sum();
-    let budget = match opts.device.resolve() {
-        Device::Cuda(i) => match opts.gpu_mem {
-            Some(b) => Some(b),
-            None => Backend::cuda(i)?
-                .memory()
-                .map(|(free, total)| auto_budget(free as u64, total as u64)),
-        },
-        _ => None,
-    };
+    // Every device's budget together (a layer split holds the KV rows of each block on its
+    // block's device), less the compute reserves of all but the one `fit_context` counts.
+    let devices = opts.device_list();
+    let mut budget = Some(0u64);
+    for (k, d) in devices.iter().enumerate() {
+        let b = match d.resolve() {
+            Device::Cuda(i) => match opts.gpu_mems.get(k).copied().or(opts.gpu_mem) {
+                Some(b) => Some(b),
+                None => Backend::cuda(i)?
+                    .memory()
+                    .map(|(free, total)| auto_budget(free as u64, total as u64)),
+            },
+            _ => None,
+        };
+        budget = budget.zip(b).map(|(sum, b)| sum + b);
+    }
+    let budget = budget.map(|b| b.saturating_sub(COMPUTE_RESERVE * (devices.len() as u64 - 1)));
     Ok(fit_context(
         hp.n_ctx_train as usize,
         model_bytes,

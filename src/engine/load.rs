@@ -89,22 +89,41 @@ impl Engine {
         let kv_bytes = kv_row * kv_ctx as u64;
         // A layer split: its plan and its devices' backends (the first is `gpu`, made above).
         let split = if multi {
-            Some(split::Split::new(
-                &opts,
-                gpu.clone(),
-                (!auto_budget).then_some(opts.gpu_mem).flatten(),
-                &hp,
-                total_bytes + kv_bytes,
-                COMPUTE_RESERVE,
-            )?)
+            let given: Vec<u64> = if !opts.gpu_mems.is_empty() {
+                opts.gpu_mems.clone()
+            } else {
+                (!auto_budget)
+                    .then_some(opts.gpu_mem)
+                    .flatten()
+                    .into_iter()
+                    .collect()
+            };
+            Some(split::Split::new(&opts, gpu.clone(), &given, &hp)?)
         } else {
             None
         };
-        // Offload when the budget is below the whole model (+ KV + a compute reserve).
-        let offload = split.is_none()
-            && opts
-                .gpu_mem
-                .is_some_and(|b| total_bytes + kv_bytes + COMPUTE_RESERVE > b && hp.n_expert > 0);
+        // Offload when the budget is below the whole model (+ KV + a compute reserve); in a
+        // layer split, when the devices' budgets together are.
+        let need = total_bytes + kv_bytes;
+        let offload = match &split {
+            Some(s) => !s.fits(need, COMPUTE_RESERVE),
+            None => opts.gpu_mem.is_some_and(|b| need + COMPUTE_RESERVE > b),
+        };
+        if offload && hp.n_expert == 0 {
+            if let Some(s) = &split {
+                return Err(EngineError::Devices(format!(
+                    "the model and its KV cache ({}) do not fit the {} devices' budgets ({} \
+                     together, with compute reserves of {} each), and a dense model has no \
+                     routed experts to offload: give the devices more memory (--gpu-mem) or \
+                     lower --ctx",
+                    gib(need),
+                    s.devices.len(),
+                    gib(s.budgets.iter().flatten().sum()),
+                    gib(COMPUTE_RESERVE)
+                )));
+            }
+        }
+        let offload = offload && hp.n_expert > 0;
         let cpu = Rc::new(Backend::cpu_polling(
             opts.n_threads,
             cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
@@ -120,7 +139,8 @@ impl Engine {
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
         // it stays on the GPU: no CPU split and host round trip at every step.
-        let host = (offload && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
+        // In a layer split the embedding stays on the first device (its lookup feeds block 0).
+        let host = (offload && split.is_none() && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
         // CPU-only and resident: the weights are filled once the engine can build graphs on
         // them, which decide what goes into the CPU's extra buffer types (`fill_weights`).
         let repack = opts.repack && Rc::ptr_eq(&main, &cpu) && !offload;
@@ -171,7 +191,19 @@ impl Engine {
                     0
                 },
             };
-            Some(Offload::load(&file, &hp, &main, o, progress)?)
+            Some(match &split {
+                Some(s) => Offload::load(
+                    &file,
+                    &hp,
+                    &s.devices,
+                    &|il| s.plan.device_of(il),
+                    o,
+                    progress,
+                )?,
+                None => {
+                    Offload::load(&file, &hp, std::slice::from_ref(&main), &|_| 0, o, progress)?
+                }
+            })
         } else {
             None
         };
@@ -217,8 +249,12 @@ impl Engine {
         // Resident models do not reserve the largest graph up front: tried for issue 30's
         // fresh-process decode loss, it cost 0.1-0.26 GiB of VRAM and changed nothing (H200,
         // docs/bench-h200.md, 2026-12-02).
-        if let (Some(budget), true) = (eng.opts.gpu_mem, eng.offload.is_some()) {
-            eng.plan_slots(&main, budget)?;
+        if eng.offload.is_some() {
+            let budgets: Vec<u64> = match &eng.split {
+                Some(s) => s.budgets.iter().flatten().copied().collect(),
+                None => eng.opts.gpu_mem.into_iter().collect(),
+            };
+            eng.plan_slots(&budgets)?;
         }
         // A tensor the graphs never read is loaded for nothing, and usually means the file
         // holds something this build does not compute (issue 27): say which, by name.
@@ -345,53 +381,94 @@ impl Engine {
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in
-    /// staging mode), then gives the expert cache what is left of `budget`.
+    /// staging mode), then gives the expert cache what is left of each device's budget
+    /// (`budgets`: one per device, the one device's without a layer split).
     ///
     /// Large micro-batches amortise prefill copies but need a large compute buffer; while that
-    /// leaves the cache fewer than two tokens' worth of slots, the micro-batch is halved (down
-    /// to 512).
-    pub(super) fn plan_slots(&mut self, main: &Backend, budget: u64) -> Result<(), EngineError> {
-        let margin = if main.is_cuda() { CUDA_MARGIN } else { 0 };
+    /// leaves the cache of some device fewer than two tokens' worth of slots, the micro-batch is
+    /// halved (down to 512).
+    pub(super) fn plan_slots(&mut self, budgets: &[u64]) -> Result<(), EngineError> {
         let k = self.hp.n_expert_used.max(1);
-        let (fixed, per_slot) = loop {
-            let compute = self.reserve_largest()?;
+        let n_dev = budgets.len();
+        let holds = |off: &Offload, d: usize| off.slot_bytes_on(d) > 0;
+        let fixed = loop {
+            self.reserve_largest()?;
             let off = self.offload.as_ref().expect("offloading");
-            let fixed = self.weights.bytes()
-                + self.kv.bytes() as u64
-                + off.dev_bytes() as u64
-                + compute
-                + margin;
-            let per_slot = off.slot_bytes_all_layers().max(1) as u64;
-            let slots = budget.saturating_sub(fixed) / per_slot;
-            if slots >= 2 * k || self.opts.n_ubatch <= 512 {
-                break (fixed, per_slot);
+            let fixed: Vec<u64> = (0..n_dev).map(|d| self.device_fixed(d)).collect();
+            let fewest = (0..n_dev)
+                .filter(|&d| holds(off, d))
+                .map(|d| budgets[d].saturating_sub(fixed[d]) / off.slot_bytes_on(d) as u64)
+                .min()
+                .unwrap_or(u64::MAX);
+            if fewest >= 2 * k || self.opts.n_ubatch <= 512 {
+                break fixed;
             }
             // A fresh scheduler: reserved buffers only ever grow.
             self.opts.n_ubatch /= 2;
             self.sched = Sched::new(&self._backends, graph_size(&self.hp), false)?;
         };
-        let off = self.offload.as_mut().expect("offloading");
-        if fixed > budget {
-            return Err(EngineError::BudgetTooSmall {
-                budget,
-                need: fixed,
-            });
+        for d in 0..n_dev {
+            let (budget, fixed) = (budgets[d], fixed[d]);
+            let off = self.offload.as_mut().expect("offloading");
+            if fixed > budget {
+                return Err(match &self.split {
+                    None => EngineError::BudgetTooSmall {
+                        budget,
+                        need: fixed,
+                    },
+                    Some(_) => EngineError::DeviceBudgetTooSmall {
+                        device: d,
+                        budget,
+                        need: fixed,
+                    },
+                });
+            }
+            let per_slot = off.slot_bytes_on(d).max(1) as u64;
+            let mut n_slots = (budget - fixed) / per_slot;
+            // Padding and alignment per matrix: step down until the slots really fit.
+            while n_slots > 0
+                && off.slots_alloc_bytes_on(d, n_slots as usize) as u64 > budget - fixed
+            {
+                n_slots -= 1;
+            }
+            tracing::info!(
+                "offload{}: budget {budget} B; fixed {fixed} B (staging+control {} B), micro-batch {} -> {n_slots} expert slots per layer of {}",
+                if n_dev > 1 { format!(" on device {d}") } else { String::new() },
+                off.dev_bytes_on(d),
+                self.opts.n_ubatch,
+                self.hp.n_expert
+            );
+            if holds(off, d) {
+                off.alloc_slots(d, n_slots as usize)?;
+            }
         }
-        let mut n_slots = (budget - fixed) / per_slot;
-        // Padding and alignment per matrix: step down until the slots really fit.
-        while n_slots > 0 && off.slots_alloc_bytes(n_slots as usize) as u64 > budget - fixed {
-            n_slots -= 1;
-        }
-        tracing::info!(
-            "offload: budget {budget} B; resident {} B, KV {} B, staging+control {} B, micro-batch {} -> {n_slots} expert slots per layer of {}",
-            self.weights.bytes(),
-            self.kv.bytes(),
-            off.dev_bytes(),
-            self.opts.n_ubatch,
-            self.hp.n_expert
-        );
-        off.alloc_slots(main, n_slots as usize)?;
         Ok(())
+    }
+
+    /// Device `d`'s bytes besides expert slots: its weights, KV cache, offload staging and
+    /// control, compute buffer, and the CUDA workspace margin on a GPU.
+    fn device_fixed(&self, d: usize) -> u64 {
+        let off = self
+            .offload
+            .as_ref()
+            .map_or(0, |o| o.dev_bytes_on(d) as u64);
+        let compute = self.sched.buffer_size(d) as u64;
+        match &self.split {
+            None => {
+                let margin = if self._backends[0].is_cuda() {
+                    CUDA_MARGIN
+                } else {
+                    0
+                };
+                self.weights.bytes() + self.kv.bytes() as u64 + off + compute + margin
+            }
+            Some(s) => {
+                let dev = &s.devices[d];
+                let margin = if dev.is_cuda() { CUDA_MARGIN } else { 0 };
+                let b = dev.buffer_type();
+                self.weights.bytes_in(b) + self.kv.bytes_in(b) as u64 + off + compute + margin
+            }
+        }
     }
 }
 

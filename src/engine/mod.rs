@@ -50,6 +50,12 @@ pub enum EngineError {
     ContextFull { n_ctx: usize, need: usize },
     #[error("a GPU budget of {} is below what the resident parts need: the smallest budget that works is {} ({need} B: weights other than routed experts, KV cache, staging and compute buffers, with no expert cache); raise --gpu-mem, or lower --ctx or the micro-batch", gib(*budget), gib(*need))]
     BudgetTooSmall { budget: u64, need: u64 },
+    #[error("device {device}'s budget {} is below what its blocks need besides routed experts: the smallest that works is {} ({need} B: its weights other than routed experts, KV cache rows, offload staging and control, compute buffer, with no expert cache); raise its --gpu-mem, give it a smaller share of the layers (--tensor-split), or lower --ctx", gib(*budget), gib(*need))]
+    DeviceBudgetTooSmall {
+        device: usize,
+        budget: u64,
+        need: u64,
+    },
     #[error("a sequence's KV pages hold {have} positions, {need} needed")]
     KvPages { need: usize, have: usize },
     #[error("token id {id} is outside the vocabulary (0..{n_vocab})")]
@@ -257,8 +263,15 @@ impl Engine {
         let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
         let o = &self.opts;
         let p = &sp.plan;
+        let held = match &self.offload {
+            None => "all weights resident".to_string(),
+            Some(off) => format!(
+                "routed experts offloaded: {} in page-locked host memory, an expert cache per device",
+                gib(off.host_bytes() as u64)
+            ),
+        };
         let mut s = format!(
-            "plan: model {} split by layers over {} devices (all weights resident; KV cache {} tokens, {})",
+            "plan: model {} split by layers over {} devices ({held}; KV cache {} tokens, {})",
             gib(self.model_bytes),
             sp.devices.len(),
             o.n_ctx,
@@ -294,6 +307,15 @@ impl Engine {
                 gib(self.kv.bytes_in(dev.buffer_type()) as u64),
                 gib(self.sched.buffer_size(k) as u64)
             );
+            if let Some(off) = self.offload.as_ref().filter(|o| o.slot_bytes_on(k) > 0) {
+                let n = off.n_slots_on(k);
+                s += &format!(
+                    "; expert cache {n} slots per layer of {} ({:.0}%), {}",
+                    self.hp.n_expert,
+                    100.0 * n as f64 / self.hp.n_expert.max(1) as f64,
+                    gib(off.slots_alloc_bytes_on(k, n) as u64)
+                );
+            }
         }
         s
     }
@@ -304,6 +326,19 @@ impl Engine {
         self.offload
             .as_ref()
             .map(|o| o.slots_alloc_bytes(n_slots) as u64)
+    }
+
+    /// As [`Engine::expert_cache_bytes`] for the layers of device `d` of a layer split (device
+    /// 0: all of them on one device).
+    pub fn expert_cache_bytes_on(&self, d: usize, n_slots: usize) -> Option<u64> {
+        self.offload
+            .as_ref()
+            .map(|o| o.slots_alloc_bytes_on(d, n_slots) as u64)
+    }
+
+    /// The expert cache's slots per layer on device `d` (`None` when fully resident).
+    pub fn expert_slots_on(&self, d: usize) -> Option<usize> {
+        self.offload.as_ref().map(|o| o.n_slots_on(d))
     }
 
     /// The prefill micro-batch (the offload planner may have lowered the requested one).

@@ -60,7 +60,7 @@ pub struct EngineOptions {
     /// single-device engine. A one-element list is the same as `device` = that element.
     /// [`Device::Cpu`] more than once stands in for GPUs on a machine without them: each its
     /// own CPU backend with its own memory (what tests/multi_device.rs checks the split with).
-    /// CPU and CUDA devices are not mixed, and offloading experts is not built with several.
+    /// CPU and CUDA devices are not mixed.
     pub devices: Vec<Device>,
     /// Each device's share of the blocks (llama.cpp's `--tensor-split`, e.g. `[3.0, 1.0]`);
     /// empty: in proportion to each device's memory (its `gpu_mem` budget or free VRAM; equal
@@ -75,6 +75,11 @@ pub struct EngineOptions {
     /// memory minus a margin ([`auto_budget`]), so a model larger than the GPU offloads by
     /// itself.
     pub gpu_mem: Option<u64>,
+    /// A layer split's budgets, one per device in device order (`--gpu-mem 22GiB,11GiB`);
+    /// empty: `gpu_mem` for every device, or, without it, each GPU's free memory minus the
+    /// margin. Where the devices' budgets together are below the model, each device offloads
+    /// the routed experts of its blocks into an expert cache of its own.
+    pub gpu_mems: Vec<u64>,
     /// Prefetch experts of the next layer while the current one runs (when offloading).
     pub prefetch: bool,
     /// Compute some cache misses on the CPU, in parallel with copies (when offloading).
@@ -117,6 +122,7 @@ impl Default for EngineOptions {
             n_ubatch: 512,
             kv_type: GgmlType::F16,
             gpu_mem: None,
+            gpu_mems: Vec::new(),
             policy: Default::default(),
             prefetch: true,
             cpu_experts: true,

@@ -52,8 +52,22 @@ pub struct SlotState {
     pub n_cached: usize,
 }
 
-/// The expert cache and its miss channels: totals over all MoE layers since the model loaded.
+/// One device's expert cache in a layer split (docs/design.md §8).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DeviceExperts {
+    /// Cache slots per MoE layer of this device's blocks.
+    pub slots: usize,
+    /// MoE layers of this device that ran experts.
+    pub moe_layers: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    /// Expert bytes copied host to this device.
+    pub h2d_bytes: u64,
+}
+
+/// The expert cache and its miss channels: totals over all MoE layers since the model loaded.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExpertsSnapshot {
     /// Cache slots per MoE layer.
     pub slots: usize,
@@ -81,6 +95,8 @@ pub struct ExpertsSnapshot {
     pub stop_s: f64,
     /// The miss channels' rates (`None` without a CPU channel).
     pub channels: Option<ChannelRates>,
+    /// Per device of a layer split (empty on one device).
+    pub devices: Vec<DeviceExperts>,
 }
 
 /// The rates the CPU/PCIe split of misses plans with.
@@ -99,6 +115,28 @@ pub struct ChannelRates {
 impl ExpertsSnapshot {
     /// The figures of an expert cache of `slots` slots per layer whose counters are `s`.
     pub fn new(s: &crate::experts::Stats, slots: usize) -> Self {
+        Self::with_devices(s, slots, &[])
+    }
+
+    /// As [`ExpertsSnapshot::new`], with `device_slots` the slots per layer of each device of a
+    /// layer split (empty on one device).
+    pub fn with_devices(s: &crate::experts::Stats, slots: usize, device_slots: &[usize]) -> Self {
+        let devices = if device_slots.len() > 1 {
+            s.devices()
+                .iter()
+                .zip(device_slots)
+                .map(|(d, &slots)| DeviceExperts {
+                    slots,
+                    moe_layers: d.moe_layers,
+                    hits: d.hits,
+                    misses: d.misses,
+                    hit_rate: d.hit_rate,
+                    h2d_bytes: d.h2d_bytes,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let sum = |f: fn(&crate::experts::stats::LayerStats) -> u64| s.layers.iter().map(f).sum();
         Self {
             slots,
@@ -121,6 +159,7 @@ impl ExpertsSnapshot {
                 cpu_correction_us: c.cpu_correction_us,
                 measured: c.measured,
             }),
+            devices,
         }
     }
 }
@@ -128,9 +167,10 @@ impl ExpertsSnapshot {
 impl Engine {
     /// The expert cache's figures now (`None` when the model is fully resident).
     pub fn experts_snapshot(&self) -> Option<ExpertsSnapshot> {
-        self.offload
-            .as_ref()
-            .map(|o| ExpertsSnapshot::new(o.stats(), o.n_slots()))
+        self.offload.as_ref().map(|o| {
+            let per: Vec<usize> = (0..o.n_devices()).map(|d| o.n_slots_on(d)).collect();
+            ExpertsSnapshot::with_devices(o.stats(), o.n_slots(), &per)
+        })
     }
 }
 
@@ -178,7 +218,33 @@ mod tests {
                     cpu_correction_us: -5.0,
                     measured: true,
                 }),
+                devices: Vec::new(),
             }
+        );
+        // A layer split: layer 0 on device 0 (6 slots), layer 1 on device 1 (9 slots).
+        s.layer_device = vec![0, 1];
+        (s.layers[0].h2d_bytes, s.layers[1].h2d_bytes) = (2, 5);
+        let x = ExpertsSnapshot::with_devices(&s, 6, &[6, 9]);
+        assert_eq!(
+            x.devices,
+            vec![
+                DeviceExperts {
+                    slots: 6,
+                    moe_layers: 0,
+                    hits: 3,
+                    misses: 1,
+                    hit_rate: 0.75,
+                    h2d_bytes: 2,
+                },
+                DeviceExperts {
+                    slots: 9,
+                    moe_layers: 1,
+                    hits: 3,
+                    misses: 3,
+                    hit_rate: 0.5,
+                    h2d_bytes: 5,
+                },
+            ]
         );
     }
 }

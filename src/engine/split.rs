@@ -24,18 +24,15 @@ pub(super) struct Split {
 
 impl Split {
     /// The devices of `opts.devices` (two or more, resolved; `first` the first one's backend
-    /// when it is a GPU), their budgets (`given`: the `gpu_mem` a caller set, for each), and
-    /// the plan of `hp`'s decode blocks over them. `need`: the model and its KV cache in bytes,
-    /// `reserve` a compute reserve per device. Refused: CPU and CUDA devices together, a
-    /// tensor split of another length, and a model the budgets do not hold together
-    /// (offloading experts is not built for several devices).
+    /// when it is a GPU), their budgets (`given`: the budgets a caller set, one for every
+    /// device or one each; else a GPU's free memory minus the margin), and the plan of `hp`'s
+    /// decode blocks over them. Refused: CPU and CUDA devices together, a tensor split or a
+    /// budget list of another length.
     pub fn new(
         opts: &EngineOptions,
         first: Option<Rc<Backend>>,
-        given: Option<u64>,
+        given: &[u64],
         hp: &Hparams,
-        need: u64,
-        reserve: u64,
     ) -> Result<Self, EngineError> {
         let list = &opts.devices;
         let n = list.len();
@@ -55,40 +52,37 @@ impl Split {
                 opts.tensor_split
             ));
         }
+        if given.len() > 1 && given.len() != n {
+            return err(format!(
+                "{} memory budgets (--gpu-mem {}) for {n} devices: give one for all, or one per \
+                 device",
+                given.len(),
+                given.iter().map(|b| gib(*b)).collect::<Vec<_>>().join(",")
+            ));
+        }
         let poll = cpu_pool_polls(false, false, opts.n_threads);
         let mut devices = Vec::with_capacity(n);
         for (k, d) in list.iter().enumerate() {
+            // A GPU named twice (`--gpu 0,0`): a second logical device on it (tests).
+            let again = list[..k].contains(d);
             devices.push(match (d, k, &first) {
                 (Device::Cuda(_), 0, Some(b)) => b.clone(),
+                (Device::Cuda(i), _, _) if again => Rc::new(Backend::cuda_logical(*i, k)?),
                 (Device::Cuda(i), _, _) => Rc::new(Backend::cuda(*i)?),
                 _ => Rc::new(Backend::cpu_standin(k, opts.n_threads, poll)?),
             });
         }
         let budgets: Vec<Option<u64>> = devices
             .iter()
-            .map(|b| {
-                given.or_else(|| {
+            .enumerate()
+            .map(|(k, b)| {
+                given.get(k).or(given.first()).copied().or_else(|| {
                     b.memory()
                         .filter(|_| b.is_cuda())
                         .map(|(free, total)| auto_budget(free as u64, total as u64))
                 })
             })
             .collect();
-        if budgets.iter().all(Option::is_some) {
-            let sum: u64 = budgets.iter().flatten().sum();
-            let want = need + reserve * n as u64;
-            if want > sum {
-                return err(format!(
-                    "the model and its KV cache ({}, with compute reserves {}) do not fit the \
-                     {n} devices' budgets ({} together), and offloading routed experts is not \
-                     built for several devices yet (issue 26): run on one device (--gpu N) to \
-                     offload, or give the devices more memory (--gpu-mem), or lower --ctx",
-                    gib(need),
-                    gib(want),
-                    gib(sum)
-                ));
-            }
-        }
         let shares: Vec<f64> = if opts.tensor_split.is_empty() {
             budgets
                 .iter()
@@ -103,6 +97,16 @@ impl Split {
             devices,
             budgets,
         })
+    }
+
+    /// Whether `need` bytes (the model and its KV cache) with a compute `reserve` per device fit
+    /// the devices' budgets together (any device without a budget: yes).
+    pub fn fits(&self, need: u64, reserve: u64) -> bool {
+        if self.budgets.iter().any(Option::is_none) {
+            return true;
+        }
+        let sum: u64 = self.budgets.iter().flatten().sum();
+        need + reserve * self.devices.len() as u64 <= sum
     }
 
     /// The buffer type of weight `name`'s device where it is not the first device (`None`:

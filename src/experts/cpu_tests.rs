@@ -79,7 +79,15 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         cpu_spin: false,
         slack_control: false,
     };
-    let mut off = Offload::load(&file, &hp, &backend, opts, &|_, _| {}).unwrap();
+    let mut off = Offload::load(
+        &file,
+        &hp,
+        std::slice::from_ref(&backend),
+        &|_| 0,
+        opts,
+        &|_, _| {},
+    )
+    .unwrap();
     drop(file);
     let probe = Arc::new(Probe::default());
     let (store_freed, cpu_ok, cpu) = off.test_parts();

@@ -24,6 +24,9 @@ pub struct LayerStats {
     pub predicted_used: u64,
     /// Distinct experts used (the recall denominator for prefetch).
     pub used: u64,
+    /// Bytes copied host -> GPU for this layer (miss copies, prefetches, staging).
+    #[serde(default)]
+    pub h2d_bytes: u64,
 }
 
 /// The miss cost model's rates (docs/design.md §4.5): given, the defaults, or measured on the box
@@ -40,6 +43,20 @@ pub struct ChannelRates {
     pub cpu_correction_us: f64,
 }
 
+/// One device's share of the counters (a layer split's device; the whole model on one).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DeviceStats {
+    /// MoE layers of this device that ran experts.
+    pub moe_layers: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub cpu: u64,
+    /// As [`Stats::hit_rate`] and [`Stats::cache_hit_rate`], over this device's layers.
+    pub hit_rate: f64,
+    pub own_hit_rate: f64,
+    pub h2d_bytes: u64,
+}
+
 /// Counters for the whole model.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Stats {
@@ -47,6 +64,10 @@ pub struct Stats {
     #[serde(default)]
     pub channels: Option<ChannelRates>,
     pub layers: Vec<LayerStats>,
+    /// In a layer split, each layer's device (index in the split's device list); empty on one
+    /// device.
+    #[serde(default)]
+    pub layer_device: Vec<usize>,
     /// Bytes copied host -> GPU.
     pub h2d_bytes: u64,
     /// Bytes of expert weights the CPU read.
@@ -87,8 +108,13 @@ impl Stats {
     }
 
     fn total(&self) -> LayerStats {
+        self.total_of(|_| true)
+    }
+
+    /// The sum of the layers `pick` selects (by index).
+    fn total_of(&self, pick: impl Fn(usize) -> bool) -> LayerStats {
         let mut t = LayerStats::default();
-        for l in &self.layers {
+        for (_, l) in self.layers.iter().enumerate().filter(|(il, _)| pick(*il)) {
             t.hits += l.hits;
             t.misses += l.misses;
             t.cpu += l.cpu;
@@ -97,6 +123,7 @@ impl Stats {
             t.prefetch_used += l.prefetch_used;
             t.predicted_used += l.predicted_used;
             t.used += l.used;
+            t.h2d_bytes += l.h2d_bytes;
         }
         t
     }
@@ -134,6 +161,28 @@ impl Stats {
         ratio(t.predicted_used, t.used)
     }
 
+    /// Per device of a layer split (one entry on one device): its MoE layers' counters.
+    pub fn devices(&self) -> Vec<DeviceStats> {
+        let n = self.layer_device.iter().max().map_or(1, |m| m + 1);
+        let dev = |il: usize| self.layer_device.get(il).copied().unwrap_or(0);
+        (0..n)
+            .map(|d| {
+                let t = self.total_of(|il| dev(il) == d);
+                DeviceStats {
+                    moe_layers: (0..self.layers.len())
+                        .filter(|&il| dev(il) == d && self.layers[il].used > 0)
+                        .count(),
+                    hits: t.hits,
+                    misses: t.misses,
+                    cpu: t.cpu,
+                    hit_rate: ratio(t.hits, t.hits + t.misses),
+                    own_hit_rate: ratio(t.hits.saturating_sub(t.prefetch_used), t.hits + t.misses),
+                    h2d_bytes: t.h2d_bytes,
+                }
+            })
+            .collect()
+    }
+
     /// One paragraph for humans: totals, then per-layer hit rates.
     pub fn summary(&self) -> String {
         let t = self.total();
@@ -158,6 +207,19 @@ impl Stats {
         for l in &self.layers {
             if l.hits + l.misses > 0 {
                 s += &format!(" {:.2}", ratio(l.hits, l.hits + l.misses));
+            }
+        }
+        if !self.layer_device.is_empty() {
+            for (d, ds) in self.devices().iter().enumerate() {
+                s += &format!(
+                    "\ndevice {d}: {} MoE layers used, hit rate {:.3} ({} hits, {} misses, {} on the CPU), {:.2} GB host->device",
+                    ds.moe_layers,
+                    ds.hit_rate,
+                    ds.hits,
+                    ds.misses,
+                    ds.cpu,
+                    ds.h2d_bytes as f64 / 1e9
+                );
             }
         }
         if self.cpu_jobs > 0 {
@@ -202,6 +264,7 @@ impl Stats {
             l.prefetch_used -= e.prefetch_used;
             l.predicted_used -= e.predicted_used;
             l.used -= e.used;
+            l.h2d_bytes -= e.h2d_bytes;
         }
         d.h2d_bytes -= earlier.h2d_bytes;
         d.cpu_bytes -= earlier.cpu_bytes;

@@ -242,6 +242,18 @@ impl Backend {
         })
     }
 
+    /// A second (third, ...) logical device `k` on CUDA device `device`: a CUDA backend of its
+    /// own (its own stream) whose memory comes from its own copy of the device's buffer type
+    /// ([`super::BufType::copy_of`]), so that ggml's scheduler treats it as another device.
+    /// For testing a layer split with CUDA on one GPU (issue 26: "two logical devices on one
+    /// H200"); the memory is the same GPU's.
+    pub fn cuda_logical(device: usize, k: usize) -> Result<Self> {
+        let mut b = Self::cuda(device)?;
+        let base = b.buffer_type();
+        b.buft = Some(super::BufType::copy_of(base, k));
+        Ok(b)
+    }
+
     /// How many CUDA devices this build sees (0 without CUDA).
     #[cfg(feature = "cuda-api")]
     pub fn cuda_device_count() -> usize {

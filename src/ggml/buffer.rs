@@ -238,36 +238,54 @@ impl BufType {
     }
 
     /// The buffer type of CPU stand-in device `k` ([`Backend::cpu_standin`]): a copy of the CPU
-    /// buffer type (the same functions, device and context, so the same memory and the same
-    /// name) at an address of its own, made once per `k` for the process. ggml compares buffer
-    /// types by address: the scheduler sees `k` distinct devices, and every CPU backend still
-    /// supports them (the CPU device takes any host buffer type).
+    /// buffer type ([`BufType::copy_of`]).
+    pub fn cpu_standin(k: usize) -> Self {
+        // SAFETY: a static singleton.
+        Self::copy_of(Self(unsafe { sys::ggml_backend_cpu_buffer_type() }), k)
+    }
+
+    /// Copy `k` of buffer type `base` (the same functions, device and context, so the same
+    /// memory and the same name) at an address of its own, made once per (`base`, `k`) for the
+    /// process. ggml compares buffer types by address: a scheduler given backends whose buffer
+    /// types are distinct copies sees distinct devices (a CPU stand-in device, or a second
+    /// logical device on one GPU), and every backend of `base`'s device still supports them
+    /// (ggml-cuda's and ggml-cpu's `supports_buft` look at the functions and the device, not
+    /// the address).
     ///
     /// This reads `struct ggml_backend_buffer_type` (`ggml-backend-impl.h` of the pinned ggml:
     /// eight function pointers, then the device and context pointers) as ten pointers; the copy
-    /// is checked to answer as the CPU type does.
-    pub fn cpu_standin(k: usize) -> Self {
+    /// is checked to answer as `base` does.
+    pub fn copy_of(base: BufType, k: usize) -> Self {
         const WORDS: usize = 10;
         type Raw = [usize; WORDS];
-        static COPIES: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+        static COPIES: std::sync::Mutex<Vec<(usize, usize, usize)>> =
+            std::sync::Mutex::new(Vec::new());
         let mut copies = COPIES.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the CPU buffer type is a static singleton of that layout (see above).
-        let cpu = unsafe { sys::ggml_backend_cpu_buffer_type() };
-        while copies.len() <= k {
-            // SAFETY: as above; the copy is leaked, so it lives as long as the process.
-            let raw: Raw = unsafe { *(cpu as *const Raw) };
-            copies.push(Box::into_raw(Box::new(raw)) as usize);
-        }
-        let t = Self(copies[k] as sys::ggml_backend_buffer_type_t);
-        // SAFETY: the copy holds the CPU type's own functions; pure queries.
+        let key = (base.0 as usize, k);
+        let addr = match copies.iter().find(|c| (c.0, c.1) == key) {
+            Some(c) => c.2,
+            None => {
+                // SAFETY: `base` is a static buffer type of that layout (see above); the copy is
+                // leaked, so it lives as long as the process.
+                let raw: Raw = unsafe { *(base.0 as *const Raw) };
+                let addr = Box::into_raw(Box::new(raw)) as usize;
+                copies.push((key.0, key.1, addr));
+                addr
+            }
+        };
+        let t = Self(addr as sys::ggml_backend_buffer_type_t);
+        // SAFETY: the copy holds `base`'s own functions; pure queries.
         unsafe {
             assert!(
-                sys::ggml_backend_buft_is_host(t.0)
+                sys::ggml_backend_buft_is_host(t.0) == sys::ggml_backend_buft_is_host(base.0)
                     && sys::ggml_backend_buft_get_alignment(t.0)
-                        == sys::ggml_backend_buft_get_alignment(cpu)
-                    && t.name() == BufType(cpu).name(),
-                "a copy of the CPU buffer type does not answer as it does: the layout of \
-                 ggml_backend_buffer_type changed (see BufType::cpu_standin)"
+                        == sys::ggml_backend_buft_get_alignment(base.0)
+                    && sys::ggml_backend_buft_get_device(t.0)
+                        == sys::ggml_backend_buft_get_device(base.0)
+                    && t.name() == base.name(),
+                "a copy of buffer type {} does not answer as it does: the layout of \
+                 ggml_backend_buffer_type changed (see BufType::copy_of)",
+                base.name()
             );
         }
         t

@@ -692,7 +692,7 @@ impl Engine for LocalEngine {
             cancelled: s.cancelled.load(Relaxed),
             kv_tokens: s.kv_tokens.load(Relaxed),
             slots: self.slot_states(),
-            experts: *s.experts.lock().unwrap_or_else(|p| p.into_inner()),
+            experts: s.experts.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 

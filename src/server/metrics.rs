@@ -276,6 +276,40 @@ impl HttpMetrics {
         for (name, kind, help, v) in single {
             metric(name, kind, help, &[(String::new(), v)]);
         }
+        // A layer split: each device's expert cache, labelled by device.
+        if let Some(x) = s.experts.as_ref().filter(|x| !x.devices.is_empty()) {
+            let per = |f: &dyn Fn(&crate::engine::snapshot::DeviceExperts) -> f64| {
+                x.devices
+                    .iter()
+                    .enumerate()
+                    .map(|(d, e)| (format!("{{device=\"{d}\"}}"), f(e)))
+                    .collect::<Vec<_>>()
+            };
+            metric(
+                "expert_device_slots",
+                GAUGE,
+                "Expert-cache slots per MoE layer on each device of the layer split.",
+                &per(&|e| e.slots as f64),
+            );
+            metric(
+                "expert_device_layers",
+                GAUGE,
+                "MoE layers of each device that ran experts (its share of the layers).",
+                &per(&|e| e.moe_layers as f64),
+            );
+            metric(
+                "expert_device_hit_ratio",
+                GAUGE,
+                "Hits / (hits + misses) since start, over each device's layers.",
+                &per(&|e| e.hit_rate),
+            );
+            metric(
+                "expert_device_h2d_bytes_total",
+                COUNTER,
+                "Expert bytes copied host to each device.",
+                &per(&|e| e.h2d_bytes as f64),
+            );
+        }
         o
     }
 }
@@ -422,5 +456,36 @@ mod tests {
             text.contains("pocketmoe_expert_cache_hit_ratio 0.75"),
             "{text}"
         );
+        // One device: no per-device series.
+        assert!(!text.contains("expert_device"), "{text}");
+        // A layer split over two devices: each one's cache, by device label.
+        use crate::engine::snapshot::DeviceExperts;
+        s.experts.as_mut().unwrap().devices = vec![
+            DeviceExperts {
+                slots: 40,
+                moe_layers: 24,
+                hit_rate: 0.5,
+                h2d_bytes: 7,
+                ..Default::default()
+            },
+            DeviceExperts {
+                slots: 31,
+                moe_layers: 24,
+                hit_rate: 0.25,
+                h2d_bytes: 9,
+                ..Default::default()
+            },
+        ];
+        let text = m.render(&card, &Health::Ready, &s, None);
+        for want in [
+            "pocketmoe_expert_device_slots{device=\"0\"} 40",
+            "pocketmoe_expert_device_slots{device=\"1\"} 31",
+            "pocketmoe_expert_device_layers{device=\"1\"} 24",
+            "pocketmoe_expert_device_hit_ratio{device=\"0\"} 0.5",
+            "pocketmoe_expert_device_hit_ratio{device=\"1\"} 0.25",
+            "pocketmoe_expert_device_h2d_bytes_total{device=\"1\"} 9",
+        ] {
+            assert!(text.contains(want), "{want} missing: {text}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The slot cache's device memory: its size and its placement.
+//! The slot cache's device memory: its size and its placement (per device in a layer split).
 use super::*;
 
 impl Offload {
@@ -7,33 +7,57 @@ impl Offload {
         self.layers.iter().flatten().map(Layer::expert_bytes).sum()
     }
 
+    /// Device bytes one slot costs in every MoE layer of device `d` together.
+    pub fn slot_bytes_on(&self, d: usize) -> usize {
+        self.layers_on(d).map(|(_, l)| l.expert_bytes()).sum()
+    }
+
     /// Device bytes `n_slots` slots take in every MoE layer together (with padding).
     pub fn slots_alloc_bytes(&self, n_slots: usize) -> usize {
-        self.layers
-            .iter()
-            .flatten()
-            .flat_map(|l| l.mats.iter().flatten())
+        (0..self.parts.len())
+            .map(|d| self.slots_alloc_bytes_on(d, n_slots))
+            .sum()
+    }
+
+    /// Device bytes `n_slots` slots take in every MoE layer of device `d` (with padding).
+    pub fn slots_alloc_bytes_on(&self, d: usize, n_slots: usize) -> usize {
+        self.layers_on(d)
+            .flat_map(|(_, l)| l.mats.iter().flatten())
             .map(|m| m.alloc_bytes(n_slots))
             .sum()
     }
 
-    /// Gives every MoE layer `n_slots` cache slots on `backend` (at most one per expert).
-    pub fn alloc_slots(&mut self, backend: &Backend, n_slots: usize) -> Result<(), GgmlError> {
+    /// The offloaded layers of device `d`, with their indices.
+    fn layers_on(&self, d: usize) -> impl Iterator<Item = (usize, &Layer)> + '_ {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter_map(move |(il, l)| Some((il, l.as_ref()?)))
+            .filter(move |(il, _)| self.layer_device(*il) == d)
+    }
+
+    /// Gives every MoE layer of device `d` (the only device without a layer split) `n_slots`
+    /// cache slots in that device's memory (at most one per expert). Once per device.
+    pub fn alloc_slots(&mut self, d: usize, n_slots: usize) -> Result<(), GgmlError> {
         let n_slots = n_slots.min(self.n_expert);
         let n_layer = self.layers.len();
         let ctx = Context::new(n_layer * 3 + 1, 0)?;
         let size = if n_slots == 0 {
             0
         } else {
-            self.slots_alloc_bytes(n_slots)
+            self.slots_alloc_bytes_on(d, n_slots)
         };
-        let buf = ctx.new_buffer(backend, Memory::Device, size)?;
+        let buf = ctx.new_buffer(&self.parts[d].backend, Memory::Device, size)?;
         // Zeroed: a masked-out slot id points at slot 0, and zero blocks compute to zeros
         // (never NaN) before slot 0 was ever filled.
         buf.clear(0);
         let mut off = 0;
+        let layer_dev = &self.layer_dev;
         for (il, l) in self.layers.iter_mut().enumerate() {
             let Some(l) = l else { continue };
+            if layer_dev.get(il).copied().unwrap_or(0) != d {
+                continue;
+            }
             for (m, mat) in l.mats.iter().enumerate() {
                 // No slots: the layer always stages (see `slot_tokens`).
                 let Some(mat) = mat.as_ref().filter(|_| n_slots > 0) else {
@@ -47,9 +71,10 @@ impl Offload {
             l.cache = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
         }
         let idx = ctx.index();
-        self.slots = Some(SlotArea { ctx, idx });
-        self.dev_bytes += size;
-        self.n_slots = n_slots;
+        let part = &mut self.parts[d];
+        part.slots = Some(SlotArea { ctx, idx });
+        part.dev_bytes += size;
+        part.n_slots = n_slots;
         Ok(())
     }
 }

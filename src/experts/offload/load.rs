@@ -2,16 +2,20 @@
 use super::*;
 
 impl Offload {
-    /// Copies every routed expert of `file` into the host store of `backend`'s device, and
-    /// allocates staging and control tensors (slots come later: [`Offload::alloc_slots`]).
+    /// Copies every routed expert of `file` into the host store (page-locked memory of the
+    /// first backend's device), and allocates staging and control tensors on each device:
+    /// `backends` are the devices (one, or a layer split's), `device_of(il)` the index in them of
+    /// layer `il`'s device. Slots come later: [`Offload::alloc_slots`].
     pub fn load(
         file: &GgufModel,
         hp: &Hparams,
-        backend: &Rc<Backend>,
+        backends: &[Rc<Backend>],
+        device_of: &dyn Fn(usize) -> usize,
         opts: OffloadOptions,
         progress: &dyn Fn(u64, u64),
     ) -> Result<Self, GgmlError> {
         let (n_expert, k) = (hp.n_expert as usize, hp.n_expert_used as usize);
+        let backend = &backends[0];
         let n_layer = hp.n_layer_decode();
         let mut layers = Vec::with_capacity(n_layer);
         let store = Context::new(n_layer * 3 + 1, 0)?;
@@ -84,63 +88,21 @@ impl Offload {
             .new_buffer(backend, Memory::Host, sel_rows_len)?
             .base_addr();
 
-        // Device: one staging area as large as the largest layer's experts, and control tensors.
-        let dev = Context::new(n_layer * 6 + 2, 0)?;
-        let stage_bytes = layers
-            .iter()
-            .flatten()
-            .map(|l| {
-                l.mats
-                    .iter()
-                    .flatten()
-                    .map(|m| m.alloc_bytes(n_expert))
-                    .sum::<usize>()
-            })
-            .max()
-            .unwrap_or(0);
-        let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
+        // Per device: two staging areas as large as the largest of its layers' experts, and
+        // the control tensors of its layers.
         let n_embd = hp.n_embd as usize;
-        let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
-        let n_moe = layers.iter().flatten().count();
-        // Two staging areas, alternating between consecutive offloaded layers, so the next
-        // layer's experts can be copied in while this one computes.
-        let stage_bufs = [
-            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
-            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
-        ];
-        let ctl_buf =
-            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
-        ctl_buf.clear(0);
-        let mut ctl_off = 0;
-        for (i_moe, (il, l)) in layers
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_some())
-            .enumerate()
-        {
-            let Some(l) = l else { continue };
-            let stage_buf = stage_bufs[i_moe % 2];
-            let mut off = 0;
-            for (m, mat) in l.mats.iter().enumerate() {
-                let Some(mat) = mat else { continue };
-                let t = dev
-                    .new_tensor(mat.ty, &mat.ne)?
-                    .set_name(&name(il, &format!("stage{m}")));
-                off = stage_buf.place(t, off)?;
-            }
-            let ids = dev
-                .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
-                .set_name(&name(il, "ids"));
-            ctl_buf.place(ids, ctl_off)?;
-            let mask = dev
-                .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
-                .set_name(&name(il, "mask"));
-            ctl_buf.place(mask, ctl_off + ctl_bytes)?;
-            let cpu = dev
-                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
-                .set_name(&name(il, "cpu"));
-            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
-            ctl_off += 2 * ctl_bytes + cpu_bytes;
+        let layer_dev: Vec<usize> = (0..n_layer).map(device_of).collect();
+        let mut parts = Vec::with_capacity(backends.len());
+        for (d, backend) in backends.iter().enumerate() {
+            parts.push(DevPart::new(
+                backend,
+                &layers,
+                &|il| layer_dev[il] == d,
+                k,
+                t_max,
+                n_embd,
+                n_expert,
+            )?);
         }
         // The CPU channel reads the expert matrices from the store in place and keeps a copy of
         // their per-expert biases (gpt-oss: f32 [ne0, n_expert], a few KiB per layer); a layer
@@ -191,7 +153,6 @@ impl Offload {
         });
         let cpu = cpu.transpose()?;
         let store_idx = store.index();
-        let dev_idx = dev.index();
         let bw = opts.bandwidths;
         let balance = opts.balance;
         let mut miss = MissModel::new(bw, backend.is_cuda(), balance);
@@ -201,6 +162,9 @@ impl Offload {
         // measure against.
         miss.slack_control = backend.is_cuda() && opts.slack_control;
         let mut stats = Stats::new(n_layer);
+        if backends.len() > 1 {
+            stats.layer_device = layer_dev.clone();
+        }
         stats.channels = cpu.as_ref().map(|_| miss.rates());
         Ok(Self {
             n_expert,
@@ -211,25 +175,103 @@ impl Offload {
             store_freed: Default::default(),
             store,
             store_idx,
-            dev,
-            dev_idx,
-            slots: None,
+            parts,
+            layer_dev,
             scratch,
             scratch_len,
             sel_rows,
             sel_rows_len,
-            xfer: transfer::for_backend(backend)?,
-            backend: backend.clone(),
             stats,
             step: 0,
-            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
             host_bytes,
-            n_slots: 0,
             n_embd,
             cpu,
             cpu_dirty: vec![false; n_layer],
             cpu_ok,
             miss,
+        })
+    }
+}
+
+impl DevPart {
+    /// Device `backend`'s part for the offloaded layers `mine` selects of `layers`: two staging
+    /// areas as large as the largest of their experts (alternating between consecutive
+    /// offloaded layers, so the next layer's experts can be copied in while this one computes),
+    /// and per layer its slot ids, mask and CPU-result tensors (`t_max` tokens of `k` picks).
+    fn new(
+        backend: &Rc<Backend>,
+        layers: &[Option<Layer>],
+        mine: &dyn Fn(usize) -> bool,
+        k: usize,
+        t_max: usize,
+        n_embd: usize,
+        n_expert: usize,
+    ) -> Result<Self, GgmlError> {
+        let n_layer = layers.len();
+        let dev = Context::new(n_layer * 6 + 2, 0)?;
+        let own = || {
+            layers
+                .iter()
+                .enumerate()
+                .filter(|(il, l)| l.is_some() && mine(*il))
+        };
+        let stage_bytes = own()
+            .flat_map(|(_, l)| l.as_ref())
+            .map(|l| {
+                l.mats
+                    .iter()
+                    .flatten()
+                    .map(|m| m.alloc_bytes(n_expert))
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
+        let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
+        let n_moe = own().count();
+        let stage_bufs = [
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+            dev.new_buffer(backend, Memory::Device, stage_bytes)?,
+        ];
+        let ctl_buf =
+            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
+        ctl_buf.clear(0);
+        let mut ctl_off = 0;
+        for (i_moe, (il, l)) in own().enumerate() {
+            let Some(l) = l else { continue };
+            let stage_buf = stage_bufs[i_moe % 2];
+            let mut off = 0;
+            for (m, mat) in l.mats.iter().enumerate() {
+                let Some(mat) = mat else { continue };
+                let t = dev
+                    .new_tensor(mat.ty, &mat.ne)?
+                    .set_name(&name(il, &format!("stage{m}")));
+                off = stage_buf.place(t, off)?;
+            }
+            let ids = dev
+                .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "ids"));
+            ctl_buf.place(ids, ctl_off)?;
+            let mask = dev
+                .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "mask"));
+            ctl_buf.place(mask, ctl_off + ctl_bytes)?;
+            let cpu = dev
+                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
+                .set_name(&name(il, "cpu"));
+            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
+            ctl_off += 2 * ctl_bytes + cpu_bytes;
+        }
+        let dev_idx = dev.index();
+        Ok(Self {
+            backend: backend.clone(),
+            xfer: transfer::for_backend(backend)?,
+            dev,
+            dev_idx,
+            slots: None,
+            n_slots: 0,
+            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
+            has_layers: n_moe > 0,
         })
     }
 }

@@ -23,8 +23,9 @@ pub struct MissModel {
     /// every stop from an idle copy engine, every predicted expert prefetched (the planner
     /// before 2026-12-02, kept to measure against).
     pub balance: bool,
-    /// When the copies queued so far should have landed (estimated at `pcie_bw`).
-    copy_idle_at: Option<Instant>,
+    /// Per device (its own PCIe link and copy engine; one without a layer split): when the
+    /// copies queued so far should have landed (estimated at `pcie_bw`).
+    copy_idle_at: Vec<Option<Instant>>,
     /// When the CPU job in flight should be done.
     pub(super) cpu_idle_at: Option<Instant>,
 }
@@ -63,7 +64,7 @@ impl MissModel {
             cpu_correction_s: 0.0,
             slack_control: true,
             balance,
-            copy_idle_at: None,
+            copy_idle_at: Vec::new(),
             cpu_idle_at: None,
         }
     }
@@ -117,18 +118,23 @@ impl MissModel {
         }
     }
 
-    /// Seconds until the copy engine has landed what is queued (0 without the balance).
-    pub(super) fn copy_backlog(&self, now: Instant) -> f64 {
-        match (self.balance, self.copy_idle_at) {
+    /// Seconds until device `dev`'s copy engine has landed what is queued (0 without the
+    /// balance).
+    pub(super) fn copy_backlog(&self, now: Instant, dev: usize) -> f64 {
+        match (self.balance, self.copy_idle_at.get(dev).copied().flatten()) {
             (true, Some(t)) => t.saturating_duration_since(now).as_secs_f64(),
             _ => 0.0,
         }
     }
 
-    /// `bytes` were queued on the copy engine at `now`.
-    pub(super) fn queued(&mut self, now: Instant, bytes: u64) {
-        let start = self.copy_idle_at.filter(|&t| t > now).unwrap_or(now);
-        self.copy_idle_at = Some(start + secs(bytes as f64 / self.pcie_bw));
+    /// `bytes` were queued on device `dev`'s copy engine at `now`.
+    pub(super) fn queued(&mut self, now: Instant, bytes: u64, dev: usize) {
+        if self.copy_idle_at.len() <= dev {
+            self.copy_idle_at.resize(dev + 1, None);
+        }
+        let at = &mut self.copy_idle_at[dev];
+        let start = at.filter(|&t| t > now).unwrap_or(now);
+        *at = Some(start + secs(bytes as f64 / self.pcie_bw));
     }
 
     /// Greedy split of misses of `bytes` each between a copy engine free in `t_pcie` seconds
@@ -247,12 +253,18 @@ mod tests {
     fn backlog_follows_what_was_queued() {
         let mut m = model(1e9, 1e9, 0.0);
         let t = std::time::Instant::now();
-        m.queued(t, 1_000_000); // 1 ms at 1 GB/s
-        m.queued(t, 1_000_000); // behind it: 2 ms
-        let b = m.copy_backlog(t);
+        m.queued(t, 1_000_000, 0); // 1 ms at 1 GB/s
+        m.queued(t, 1_000_000, 0); // behind it: 2 ms
+        let b = m.copy_backlog(t, 0);
         assert!((b - 2e-3).abs() < 1e-9, "backlog {b}");
+        // Another device's copy engine (a layer split) has its own link: its backlog is its own.
+        assert_eq!(m.copy_backlog(t, 1), 0.0);
+        m.queued(t, 1_000_000, 1);
+        let b1 = m.copy_backlog(t, 1);
+        assert!((b1 - 1e-3).abs() < 1e-9, "device 1 backlog {b1}");
+        assert!((m.copy_backlog(t, 0) - 2e-3).abs() < 1e-9);
         // Without the balance the planner sees an idle copy engine (the old planner).
         m.balance = false;
-        assert_eq!(m.copy_backlog(t), 0.0);
+        assert_eq!(m.copy_backlog(t, 0), 0.0);
     }
 }

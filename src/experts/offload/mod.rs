@@ -92,6 +92,24 @@ struct SlotArea {
     idx: TensorIndex,
 }
 
+/// One device's part of the offload (one part on one device; in a layer split, one per device,
+/// each serving the MoE layers of the blocks that device holds): its compute backend (miss copies
+/// and control writes queue on its stream), its copy engine (prefetch, staging and routing
+/// reads, on streams of its own), the staging and control tensors of its layers, and its slots.
+struct DevPart {
+    backend: Rc<Backend>,
+    xfer: Box<dyn Transfer>,
+    dev: Context,
+    dev_idx: TensorIndex,
+    slots: Option<SlotArea>,
+    /// Cache slots per layer of this device's layers.
+    n_slots: usize,
+    /// Device bytes of staging + control + slots.
+    dev_bytes: usize,
+    /// Whether any offloaded layer is this device's.
+    has_layers: bool,
+}
+
 /// Every field is private: the child modules implement the protocol, the rest of the crate
 /// goes through methods.
 pub struct Offload {
@@ -106,9 +124,9 @@ pub struct Offload {
     /// reads the store: see `cpu`.
     store: Context,
     store_idx: TensorIndex,
-    dev: Context,
-    dev_idx: TensorIndex,
-    slots: Option<SlotArea>,
+    /// Per device (one without a layer split); `layer_dev[il]` is layer `il`'s.
+    parts: Vec<DevPart>,
+    layer_dev: Vec<usize>,
     /// Host scratch for routing reads and control writes.
     scratch: usize,
     scratch_len: usize,
@@ -116,16 +134,10 @@ pub struct Offload {
     /// see `step::Resolved::sel_row`), compacted on the host.
     sel_rows: usize,
     sel_rows_len: usize,
-    xfer: Box<dyn Transfer>,
-    /// The compute backend: miss copies and control writes queue on its stream.
-    backend: Rc<Backend>,
     stats: Stats,
     step: u64,
-    /// Device bytes of staging + control + slots.
-    dev_bytes: usize,
     /// Host bytes of the store.
     host_bytes: usize,
-    n_slots: usize,
     n_embd: usize,
     /// The CPU channel, and per layer: whether it may serve the layer (no expert biases), and
     /// whether the layer's CPU-result tensor holds a non-zero result from an earlier step. Its
@@ -170,9 +182,35 @@ impl Offload {
         &self.stats
     }
 
-    /// Device bytes of staging, control and slots.
+    /// Device bytes of staging, control and slots, every device together.
     pub fn dev_bytes(&self) -> usize {
-        self.dev_bytes
+        self.parts.iter().map(|p| p.dev_bytes).sum()
+    }
+
+    /// Device bytes of staging, control and slots on device `d` (0 on one device).
+    pub fn dev_bytes_on(&self, d: usize) -> usize {
+        self.parts.get(d).map_or(0, |p| p.dev_bytes)
+    }
+
+    /// Devices the offload spans (1 without a layer split).
+    pub fn n_devices(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The device of layer `il` (0 without a layer split).
+    pub fn layer_device(&self, il: usize) -> usize {
+        self.layer_dev.get(il).copied().unwrap_or(0)
+    }
+
+    /// Layer `il`'s device part.
+    fn part(&self, il: usize) -> &DevPart {
+        &self.parts[self.layer_device(il)]
+    }
+
+    /// Layer `il`'s device's copy engine.
+    fn xfer(&mut self, il: usize) -> &mut dyn Transfer {
+        let d = self.layer_device(il);
+        self.parts[d].xfer.as_mut()
     }
 
     /// Host bytes of the store.
@@ -180,9 +218,20 @@ impl Offload {
         self.host_bytes
     }
 
-    /// Cache slots per layer.
+    /// Cache slots per layer: the fewest of any device that holds offloaded layers (what the
+    /// slot mode can count on in every layer).
     pub fn n_slots(&self) -> usize {
-        self.n_slots
+        self.parts
+            .iter()
+            .filter(|p| p.has_layers)
+            .map(|p| p.n_slots)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Cache slots per layer of device `d`'s layers.
+    pub fn n_slots_on(&self, d: usize) -> usize {
+        self.parts.get(d).map_or(0, |p| p.n_slots)
     }
 
     /// The misses' cost model: rates (measured at the first decode stop that may use the CPU

@@ -29,7 +29,7 @@ impl Offload {
             .collect();
         let forced = used.len().saturating_sub(layer.cache.n_slots());
         let m = &self.miss;
-        let t_pcie = m.copy_backlog(Instant::now());
+        let t_pcie = m.copy_backlog(Instant::now(), self.layer_device(il));
         let split = m.split(
             misses.len(),
             layer.expert_bytes() as f64,
@@ -48,10 +48,12 @@ impl Offload {
         cpu
     }
 
-    /// Copies of `bytes` were queued at a stop or a prefetch: the copy engine's backlog grows.
-    pub(super) fn copies_queued(&mut self, bytes: u64) {
+    /// Copies of `bytes` for layer `il` were queued at a stop or a prefetch: its device's copy
+    /// engine's backlog grows.
+    pub(super) fn copies_queued(&mut self, il: usize, bytes: u64) {
         if bytes > 0 {
-            self.miss.queued(Instant::now(), bytes);
+            let dev = self.layer_device(il);
+            self.miss.queued(Instant::now(), bytes, dev);
         }
     }
 
@@ -72,7 +74,7 @@ impl Offload {
             return cands;
         }
         let now = Instant::now();
-        let backlog = m.copy_backlog(now);
+        let backlog = m.copy_backlog(now, self.layer_device(next));
         let cpu_busy = m
             .cpu_idle_at
             .map_or(0.0, |t| t.saturating_duration_since(now).as_secs_f64());
@@ -98,15 +100,11 @@ impl Offload {
         let sane = |x: f64| x.is_finite() && x > 0.0;
         match r {
             Ok((pcie, (start, cpu))) if sane(pcie) && sane(cpu) => {
+                let cuda = self.part(il).backend.is_cuda();
                 let m = &mut self.miss;
                 m.pcie_bw = pcie;
                 m.cpu_bw = cpu;
-                m.cpu_start_s = start
-                    + if self.backend.is_cuda() {
-                        SECOND_STOP_S
-                    } else {
-                        0.0
-                    };
+                m.cpu_start_s = start + if cuda { SECOND_STOP_S } else { 0.0 };
                 self.stats.channels = Some(m.rates());
                 tracing::info!(
                     "miss channels measured: PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job",
@@ -124,16 +122,16 @@ impl Offload {
         let addrs = self.addrs(il);
         let n = self.n_expert.min(16) as u32;
         let mut best = f64::INFINITY;
+        let xfer = self.xfer(il);
         for _ in 0..3 {
-            self.xfer.wait()?;
+            xfer.wait()?;
             let t0 = Instant::now();
             for e in 0..n {
                 for (_, a) in addrs.mats() {
-                    self.xfer
-                        .copy(a.in_staging(e), a.in_store(e), a.expert_bytes)?;
+                    xfer.copy(a.in_staging(e), a.in_store(e), a.expert_bytes)?;
                 }
             }
-            self.xfer.wait()?;
+            xfer.wait()?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
         Ok(n as f64 * addrs.expert_bytes() as f64 / best.max(1e-9))

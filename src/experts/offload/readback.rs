@@ -52,19 +52,20 @@ impl Offload {
                     ),
                 });
             }
-            self.xfer.read(self.sel_rows, n.sel_addr, bytes)?;
+            let rows = self.sel_rows;
+            self.xfer(n.il).read(rows, n.sel_addr, bytes)?;
         } else {
-            self.xfer.read(lay.sel, n.sel_addr, 4 * cnt)?;
+            self.xfer(n.il).read(lay.sel, n.sel_addr, 4 * cnt)?;
         }
-        self.xfer.read(lay.w, n.w_addr, 4 * cnt)?;
+        self.xfer(n.il).read(lay.w, n.w_addr, 4 * cnt)?;
         if let Some(p) = n.pred_addr {
-            self.xfer.read(lay.pred, p, 4 * n_pred)?;
+            self.xfer(n.il).read(lay.pred, p, 4 * n_pred)?;
         }
         if x_len > 0 {
-            self.xfer.read(x_at, n.x_addr, 4 * x_len)?;
+            self.xfer(n.il).read(x_at, n.x_addr, 4 * x_len)?;
         }
         let t0 = std::time::Instant::now();
-        self.xfer.wait_reads()?;
+        self.xfer(n.il).wait_reads()?;
         self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
         if strided {
             // SAFETY: the rows were read into the live, 4-aligned `sel_rows` room (size checked

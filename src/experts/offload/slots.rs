@@ -71,15 +71,15 @@ impl Offload {
             cpu.start(il, n.act, routing.x.clone(), picks);
             self.cpu_job_started(on_cpu.len(), addrs.expert_bytes());
         }
-        let backend = self.backend.clone();
+        let backend = self.part(il).backend.clone();
         let now = self.step;
-        let layer = self.layers[il].as_mut().expect("offloaded layer");
-        let st = &mut self.stats.layers[il];
-        let mut h2d = 0u64;
         // The previous layer's prefetches into this layer's slots land before anything
         // queued on the compute stream from here: the miss copies below (which may
         // reuse a slot a prefetch is still filling) and the expert matmuls.
-        self.xfer.fence()?;
+        self.xfer(il).fence()?;
+        let layer = self.layers[il].as_mut().expect("offloaded layer");
+        let st = &mut self.stats.layers[il];
+        let mut h2d = 0u64;
         let mut copies = Vec::new();
         for &e in used {
             if layer.cache.slot(e).is_some() {
@@ -109,6 +109,7 @@ impl Offload {
         for &e in used {
             layer.cache.touch(e, now);
         }
+        st.h2d_bytes += h2d;
         self.stats.h2d_bytes += h2d;
         // Control: slot ids and the mask; CPU experts point at a free slot id with weight 0.
         let ids = control_ids(sel, n_tokens, layer.cache.n_slots(), |e| {
@@ -136,7 +137,7 @@ impl Offload {
             let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
             self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
         }
-        self.copies_queued(h2d);
+        self.copies_queued(il, h2d);
         let ctl = self.ctl(il);
         let n = ids.len();
         let lay = ScratchLayout::new(self.scratch, n, routing.pred.len());
@@ -178,6 +179,8 @@ impl Offload {
             .count();
         // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
         let budget = self.prefetch_budget(next, cands);
+        let d = self.layer_device(next);
+        let xfer = self.parts[d].xfer.as_mut();
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut h2d = 0u64;
         let mut fetched = Vec::new();
@@ -193,8 +196,7 @@ impl Offload {
                 break;
             };
             for (_, a) in addrs.mats() {
-                self.xfer
-                    .copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
+                xfer.copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
                 h2d += a.expert_bytes as u64;
             }
             fetched.push(e);
@@ -202,10 +204,11 @@ impl Offload {
         let st = &mut self.stats.layers[next];
         st.prefetched += fetched.len() as u64;
         st.copies += fetched.len() as u64;
+        st.h2d_bytes += h2d;
         self.stats.h2d_bytes += h2d;
         layer.prefetched = fetched;
         layer.predicted = predicted;
-        self.copies_queued(h2d);
+        self.copies_queued(next, h2d);
         Ok(())
     }
 }

@@ -18,6 +18,8 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let addrs = self.addrs(il);
         let now = self.step;
+        let d = self.layer_device(il);
+        let xfer = self.parts[d].xfer.as_mut();
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
         let mut h2d = 0u64;
@@ -34,11 +36,12 @@ impl Offload {
                 // Already copied in while the previous layer ran.
                 continue;
             }
-            h2d += stage_expert(self.xfer.as_mut(), &addrs, e, cached)?;
+            h2d += stage_expert(xfer, &addrs, e, cached)?;
         }
+        st.h2d_bytes += h2d;
         self.stats.h2d_bytes += h2d;
         let t0 = std::time::Instant::now();
-        self.xfer.wait()?;
+        xfer.wait()?;
         self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
         if n_tokens * self.k >= STAGE_AHEAD_PICKS * self.n_expert {
             self.stage_ahead(il)?;
@@ -56,16 +59,19 @@ impl Offload {
         };
         let addrs = self.addrs(next);
         let now = self.step;
+        let d = self.layer_device(next);
+        let xfer = self.parts[d].xfer.as_mut();
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut h2d = 0u64;
         let mut copied = 0u64;
         for e in 0..self.n_expert as u32 {
             let cached = layer.cache.slot(e);
             copied += u64::from(cached.is_none());
-            h2d += stage_expert(self.xfer.as_mut(), &addrs, e, cached)?;
+            h2d += stage_expert(xfer, &addrs, e, cached)?;
         }
         layer.staged_ahead = Some(now);
         self.stats.layers[next].copies += copied;
+        self.stats.layers[next].h2d_bytes += h2d;
         self.stats.h2d_bytes += h2d;
         Ok(())
     }

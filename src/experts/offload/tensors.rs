@@ -3,19 +3,21 @@
 use super::*;
 
 impl Offload {
-    /// The largest micro-batch the slot cache serves (k experts per token must fit).
+    /// The largest micro-batch the slot cache serves (k experts per token must fit; in a layer
+    /// split, in the device with the fewest slots).
     pub fn slot_tokens(&self) -> usize {
-        if self.n_slots == 0 {
+        let n_slots = self.n_slots();
+        if n_slots == 0 {
             return 0;
         }
-        (self.n_slots / self.k.max(1)).min(self.opts.max_slot_tokens)
+        (n_slots / self.k.max(1)).min(self.opts.max_slot_tokens)
     }
 
     /// Slots when the micro-batch's experts fit the cache, or for a decode micro-batch (up to
     /// `max_slot_tokens`) when the CPU channel can take what does not fit; staging otherwise.
     pub fn mode(&self, n_tokens: usize) -> Mode {
         let overflow_to_cpu = n_tokens <= self.opts.max_slot_tokens
-            && self.n_slots > 0
+            && self.n_slots() > 0
             && self.cpu.is_some()
             && (0..self.layers.len()).all(|il| !self.is_offloaded(il) || self.cpu_ok[il]);
         if n_tokens <= self.slot_tokens() || overflow_to_cpu {
@@ -27,7 +29,7 @@ impl Offload {
 
     /// Slot tensor of matrix `m` of layer `il` [ne0, ne1, n_slots].
     pub fn slot_tensor(&self, il: usize, m: ExpertMat) -> Option<Tensor<'_>> {
-        let slots = self.slots.as_ref()?;
+        let slots = self.part(il).slots.as_ref()?;
         slots
             .ctx
             .get(&slots.idx, &name(il, &format!("slot{}", m.index())))
@@ -35,8 +37,9 @@ impl Offload {
 
     /// Staging tensor of matrix `m` of layer `il` [ne0, ne1, n_expert].
     pub fn staging_tensor(&self, il: usize, m: ExpertMat) -> Option<Tensor<'_>> {
-        self.dev
-            .get(&self.dev_idx, &name(il, &format!("stage{}", m.index())))
+        let p = self.part(il);
+        p.dev
+            .get(&p.dev_idx, &name(il, &format!("stage{}", m.index())))
     }
 
     /// Host store tensor of matrix `m` of layer `il` [ne0, ne1, n_expert].
@@ -53,15 +56,17 @@ impl Offload {
 
     /// The CPU channel's result for layer `il`, f32 [n_embd, t_max] (zeros when unused).
     pub fn ctl_cpu(&self, il: usize) -> Tensor<'_> {
-        self.dev
-            .get(&self.dev_idx, &name(il, "cpu"))
+        let p = self.part(il);
+        p.dev
+            .get(&p.dev_idx, &name(il, "cpu"))
             .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
     }
     /// Control tensors of layer `il` (see [`Ctl`]).
     pub fn ctl(&self, il: usize) -> Ctl<'_> {
+        let p = self.part(il);
         let get = |w: &str| {
-            self.dev
-                .get(&self.dev_idx, &name(il, w))
+            p.dev
+                .get(&p.dev_idx, &name(il, w))
                 .unwrap_or_else(|| panic!("layer {il} has no offload control tensor {w}"))
         };
         Ctl {
