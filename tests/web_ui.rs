@@ -592,6 +592,32 @@ fn chat_page_in_a_browser() {
         (total_mb - h2d / 1e6).abs() <= 0.005 + 1e-9,
         "the panel's total {total} differs from /metrics' {h2d} bytes"
     );
+    // One device: no per-device table. A layer split's /metrics (per-device samples, as
+    // src/server/metrics.rs writes them) fills one row per device.
+    assert_eq!(
+        b.eval("document.getElementById('devices').hidden"),
+        Value::Bool(true),
+        "the per-device table shows for one device"
+    );
+    let rows = b.eval(
+        "(() => { showDevices(parseMetrics([\
+           'pocketmoe_expert_device_slots{device=\"0\"} 40',\
+           'pocketmoe_expert_device_layers{device=\"0\"} 24',\
+           'pocketmoe_expert_device_hit_ratio{device=\"0\"} 0.5',\
+           'pocketmoe_expert_device_h2d_bytes_total{device=\"0\"} 2000000',\
+           'pocketmoe_expert_device_slots{device=\"1\"} 31',\
+           'pocketmoe_expert_device_layers{device=\"1\"} 24',\
+           'pocketmoe_expert_device_hit_ratio{device=\"1\"} 0.25',\
+           'pocketmoe_expert_device_h2d_bytes_total{device=\"1\"} 3000000000'].join('\\n')).devices);\
+         const t = document.getElementById('devices');\
+         return [t.hidden, ...[...t.querySelectorAll('tbody tr')]\
+           .map(r => [...r.cells].map(c => c.textContent).join('|'))]; })()",
+    );
+    assert_eq!(
+        rows,
+        json!([false, "0|24|40|50.0%|2.00 MB", "1|24|31|25.0%|3.00 GB"]),
+        "per-device rows (GPU, layers, slots, hit rate, copied)"
+    );
 
     // An endless reply (no max_tokens: until the context is full), stopped with the button.
     b.eval("document.getElementById('max-tokens').value = ''");

@@ -193,14 +193,33 @@ async function send(text) {
   pollMetrics();
 }
 
-// /metrics (Prometheus text): unlabelled samples by name, without the pocketmoe_ prefix.
+// /metrics (Prometheus text): unlabelled samples by name, without the pocketmoe_ prefix; the
+// per-device samples of a layer split (`name{device="k"}`) under m.devices[k][name].
 function parseMetrics(text) {
-  const m = {};
+  const m = { devices: [] };
   for (const line of text.split("\n")) {
     const s = /^pocketmoe_(\w+) (\S+)$/.exec(line);
     if (s) m[s[1]] = Number(s[2]);
+    const d = /^pocketmoe_expert_device_(\w+)\{device="(\d+)"\} (\S+)$/.exec(line);
+    if (d) (m.devices[Number(d[2])] ||= {})[d[1]] = Number(d[3]);
   }
   return m;
+}
+
+// A layer split's devices: one row each (hidden on one device).
+function showDevices(devices) {
+  const table = $("devices");
+  table.hidden = devices.length < 2;
+  const body = table.querySelector("tbody");
+  body.replaceChildren(...devices.map((d, k) => {
+    const row = document.createElement("tr");
+    for (const v of [String(k), String(d.layers), String(d.slots), pct(d.hit_ratio), bytes(d.h2d_bytes_total)]) {
+      const td = document.createElement("td");
+      td.textContent = v;
+      row.append(td);
+    }
+    return row;
+  }));
 }
 
 const pct = (x) => (100 * x).toFixed(1) + "%";
@@ -240,6 +259,7 @@ async function pollMetrics() {
   $("h2d-total").textContent = bytes(cur.h2d);
   $("cpu-share").textContent = pct(m.expert_cpu_share);
   $("prefetch").textContent = `${pct(m.expert_prefetch_precision)} / ${pct(m.expert_prefetch_recall)}`;
+  showDevices(m.devices);
 }
 
 $("composer").addEventListener("submit", (e) => {
