@@ -176,6 +176,22 @@ fn budgets_need_a_gpu() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-mem budgets need --gpu"));
 }
 
+/// Several GPUs: ours splits over them, but the in-process llama.cpp baseline runs on one GPU,
+/// so it is refused by name rather than compared with a one-GPU llama.cpp.
+#[test]
+fn several_gpus_need_no_baseline() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m", "/nonexistent.gguf", "--gpu", "0,1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--gpu 0,1") && err.contains("--no-baseline") && err.contains("-sm layer"),
+        "{err}"
+    );
+}
+
 /// A setting our engine cannot run (GPU 99: no such device on a CUDA build, no CUDA on a CPU one)
 /// still prints the table, and the exit status says it failed, naming the engine and its error.
 #[test]

@@ -52,9 +52,12 @@ pub struct BenchArgs {
     /// The GGUF model.
     #[arg(long, short)]
     pub model: PathBuf,
-    /// Run on this GPU (default: the CPU).
-    #[arg(long)]
-    pub gpu: Option<usize>,
+    /// Run on this GPU (default: the CPU). Several (`--gpu 0,1`): ours splits the blocks over
+    /// them (llama.cpp's `-sm layer`), each GPU held to the budget (each caching its own
+    /// blocks' experts when offloading); the llama.cpp baseline is not built for several GPUs
+    /// in this command yet (--no-baseline; run stock llama-bench -sm layer beside it).
+    #[arg(long = "gpu", value_delimiter = ',', value_name = "N[,N...]")]
+    pub gpus: Vec<usize>,
     /// VRAM budgets, comma-separated: `resident` (the whole device) or sizes (12GiB, 8G).
     #[arg(long = "gpu-mem", value_delimiter = ',', default_value = "resident", value_parser = parse_budget)]
     pub gpu_mem: Vec<Budget>,
@@ -126,6 +129,10 @@ impl BenchArgs {
     fn tests(&self) -> Vec<Test> {
         matrix(&self.prompt, &self.gen, &self.depth)
     }
+    /// The (first) GPU, `None` on the CPU.
+    fn gpu(&self) -> Option<usize> {
+        self.gpus.first().copied()
+    }
     fn threads(&self) -> usize {
         if self.threads == 0 {
             measure::physical_cores()
@@ -176,7 +183,7 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
     let facts = model_facts(&args.model)?;
     let tests = args.tests();
     let budget = args.gpu_mem.first().copied().unwrap_or(Budget(None)).0;
-    let limit = match (args.gpu, budget) {
+    let limit = match (args.gpu(), budget) {
         (Some(_), Some(b)) => b,
         (Some(g), None) => measure::device_free(g).unwrap_or(u64::MAX),
         (None, _) => u64::MAX,
@@ -186,11 +193,15 @@ fn baseline_child(args: &BenchArgs) -> Result<()> {
         layers: &layers,
         budget: limit,
         model_bytes: facts.file_bytes,
-        reserve: if args.gpu.is_some() { POOL_RESERVE } else { 0 },
+        reserve: if args.gpu().is_some() {
+            POOL_RESERVE
+        } else {
+            0
+        },
     };
     let mut rig = baseline::LlamaRig::new(
         args.model.clone(),
-        args.gpu,
+        args.gpu(),
         facts.hp.n_layer,
         n_ctx_for(&tests),
         args.threads(),
@@ -230,7 +241,7 @@ fn baseline_in_child(args: &BenchArgs, budget: Budget) -> Result<Vec<Setting>> {
         &args.threads().to_string(),
     ]);
     cmd.args(["--ubatch", &list(&args.ubatches())]);
-    if let Some(g) = args.gpu {
+    if let Some(g) = args.gpu() {
         cmd.args(["--gpu", &g.to_string()]);
     }
     if args.no_repack {
@@ -253,7 +264,12 @@ fn baseline_in_child(args: &BenchArgs, budget: Budget) -> Result<Vec<Setting>> {
 /// Ours at one budget, in this process.
 fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
     let opts = EngineOptions {
-        device: args.gpu.map_or(Device::Cpu, Device::Cuda),
+        device: args.gpu().map_or(Device::Cpu, Device::Cuda),
+        devices: if args.gpus.len() > 1 {
+            args.gpus.iter().map(|&g| Device::Cuda(g)).collect()
+        } else {
+            Vec::new()
+        },
         n_ctx: n_ctx_for(tests),
         n_threads: args.threads(),
         gpu_mem: budget.0,
@@ -275,7 +291,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         label: format!(
             "pocketmoe -ub {}{}",
             opts.n_ubatch,
-            if args.gpu.is_none() && args.no_repack {
+            if args.gpu().is_none() && args.no_repack {
                 " --no-repack"
             } else if budget.0.is_some() && args.no_miss_balance {
                 " --no-miss-balance"
@@ -292,17 +308,24 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         results: Vec::new(),
     };
     measure::reset_peak_rss();
-    let mut vram = VramPeak::start(args.gpu);
-    let run = |vram: &mut VramPeak, s: &mut Setting| -> Result<Vec<measure::Measurement>> {
+    // Every GPU's peak (a layer split holds each to the budget): the largest counts.
+    let mut vram = VramPeak::start(args.gpu());
+    let mut others: Vec<VramPeak> = args.gpus[1..]
+        .iter()
+        .map(|&g| VramPeak::start(Some(g)))
+        .collect();
+    let mut run = |vram: &mut VramPeak, s: &mut Setting| -> Result<Vec<measure::Measurement>> {
         let mut eng = Engine::load(&args.model, opts.clone(), &|_, _| {})
             .with_context(|| format!("loading {}", args.model.display()))?;
         vram.sample();
+        others.iter_mut().for_each(|v| _ = v.sample());
         // The offload planner may have lowered the micro-batch to leave the cache room.
         s.n_ubatch = eng.n_ubatch();
         s.label = format!("pocketmoe -ub {}", eng.n_ubatch());
         let n_vocab = eng.hp.n_vocab;
         let r = run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
             vram.sample();
+            others.iter_mut().for_each(|v| _ = v.sample());
         })?;
         if let Some(st) = eng.offload_stats() {
             eprintln!(
@@ -318,7 +341,10 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         Ok(r) => s.results = r,
         Err(e) => s.status = Status::Failed(format!("{e:#}")),
     }
-    s.vram_bytes = vram.bytes();
+    s.vram_bytes = others
+        .iter()
+        .map(VramPeak::bytes)
+        .fold(vram.bytes(), |a, b| a.max(b));
     s.host_rss_bytes = measure::peak_rss();
     s.fits =
         matches!(s.status, Status::Ran) && budget.0.zip(s.vram_bytes).is_none_or(|(b, v)| v <= b);
@@ -337,7 +363,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
             bail!("--llama-bench {}: no such file", p.display());
         }
     }
-    if args.gpu.is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
+    if args.gpus.len() > 1 && !args.no_baseline {
+        bail!(
+            "--gpu {}: the llama.cpp baseline of this command runs on one GPU; give \
+             --no-baseline and run stock llama-bench -sm layer (-ts, -ncmoe) beside it",
+            args.gpus
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    if args.gpu().is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
         bail!("--gpu-mem budgets need --gpu (on the CPU there is no VRAM to budget)");
     }
     let tests = args.tests();
@@ -356,12 +393,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         pcie: args.pcie_gbps * 1e9,
         cpu: args.cpu_gbps * 1e9,
     };
-    let on_gpu = args.gpu.is_some();
+    let on_gpu = args.gpu().is_some();
     let ub = EngineOptions::default().n_ubatch;
     let bound_of = |b: Option<u64>, t: &Test, hit: Option<f64>| {
         report::bound(&facts, on_gpu, b, t, hit, ub, bw)
     };
-    let device_memory = args.gpu.and_then(|g| {
+    let device_memory = args.gpu().and_then(|g| {
         crate::ggml::Device::all()
             .into_iter()
             .find(|d| d.name == format!("CUDA{g}"))
@@ -373,7 +410,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .file_name()
             .map_or(String::new(), |f| f.to_string_lossy().into_owned()),
         file_bytes: facts.file_bytes,
-        device: args.gpu.map_or("CPU".into(), |g| format!("CUDA{g}")),
+        device: match args.gpus.as_slice() {
+            [] => "CPU".into(),
+            gs => gs
+                .iter()
+                .map(|g| format!("CUDA{g}"))
+                .collect::<Vec<_>>()
+                .join("+"),
+        },
         device_memory,
         threads: args.threads(),
         cpu_variant: crate::ggml::cpu_isa::cpu_variant().to_string(),
@@ -398,7 +442,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             match baseline_in_child(&args, Budget(b)) {
                 Ok(v) => {
                     let knobs = stock::Knobs {
-                        gpu: args.gpu,
+                        gpu: args.gpu(),
                         n_layer: facts.hp.n_layer,
                         threads: args.threads(),
                         reps: args.reps,
