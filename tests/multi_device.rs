@@ -33,6 +33,10 @@ const PROMPT_LEN: usize = 9;
 /// the buffer type, `Backend::cuda_logical`), so the CUDA path of the split runs on one GPU.
 fn dev() -> Device {
     if cfg!(feature = "cuda") {
+        // A CUDA split runs without CUDA graphs (the engine turns them off: docs/design.md §8),
+        // and ggml reads that switch at the process's first graph compute, which may be a
+        // single-device engine's here: off from the start, so both sides compute alike.
+        std::env::set_var("GGML_CUDA_DISABLE_GRAPHS", "1");
         Device::Cuda(0)
     } else {
         Device::Cpu
@@ -291,6 +295,16 @@ const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 ///   shared by both devices: each device's layers send it work, and the logits stay within
 ///   [`CPU_CHANNEL_MAX_DIFF`].
 fn check_offloaded_split(arch: &str) {
+    if cfg!(feature = "cuda") {
+        // Two logical devices on one GPU cannot offload: ggml-cuda's async tensor writes (the
+        // expert copies and control writes of a stop) assert that a tensor's buffer type is
+        // the device's own (ggml-cuda.cu, `ggml_backend_cuda_set_tensor_async`), and a logical
+        // device's is a copy. This needs two real GPUs.
+        eprintln!(
+            "{arch}: skipped on a CUDA build (two logical devices on one GPU cannot offload)"
+        );
+        return;
+    }
     let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
     let base = EngineOptions {
         device: dev(),

@@ -60,6 +60,13 @@ impl Split {
                 given.iter().map(|b| gib(*b)).collect::<Vec<_>>().join(",")
             ));
         }
+        if all_cuda && !crate::ggml::disable_cuda_graphs_for_split() {
+            tracing::warn!(
+                "a layer split over CUDA devices runs without CUDA graphs (docs/design.md §8), \
+                 but this process computed on a GPU before: set GGML_CUDA_DISABLE_GRAPHS=1 \
+                 before it starts, or the split's decode may go wrong"
+            );
+        }
         let poll = cpu_pool_polls(false, false, opts.n_threads);
         let mut devices = Vec::with_capacity(n);
         for (k, d) in list.iter().enumerate() {

@@ -96,6 +96,29 @@ pub fn configure_cuda() {
     });
 }
 
+/// Turns ggml-cuda's CUDA graphs off for the rest of the process, for a layer split over CUDA
+/// devices (`engine::split`): on the H200 with two logical devices on one GPU, a split's decode
+/// diverged at the first step ggml-cuda replayed as a CUDA graph (the third, after its warm-up)
+/// and was bit-identical to one device with graphs off (2026-12-04, tests/multi_device.rs). Not
+/// yet tried on two real GPUs, where llama.cpp's own `-sm layer` keeps them. ggml reads the
+/// switch once, at the first graph compute of the process: returns false when that may have
+/// happened already (a CUDA backend was made earlier in the process), so the caller can say so.
+pub fn disable_cuda_graphs_for_split() -> bool {
+    let var = "GGML_CUDA_DISABLE_GRAPHS";
+    if std::env::var_os(var).is_some() {
+        return true;
+    }
+    std::env::set_var(var, "1");
+    !COMPUTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether this process has computed a graph (ggml-cuda reads its CUDA-graph switch then).
+static COMPUTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn computing() {
+    COMPUTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The level of the last ggml message that was not a continuation (for `GGML_LOG_LEVEL_CONT`).
 static LOG_LEVEL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
@@ -347,6 +370,7 @@ impl Backend {
 
     /// Runs a graph whose tensors are all allocated (e.g. by [`Context::alloc_tensors`]).
     pub fn compute(&self, graph: &Graph<'_>) -> Result<()> {
+        computing();
         // SAFETY: live backend and graph; all tensors allocated (ggml checks and aborts otherwise,
         // so callers allocate first).
         let status = unsafe { sys::ggml_backend_graph_compute(self.raw(), graph.raw()) };
@@ -490,6 +514,7 @@ impl Sched {
     /// Runs a graph allocated by [`Sched::alloc`]. Outputs are read (`Tensor::read_f32`) while
     /// `self` lives: its buffers hold them.
     pub fn compute(&mut self, graph: &Graph<'_>) -> Result<()> {
+        computing();
         // SAFETY: live scheduler and a graph allocated by alloc().
         let status =
             unsafe { sys::ggml_backend_sched_graph_compute(self.ptr.as_ptr(), graph.raw()) };
@@ -499,6 +524,7 @@ impl Sched {
     /// Starts computing an allocated graph and returns without waiting ([`Sched::synchronize`]
     /// waits), so the host can follow the device meanwhile.
     pub fn compute_async(&mut self, graph: &Graph<'_>) -> Result<()> {
+        computing();
         // SAFETY: live scheduler and a graph allocated by alloc(); the graph outlives the
         // computation (the caller synchronizes before dropping or reusing it).
         let status =
@@ -540,6 +566,7 @@ impl Sched {
     /// read computed tensors and write tensors later nodes read. Replaces any capture callback
     /// for this call.
     pub fn compute_hooked(&mut self, graph: &Graph<'_>, hook: &mut dyn EvalHook) -> Result<()> {
+        computing();
         let mut h = HookCall { hook, error: None };
         let user = &mut h as *mut HookCall<'_> as *mut std::ffi::c_void;
         // SAFETY: `user` points at `h`, alive until the callback is removed below.

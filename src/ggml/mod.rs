@@ -22,8 +22,8 @@ pub mod refquant;
 mod types;
 
 pub use backend::{
-    configure_cuda, cuda_env_set_by_us, Backend, Device, DeviceKind, EvalHook, Event, Sched,
-    ThreadPool,
+    configure_cuda, cuda_env_set_by_us, disable_cuda_graphs_for_split, Backend, Device, DeviceKind,
+    EvalHook, Event, Sched, ThreadPool,
 };
 pub use buffer::{BufType, BufferRef, HostStage, Memory};
 pub use context::{Context, OwnedGraph, RopeParams, Tensor, TensorIndex};
