@@ -274,6 +274,41 @@ fn split_floors(path: &Path, n_dev: usize, opts: &EngineOptions) -> Vec<u64> {
     budgets
 }
 
+/// A head tied to the token embedding (no `output.weight`), split so that the embedding's
+/// device and the head's differ: the head reads a copy of the matrix on its own device (as
+/// llama.cpp duplicates it), not the first device's (which ggml's scheduler would copy across
+/// at every step), and the logits equal one device's bit for bit.
+#[test]
+fn a_tied_head_gets_its_own_copy_on_the_last_device() {
+    let untied = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let path = common::without_output(&untied);
+    let mut one = load(&path, Vec::new()).unwrap();
+    let (want, want_tokens) = run(&mut one);
+    drop(one);
+    let mut eng = load(&path, vec![dev(); 2]).unwrap();
+    let plan = eng.layer_plan().unwrap().clone();
+    assert_ne!(plan.input, plan.output);
+    assert_eq!(
+        eng.embedding_device(),
+        Some(plan.input),
+        "the lookup's copy"
+    );
+    assert_eq!(
+        eng.weight_device("token_embd.weight"),
+        Some(plan.output),
+        "the head's copy"
+    );
+    let (got, got_tokens) = run(&mut eng);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {i}: logits differ from one device's (max |d| {})",
+            common::max_abs_diff(g, w)
+        );
+    }
+    assert_eq!(got_tokens, want_tokens);
+}
+
 /// On the CPU build, the bound on max |dlogit| against the resident engine where the CPU
 /// channel computed experts: tests/offload.rs's `CPU_CHANNEL_MAX_DIFF` (the channel runs the same
 /// kernels on the same weights but adds the experts' outputs in its own order: a few f32 ulps;

@@ -6,35 +6,10 @@ mod common;
 use pocketmoe::engine::weights::{Weights, WeightsError, TOKEN_EMBD};
 use pocketmoe::engine::{Device, Engine, EngineOptions};
 use pocketmoe::ggml::Backend;
-use pocketmoe::gguf::{GgufModel, GgufWriter};
+use pocketmoe::gguf::GgufModel;
 use pocketmoe::synth::quantmix::QuantMix;
-use std::path::{Path, PathBuf};
 
-/// `path` rewritten without the tensor `drop`, as `out`.
-fn write_without(path: &Path, drop: &str, out: &Path) {
-    let src = GgufModel::open(path).unwrap();
-    let mut w = GgufWriter::new();
-    for (k, v) in src.metadata() {
-        w.add_kv(k, v.clone());
-    }
-    let kept: Vec<_> = src.tensors().filter(|t| t.name != drop).collect();
-    for t in &kept {
-        w.add_tensor(&t.name, t.ty, t.shape()).unwrap();
-    }
-    w.write(out, |i, buf| {
-        buf.copy_from_slice(src.tensor_data(kept[i]));
-        Ok(())
-    })
-    .unwrap();
-}
-
-/// `path` rewritten without `output.weight` (a head tied to the embedding, as llama.cpp reads
-/// such files).
-fn without_output(path: &Path) -> PathBuf {
-    let out = path.with_extension("tied.gguf");
-    write_without(path, "output.weight", &out);
-    out
-}
+use common::{without_output, write_without};
 
 #[test]
 fn token_embedding_goes_to_the_host_part_and_a_tied_head_keeps_a_device_copy() {

@@ -139,8 +139,16 @@ impl Engine {
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
         // it stays on the GPU: no CPU split and host round trip at every step.
-        // In a layer split the embedding stays on the first device (its lookup feeds block 0).
-        let host = (offload && split.is_none() && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu);
+        // In a layer split the embedding stays on the first device (its lookup feeds block 0);
+        // a head tied to it gets its own copy on the last device (as llama.cpp duplicates it),
+        // else the scheduler would copy the whole matrix between devices at every step.
+        let tied_split = split.as_ref().filter(|s| {
+            s.plan.input != s.plan.output && file.tensors().all(|t| t.name != "output.weight")
+        });
+        let host = match tied_split {
+            Some(s) => Some(&*s.devices[s.plan.input]),
+            None => (offload && split.is_none() && !Rc::ptr_eq(&main, &cpu)).then_some(&*cpu),
+        };
         // CPU-only and resident: the weights are filled once the engine can build graphs on
         // them, which decide what goes into the CPU's extra buffer types (`fill_weights`).
         let repack = opts.repack && Rc::ptr_eq(&main, &cpu) && !offload;
@@ -150,7 +158,12 @@ impl Engine {
                 missing => model_err(missing.to_string()),
             })?;
         if let Some(s) = &split {
-            weights.fill_split(&file, &main, &|name| s.weight_buft(name), progress)?;
+            let place = |name: &str| match tied_split {
+                // The head's copy: the last device's.
+                Some(_) if name == weights::TOKEN_EMBD => s.buft(s.plan.output),
+                _ => s.weight_buft(name),
+            };
+            weights.fill_split(&file, &main, &place, host, progress)?;
         } else if !repack {
             let none = weights::ExtraPlacement::new();
             weights.fill(&file, &main, host, &none, progress)?;

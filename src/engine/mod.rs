@@ -156,6 +156,14 @@ impl Engine {
             .device_of_tensor(self.weights.get(name)?)
     }
 
+    /// In a layer split, the device whose memory holds the token embedding the lookup reads
+    /// (with a tied head on another device, a copy of the head's matrix).
+    pub fn embedding_device(&self) -> Option<usize> {
+        self.split
+            .as_ref()?
+            .device_of_tensor(self.weights.embedding()?)
+    }
+
     /// In a layer split, the device whose memory holds KV-cache tensor `name`.
     pub fn cache_device(&self, name: &str) -> Option<usize> {
         self.split.as_ref()?.device_of_tensor(self.kv.named(name)?)

@@ -127,7 +127,9 @@ impl Split {
         self.buft(self.plan.device_of_cache(name))
     }
 
-    fn buft(&self, k: usize) -> Option<BufType> {
+    /// Device `k`'s buffer type where it is not the first device (`None`: the first, the
+    /// weights' main backend).
+    pub fn buft(&self, k: usize) -> Option<BufType> {
         (k > 0).then(|| self.devices[k].buffer_type())
     }
 

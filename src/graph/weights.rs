@@ -245,22 +245,23 @@ impl Weights {
 
     /// Fills the declared weights of a layer split (`engine::split`): each tensor in a buffer of
     /// the buffer type `place(name)` gives (one buffer per type), those it gives `None` on
-    /// `main`. No host part, no extra buffer types.
+    /// `main`; the host part, where declared (the token embedding's lookup copy, when the head
+    /// tied to it lives on another device), on `host`. No extra buffer types.
     pub fn fill_split(
         &mut self,
         model: &GgufModel,
         main: &Backend,
         place: &dyn Fn(&str) -> Option<BufType>,
+        host: Option<&Backend>,
         progress: &dyn Fn(u64, u64),
     ) -> Result<(), GgmlError> {
-        assert!(self.host.is_none(), "a layer split keeps no host weights");
         let split: ExtraPlacement = self
             .main
             .index
             .names()
             .filter_map(|n| Some((n.to_string(), place(n)?)))
             .collect();
-        let total = self.main.bytes;
+        let total = self.main.bytes + self.host.as_ref().map_or(0, |p| p.bytes);
         let mut done = 0;
         let mut report = |n: u64| {
             done += n;
@@ -268,15 +269,21 @@ impl Weights {
         };
         self.main
             .fill(model, main, &ExtraPlacement::new(), &split, &mut report)?;
+        if let Some(h) = &mut self.host {
+            let backend = host.expect("a host part declared without its backend");
+            let none = ExtraPlacement::new();
+            h.fill(model, backend, &none, &none, &mut report)?;
+        }
         Ok(())
     }
 
-    /// Bytes of the weights in buffers of type `buft` (a device's, in a layer split).
+    /// Bytes of the weights in buffers of type `buft` (a device's, in a layer split), the host
+    /// part's included.
     pub fn bytes_in(&self, buft: BufType) -> u64 {
-        self.main
-            .index
-            .names()
-            .filter_map(|n| self.main.get(n))
+        [Some(&self.main), self.host.as_ref()]
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p.index.names().filter_map(|n| p.get(n)))
             .filter(|t| t.buffer_type() == Some(buft))
             .map(|t| t.n_bytes() as u64)
             .sum()

@@ -340,3 +340,30 @@ pub fn pip_venv(pkg: &str, version: &str) -> PathBuf {
     }
     py
 }
+
+/// `path` rewritten without the tensor `drop`, as `out`.
+pub fn write_without(path: &Path, drop: &str, out: &Path) {
+    use pocketmoe::gguf::{GgufModel, GgufWriter};
+    let src = GgufModel::open(path).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        w.add_kv(k, v.clone());
+    }
+    let kept: Vec<_> = src.tensors().filter(|t| t.name != drop).collect();
+    for t in &kept {
+        w.add_tensor(&t.name, t.ty, t.shape()).unwrap();
+    }
+    w.write(out, |i, buf| {
+        buf.copy_from_slice(src.tensor_data(kept[i]));
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// `path` rewritten without `output.weight` (a head tied to the embedding, as llama.cpp reads
+/// such files).
+pub fn without_output(path: &Path) -> PathBuf {
+    let out = path.with_extension("tied.gguf");
+    write_without(path, "output.weight", &out);
+    out
+}
