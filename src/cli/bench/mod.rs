@@ -310,8 +310,10 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
     measure::reset_peak_rss();
     // Every GPU's peak (a layer split holds each to the budget): the largest counts.
     let mut vram = VramPeak::start(args.gpu());
-    let mut others: Vec<VramPeak> = args.gpus[1..]
+    let mut others: Vec<VramPeak> = args
+        .gpus
         .iter()
+        .skip(1)
         .map(|&g| VramPeak::start(Some(g)))
         .collect();
     let mut run = |vram: &mut VramPeak, s: &mut Setting| -> Result<Vec<measure::Measurement>> {
