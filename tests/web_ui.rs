@@ -209,6 +209,8 @@ struct Browser {
     log: PathBuf,
     /// Its `--user-data-dir` (removed at the end).
     profile: PathBuf,
+    /// What the test is waiting for (`wait_for`'s `what`), for a call that never answers.
+    doing: String,
 }
 
 impl Browser {
@@ -290,6 +292,7 @@ impl Browser {
             events: Vec::new(),
             log,
             profile,
+            doing: String::new(),
         }
     }
 
@@ -315,7 +318,23 @@ impl Browser {
             let m = match self.from.recv_timeout(left) {
                 Ok(m) => m,
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!("chromium did not answer {method} in 60 s")
+                    // Its renderer is stuck: say where the test was and what the page printed
+                    // (console messages and exceptions), and keep chromium's log beside it.
+                    let kept = self.log.with_extension("hung.log");
+                    let _ = std::fs::copy(&self.log, &kept);
+                    let events: Vec<String> = self
+                        .events
+                        .iter()
+                        .rev()
+                        .take(10)
+                        .map(Value::to_string)
+                        .collect();
+                    panic!(
+                        "chromium did not answer {method} in 60 s, waiting for {:?}; its last \
+                         events: {events:?}; its log: {}",
+                        self.doing,
+                        kept.display()
+                    )
                 }
                 Err(RecvTimeoutError::Disconnected) => panic!(
                     "chromium closed the pipe during {method} (its log: {})",
@@ -346,6 +365,7 @@ impl Browser {
 
     /// Polls `js` until it gives something other than null, false or "".
     fn wait_for(&mut self, what: &str, js: &str, secs: u64) -> Value {
+        self.doing = what.to_string();
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let v = self.eval(js);
