@@ -330,17 +330,33 @@ const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 ///   shared by both devices: each device's layers send it work, and the logits stay within
 ///   [`CPU_CHANNEL_MAX_DIFF`].
 fn check_offloaded_split(arch: &str) {
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
     if cfg!(feature = "cuda") {
         // Two logical devices on one GPU cannot offload: ggml-cuda's async tensor writes (the
         // expert copies and control writes of a stop) assert that a tensor's buffer type is
         // the device's own (ggml-cuda.cu, `ggml_backend_cuda_set_tensor_async`), and a logical
-        // device's is a copy. This needs two real GPUs.
-        eprintln!(
-            "{arch}: skipped on a CUDA build (two logical devices on one GPU cannot offload)"
+        // device's is a copy. The engine refuses by name instead of aborting; the offloaded
+        // split itself needs two real GPUs.
+        let err = Engine::load(
+            &path,
+            EngineOptions {
+                devices: vec![dev(); 2],
+                gpu_mems: vec![1 << 20; 2],
+                n_ctx: 64,
+                ..Default::default()
+            },
+            &|_, _| {},
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            err.contains("logical devices cannot offload"),
+            "{arch}: {err}"
         );
+        eprintln!("{arch}: refused on two logical devices (the offloaded split needs two GPUs)");
         return;
     }
-    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
     let base = EngineOptions {
         device: dev(),
         n_ctx: 64,

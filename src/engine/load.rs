@@ -124,6 +124,22 @@ impl Engine {
             }
         }
         let offload = offload && hp.n_expert > 0;
+        // A GPU named twice (`--gpu 0,0`, logical devices for tests) cannot offload: ggml-cuda's
+        // async tensor writes assert the device's own buffer type, which a logical device's is
+        // a copy of, and would abort.
+        let cuda_twice = opts
+            .devices
+            .iter()
+            .enumerate()
+            .any(|(k, d)| matches!(d, Device::Cuda(_)) && opts.devices[..k].contains(d));
+        if offload && cuda_twice {
+            return Err(EngineError::Devices(format!(
+                "--gpu {:?} names a GPU twice (logical devices), and the model does not fit \
+                 their budgets: logical devices cannot offload routed experts; name each GPU \
+                 once, or give more memory (--gpu-mem)",
+                opts.devices
+            )));
+        }
         let cpu = Rc::new(Backend::cpu_polling(
             opts.n_threads,
             cpu_pool_polls(gpu.is_some(), offload && opts.cpu_experts, opts.n_threads),
