@@ -13,6 +13,10 @@ extern "C" {
     fn cudaStreamDestroy(stream: Stream) -> c_int;
     fn cudaStreamSynchronize(stream: Stream) -> c_int;
     fn cudaEventRecord(event: *mut c_void, stream: Stream) -> c_int;
+    fn cudaStreamWaitEvent(stream: Stream, event: *mut c_void, flags: u32) -> c_int;
+    fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int;
+    fn cudaFree(ptr: *mut c_void) -> c_int;
+    fn cudaMemsetAsync(ptr: *mut c_void, value: c_int, count: usize, stream: Stream) -> c_int;
     fn cudaMemcpyAsync(
         dst: *mut c_void,
         src: *const c_void,
@@ -78,6 +82,18 @@ impl CopyStream {
         })
     }
 
+    /// Makes work queued on this stream from now on wait (on the device) for `event`'s last
+    /// recording (`cudaStreamWaitEvent`).
+    ///
+    /// # Safety
+    /// `event` must be a live CUDA event of this stream's device.
+    pub unsafe fn wait_event(&self, event: *mut c_void) -> Result<(), CudaError> {
+        // SAFETY: per the contract above; the stream is live.
+        check("cudaStreamWaitEvent", unsafe {
+            cudaStreamWaitEvent(self.stream, event, 0)
+        })
+    }
+
     /// Waits for every queued copy.
     pub fn sync(&self) -> Result<(), CudaError> {
         // SAFETY: live stream.
@@ -91,6 +107,143 @@ impl Drop for CopyStream {
     fn drop(&mut self) {
         // SAFETY: we own the stream; pending copies finish first (CUDA semantics).
         unsafe { cudaStreamDestroy(self.stream) };
+    }
+}
+
+/// `CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int)`: the driver's
+/// `cuStreamWaitValue64` and `cuStreamWriteValue64`.
+type StreamValueFn = unsafe extern "C" fn(Stream, u64, u64, u32) -> c_int;
+
+/// `CU_STREAM_WAIT_VALUE_GEQ`.
+const WAIT_GEQ: u32 = 0;
+
+/// A gate on the device: work queued behind [`Gate::close`] runs only once a stream has passed
+/// [`Gate::open`] with a ticket at least as large. The host can thus queue compute before it
+/// knows what the compute needs, and let it run, without waiting itself, once the copies that
+/// feed it are queued. A 64-bit counter in device memory, written and waited for by the
+/// driver's stream memory operations (`cuStreamWriteValue64`/`cuStreamWaitValue64`, looked up
+/// in the driver the runtime has loaded: the PyPI toolkit has no `libcuda` to link against).
+/// Tickets only grow, so a late wait never sees an earlier step's value.
+pub struct Gate {
+    flag: *mut c_void,
+    /// Where closes wait; the compute stream waits on `closed` events recorded here.
+    waits: CopyStream,
+    /// Where opens are written, after the copies they follow (ordered by events).
+    opens: CopyStream,
+    wait_value: StreamValueFn,
+    write_value: StreamValueFn,
+}
+
+// SAFETY: stream handles and a device address may be used from any host thread.
+unsafe impl Send for Gate {}
+
+impl Gate {
+    /// A gate on `device`, or an error when the driver lacks 64-bit stream memory operations.
+    pub fn new(device: i32) -> Result<Self, CudaError> {
+        let (wait_value, write_value) = stream_value_fns()?;
+        let waits = CopyStream::new(device)?;
+        let opens = CopyStream::new(device)?;
+        let mut flag = std::ptr::null_mut();
+        // SAFETY: plain runtime calls on our own allocation and stream.
+        check("cudaMalloc", unsafe { cudaMalloc(&mut flag, 8) })?;
+        let gate = Self {
+            flag,
+            waits,
+            opens,
+            wait_value,
+            write_value,
+        };
+        // SAFETY: our 8-byte allocation, our live stream.
+        check("cudaMemsetAsync", unsafe {
+            cudaMemsetAsync(flag, 0, 8, gate.opens.stream)
+        })?;
+        // Probe both operations once: a driver or device without them fails here, not mid-step.
+        gate.open(0)?;
+        gate.opens.sync()?;
+        // SAFETY: live stream, our flag.
+        check("cuStreamWaitValue64", unsafe {
+            (gate.wait_value)(gate.waits.stream, gate.flag as u64, 0, WAIT_GEQ)
+        })?;
+        gate.waits.sync()?;
+        Ok(gate)
+    }
+
+    /// Queues a wait for ticket `ticket` on the gate's own stream and records `event` after it:
+    /// a stream that then waits on `event` (`cudaStreamWaitEvent`) runs on only once the gate
+    /// opened to `ticket`.
+    ///
+    /// # Safety
+    /// `event` must be a live CUDA event of the gate's device.
+    pub unsafe fn close(&self, ticket: u64, event: *mut c_void) -> Result<(), CudaError> {
+        // SAFETY: live stream, our flag.
+        check("cuStreamWaitValue64", unsafe {
+            (self.wait_value)(self.waits.stream, self.flag as u64, ticket, WAIT_GEQ)
+        })?;
+        // SAFETY: per the contract above.
+        unsafe { self.waits.record(event) }
+    }
+
+    /// Opens the gate to `ticket` once the work recorded in `after` (if any) has run.
+    ///
+    /// # Safety
+    /// `after` must be null or a live CUDA event of the gate's device.
+    pub unsafe fn open_after(&self, ticket: u64, after: *mut c_void) -> Result<(), CudaError> {
+        if !after.is_null() {
+            // SAFETY: per the contract above.
+            unsafe { self.opens.wait_event(after) }?;
+        }
+        self.open(ticket)
+    }
+
+    fn open(&self, ticket: u64) -> Result<(), CudaError> {
+        // Flags 0 (`CU_STREAM_WRITE_VALUE_DEFAULT`): the write follows a memory fence, so the
+        // work before it on the stream is visible to whatever the gate releases.
+        // SAFETY: live stream, our flag.
+        check("cuStreamWriteValue64", unsafe {
+            (self.write_value)(self.opens.stream, self.flag as u64, ticket, 0)
+        })
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // Whatever still waits must not wait forever on a freed flag.
+        let _ = self.open(u64::MAX);
+        let _ = self.opens.sync();
+        let _ = self.waits.sync();
+        // SAFETY: our allocation; nothing queued reads it any more.
+        unsafe { cudaFree(self.flag) };
+    }
+}
+
+/// The driver's 64-bit stream wait and write, from the `libcuda` the runtime loaded.
+fn stream_value_fns() -> Result<(StreamValueFn, StreamValueFn), CudaError> {
+    let missing = |what: &str| CudaError {
+        call: "dlsym",
+        code: -1,
+        message: format!("{what} not found in libcuda.so.1"),
+    };
+    // SAFETY: dlopen of the driver library (already loaded by the runtime: a reference count)
+    // and dlsym of two functions whose C signatures `StreamValueFn` mirrors.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if lib.is_null() {
+            return Err(missing("the library itself"));
+        }
+        let sym = |names: &[&std::ffi::CStr]| {
+            names
+                .iter()
+                .map(|n| libc::dlsym(lib, n.as_ptr()))
+                .find(|p| !p.is_null())
+        };
+        let wait = sym(&[c"cuStreamWaitValue64_v2", c"cuStreamWaitValue64"])
+            .ok_or_else(|| missing("cuStreamWaitValue64"))?;
+        let write = sym(&[c"cuStreamWriteValue64_v2", c"cuStreamWriteValue64"])
+            .ok_or_else(|| missing("cuStreamWriteValue64"))?;
+        Ok((
+            std::mem::transmute::<*mut c_void, StreamValueFn>(wait),
+            std::mem::transmute::<*mut c_void, StreamValueFn>(write),
+        ))
     }
 }
 

@@ -14,4 +14,4 @@ pub const fn available() -> bool {
 pub mod ffi;
 
 #[cfg(feature = "cuda-api")]
-pub use ffi::{CopyStream, CudaError};
+pub use ffi::{CopyStream, CudaError, Gate};

@@ -130,7 +130,10 @@ pub(crate) fn run_graph(
         Some(off) => {
             off.begin_step(n);
             let t0 = std::time::Instant::now();
-            if nodes.has_stops() {
+            nodes.runs.set(nodes.runs.get().saturating_add(1));
+            if nodes.gateable && nodes.runs.get() > 2 && off.can_gate(nodes, n) {
+                off.run_gated(&g.graph(), nodes, n)?;
+            } else if nodes.has_stops() {
                 let mut hook = StepHook {
                     off: &mut *off,
                     nodes,

@@ -207,6 +207,7 @@ impl Engine {
                 balance: opts.miss_balance,
                 cpu_spin: opts.cpu_spin,
                 slack_control: opts.slack_control,
+                gated: opts.gated_decode,
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()

@@ -97,6 +97,11 @@ pub struct EngineOptions {
     /// once, when the options are made; docs/usage.md "Environment switches").
     pub cpu_spin: bool,
     pub slack_control: bool,
+    /// Offloading on one GPU: decode steps run gated (`experts::offload::gated`: the graph's
+    /// pieces queued a stop ahead, behind a gate on the device, so a stop does not wait for the
+    /// next piece's launch). Off by default until measured on a GPU; `POCKETMOE_GATED=1` turns
+    /// it on in the default options.
+    pub gated_decode: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
@@ -130,6 +135,7 @@ impl Default for EngineOptions {
             miss_balance: true,
             cpu_spin: switch_on("POCKETMOE_CPU_SPIN"),
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
+            gated_decode: std::env::var("POCKETMOE_GATED").is_ok_and(|v| v == "1"),
             repack: true,
         }
     }

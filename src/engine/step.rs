@@ -11,7 +11,15 @@
 use super::batch::{mask_row, SeqChunk, Tok};
 use super::{causal_mask_f16, out_name, run_graph, Engine, EngineError};
 use crate::experts::step::GraphNodes;
+use crate::ggml::{OwnedGraph, Tensor};
 use crate::graph::step::ArchStep;
+
+/// Whether the scheduler left an allocated graph as built: no node reads a copy it made of a
+/// tensor for another backend (named `<backend>#<name>#<copy>` by ggml).
+fn no_copies(g: &OwnedGraph) -> bool {
+    let graph = g.graph();
+    (0..graph.n_nodes()).all(|i| graph.node(i).srcs().iter().all(|s| !s.name().contains('#')))
+}
 
 /// Which rows of a step's result come out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +117,32 @@ pub(super) struct StepPlan<'a> {
 }
 
 impl Engine {
+    /// For a decode graph of offloaded experts on one GPU: its inputs, each to be placed on the
+    /// GPU (scheduler backend 0), so that the scheduler has nothing to copy into the graph and
+    /// the graph can run gated (`experts::offload::gated`). `None` where it cannot.
+    fn gated_inputs<'g>(&self, g: &'g OwnedGraph, n: usize) -> Option<Vec<(Tensor<'g>, usize)>> {
+        // One device (the CPU's backend last, or the CPU alone standing in for it).
+        let one = self.sched.backends().len() <= 2;
+        if !self.opts.gated_decode
+            || n != 1
+            || self.split.is_some()
+            || self.offload.is_none()
+            || !one
+        {
+            return None;
+        }
+        let graph = g.graph();
+        let mut inputs: Vec<(Tensor<'g>, usize)> = Vec::new();
+        for i in 0..graph.n_nodes() {
+            for s in graph.node(i).srcs() {
+                if s.is_input() && !inputs.iter().any(|(t, _)| t.id() == s.id()) {
+                    inputs.push((s, 0));
+                }
+            }
+        }
+        Some(inputs)
+    }
+
     /// Runs one planned forward pass: the rows [`StepPlan::out`] asks for (logits, or hidden
     /// states with `embd`).
     pub(super) fn run_step(&mut self, p: &StepPlan<'_>) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -125,14 +159,17 @@ impl Engine {
             self.graph = None;
             let (last_only, n_out) = key.out;
             let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;
-            match &self.split {
-                None => self.sched.alloc(&g.graph())?,
-                Some(s) => {
+            let gated = self.gated_inputs(&g, n);
+            match (&self.split, &gated) {
+                (None, None) => self.sched.alloc(&g.graph())?,
+                (None, Some(inputs)) => self.sched.alloc_assigned(&g.graph(), inputs)?,
+                (Some(s), _) => {
                     let graph = g.graph();
                     self.sched.alloc_assigned(&graph, &s.plan.assign(&graph))?;
                 }
             }
-            let nodes = GraphNodes::resolve(&nodes, &g);
+            let mut nodes = GraphNodes::resolve(&nodes, &g);
+            nodes.gateable = gated.is_some() && self.sched.n_splits() == 1 && no_copies(&g);
             self.graph = Some((key, g, nodes));
         }
         let (_, g, nodes) = self.graph.as_ref().expect("built above");

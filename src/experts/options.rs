@@ -25,6 +25,9 @@ pub struct OffloadOptions {
     /// Where a GPU runs the step: the slack controller corrects the CPU channel's start cost
     /// (`MissModel::observe`, docs/design.md §4.5).
     pub slack_control: bool,
+    /// Decode steps on one device run gated where its copy engine can gate
+    /// (`offload::gated`).
+    pub gated: bool,
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).

@@ -97,6 +97,9 @@ pub struct Stats {
     /// Tokens and forward passes (micro-batches) seen.
     pub tokens: u64,
     pub steps: u64,
+    /// Of those steps, how many ran gated (`offload::gated`: no second stop for a CPU join).
+    #[serde(default)]
+    pub gated_steps: u64,
 }
 
 impl Stats {
@@ -187,7 +190,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -200,6 +203,7 @@ impl Stats {
             self.wait_cpu_s,
             self.stops,
             1e6 * self.hook_s / self.stops.max(1) as f64,
+            self.gated_steps,
             1e6 * self.compute_s / self.steps.max(1) as f64,
             self.prefetch_precision(),
             self.prefetch_recall(),
@@ -280,6 +284,7 @@ impl Stats {
         d.compute_s -= earlier.compute_s;
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
+        d.gated_steps -= earlier.gated_steps;
         d
     }
 }

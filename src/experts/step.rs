@@ -45,6 +45,15 @@ pub struct MoeNode {
 /// [`MoeNode`]s of an allocated graph, keyed by the ids of the nodes the hook stops after.
 pub struct GraphNodes {
     pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
+    /// The routing stops in the order the graph computes them: (node index, layer).
+    pub(super) routing: Vec<(usize, Resolved)>,
+    /// Whether the graph may run gated (`offload::gated`): the engine allocated it with every
+    /// input on the one GPU and the scheduler made no copies.
+    pub gateable: bool,
+    /// Steps this graph ran so far: a graph runs gated only from its third step on, after
+    /// two through the eval hook have let ggml-cuda warm up and capture its pieces and grow its
+    /// memory pool (whose growth may synchronise the device, which a gated step must not).
+    pub runs: std::cell::Cell<u32>,
 }
 
 /// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
@@ -90,7 +99,24 @@ impl GraphNodes {
                 by_anchor.insert(g.tensor(o).id(), (Stop::GpuOut, r));
             }
         }
-        Self { by_anchor }
+        let graph = g.graph();
+        let routing = (0..graph.n_nodes())
+            .filter_map(|i| match by_anchor.get(&graph.node(i).id()) {
+                Some((Stop::Routing, r)) => Some((i, *r)),
+                _ => None,
+            })
+            .collect();
+        Self {
+            by_anchor,
+            routing,
+            gateable: false,
+            runs: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Node indices of the routing stops, in compute order.
+    pub fn routing_stops(&self) -> impl Iterator<Item = usize> + '_ {
+        self.routing.iter().map(|(i, _)| *i)
     }
 
     /// Whether the step stops at all (else the scheduler runs it without the eval callback,

@@ -27,6 +27,56 @@ pub trait Transfer {
     /// on the compute stream after this call runs once they have landed. The host does not wait
     /// (where the device has no events, it does).
     fn fence(&mut self) -> Result<(), GgmlError>;
+
+    /// Whether this engine can gate the compute stream ([`Transfer::close_gate`]): a step can
+    /// then queue its graph ahead of the stops that feed it (`offload::gated`).
+    fn can_gate(&self) -> bool {
+        false
+    }
+    /// Whether compute queued behind a closed gate waits for it: on a device, so a gated step
+    /// queues a piece ahead; on the host (the CPU standing in for the GPU) a piece computes as
+    /// it is queued, so the gate is a formality and a gated step queues nothing ahead.
+    fn queues_ahead(&self) -> bool {
+        false
+    }
+    /// Compute queued from now on runs only once [`Transfer::open_gate`] reached `ticket`.
+    fn close_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+    /// Marks the copies queued so far: the next [`Transfer::open_gate`] waits for them (and
+    /// not for copies queued after this call).
+    fn mark_copies(&mut self) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+    /// Opens the gate to `ticket` once the copies of the last [`Transfer::mark_copies`] have
+    /// landed (on the device: the host returns at once).
+    fn open_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+    /// Reads queued from now on wait (on the device) for everything queued on the compute
+    /// stream so far.
+    fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+    /// Marks the reads queued so far as one batch, for [`Transfer::wait_batch`]; returns its id.
+    fn end_batch(&mut self) -> Result<u64, GgmlError> {
+        Err(no_gate())
+    }
+    /// Waits until the reads of batch `id` (one of the last [`READ_BATCHES`]) are done, not for
+    /// reads queued after it.
+    fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+}
+
+/// Read batches a gated step may have queued and not yet waited for.
+pub const READ_BATCHES: usize = 4;
+
+fn no_gate() -> GgmlError {
+    GgmlError::Tensor {
+        name: "copy engine".into(),
+        msg: "this device cannot gate its compute stream".into(),
+    }
 }
 
 /// The copy engine for `backend`.
@@ -61,6 +111,29 @@ impl Transfer for HostCopy {
     fn fence(&mut self) -> Result<(), GgmlError> {
         Ok(())
     }
+    // Gating on the host: compute runs as it is queued (`queues_ahead` false), every copy and
+    // read is done when its call returns, so there is nothing to wait for.
+    fn can_gate(&self) -> bool {
+        true
+    }
+    fn close_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn mark_copies(&mut self) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn open_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn end_batch(&mut self) -> Result<u64, GgmlError> {
+        Ok(0)
+    }
+    fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
+        Ok(())
+    }
 }
 
 #[cfg(feature = "cuda-api")]
@@ -70,12 +143,20 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
         .trim_start_matches("CUDA")
         .parse()
         .unwrap_or(0);
+    let gated = match Gated::new(dev, backend) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            tracing::debug!("{} cannot gate its compute stream: {e}", backend.name());
+            None
+        }
+    };
     Ok(Box::new(CudaCopy {
         copies: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
         reads: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
         landed: Event::new(backend),
         backend: backend.clone(),
         unfenced: false,
+        gated,
     }))
 }
 
@@ -101,6 +182,39 @@ struct CudaCopy {
     backend: Rc<Backend>,
     /// Copies queued since the last fence.
     unfenced: bool,
+    /// The gate and its events, where the driver has stream memory operations.
+    gated: Option<Gated>,
+}
+
+/// A copy engine's gate ([`Transfer::close_gate`]) and the events around it.
+#[cfg(feature = "cuda-api")]
+struct Gated {
+    gate: extra_kernels::Gate,
+    /// Recorded after each close on the gate's stream; the compute stream waits on it.
+    closed: Event,
+    /// Recorded on the compute stream; the read stream waits on it.
+    computed: Event,
+    /// Recorded on the copy stream by `mark_copies`; the gate's open waits on it.
+    copied: Event,
+    /// One per read batch in flight, by batch id modulo their number.
+    batches: Vec<Event>,
+    next_batch: u64,
+}
+
+#[cfg(feature = "cuda-api")]
+impl Gated {
+    fn new(dev: i32, backend: &Rc<Backend>) -> Result<Self, String> {
+        let gate = extra_kernels::Gate::new(dev).map_err(|e| e.to_string())?;
+        let ev = || Event::new(backend).ok_or_else(|| "the device has no events".to_string());
+        Ok(Self {
+            gate,
+            closed: ev()?,
+            computed: ev()?,
+            copied: ev()?,
+            batches: (0..READ_BATCHES).map(|_| ev()).collect::<Result<_, _>>()?,
+            next_batch: 0,
+        })
+    }
 }
 
 #[cfg(feature = "cuda-api")]
@@ -133,6 +247,57 @@ impl Transfer for CudaCopy {
         unsafe { self.copies.record(ev.cuda_event()) }.map_err(cuda_err)?;
         ev.wait_on(&self.backend);
         self.unfenced = false;
+        Ok(())
+    }
+
+    fn can_gate(&self) -> bool {
+        self.gated.is_some()
+    }
+
+    fn queues_ahead(&self) -> bool {
+        true
+    }
+
+    fn close_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        // SAFETY: `closed` is a live event of the gate's device (both from `backend`).
+        unsafe { g.gate.close(ticket, g.closed.cuda_event()) }.map_err(cuda_err)?;
+        g.closed.wait_on(&self.backend);
+        Ok(())
+    }
+
+    fn mark_copies(&mut self) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        // SAFETY: a live event of the copy stream's device.
+        unsafe { self.copies.record(g.copied.cuda_event()) }.map_err(cuda_err)
+    }
+
+    fn open_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        // SAFETY: a live event of the gate's device.
+        unsafe { g.gate.open_after(ticket, g.copied.cuda_event()) }.map_err(cuda_err)
+    }
+
+    fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        g.computed.record(&self.backend);
+        // SAFETY: a live event of the read stream's device.
+        unsafe { self.reads.wait_event(g.computed.cuda_event()) }.map_err(cuda_err)
+    }
+
+    fn end_batch(&mut self) -> Result<u64, GgmlError> {
+        let g = self.gated.as_mut().ok_or_else(no_gate)?;
+        let id = g.next_batch;
+        g.next_batch += 1;
+        let ev = &g.batches[id as usize % READ_BATCHES];
+        // SAFETY: a live event of the read stream's device.
+        unsafe { self.reads.record(ev.cuda_event()) }.map_err(cuda_err)?;
+        Ok(id)
+    }
+
+    fn wait_batch(&mut self, id: u64) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        g.batches[id as usize % READ_BATCHES].synchronize();
         Ok(())
     }
 }

@@ -376,6 +376,66 @@ impl Backend {
         let status = unsafe { sys::ggml_backend_graph_compute(self.raw(), graph.raw()) };
         check_status(status, self.name())
     }
+
+    /// Queues nodes `i0..i1` of `graph` (allocated, every tensor in a buffer this backend
+    /// reads) on this backend without waiting for them: ggml's `ggml_graph_view`, which the
+    /// scheduler's eval callback computes through but the library does not export.
+    pub fn compute_nodes_async(&self, graph: &Graph<'_>, i0: usize, i1: usize) -> Result<()> {
+        assert!(
+            i0 < i1 && i1 <= graph.n_nodes(),
+            "nodes {i0}..{i1} of {}",
+            graph.n_nodes()
+        );
+        computing();
+        // SAFETY: `CGraph` mirrors the pinned ggml's `struct ggml_cgraph` (ggml-impl.h), checked
+        // against the library's own accessors below; the view borrows the graph's node array,
+        // use counts and hash set, alive for this call, as ggml_graph_view's does.
+        let status = unsafe {
+            let mut v = *(graph.raw() as *const CGraph);
+            assert_eq!(v.n_nodes as usize, graph.n_nodes(), "ggml_cgraph layout");
+            assert_eq!(*v.nodes, graph.node(0).raw(), "ggml_cgraph layout");
+            v.size = 0;
+            v.n_nodes = (i1 - i0) as i32;
+            v.n_leafs = 0;
+            v.nodes = v.nodes.add(i0);
+            v.grads = std::ptr::null_mut();
+            v.grad_accs = std::ptr::null_mut();
+            v.leafs = std::ptr::null_mut();
+            v.uid = 0;
+            sys::ggml_backend_graph_compute_async(
+                self.raw(),
+                (&mut v as *mut CGraph).cast::<sys::ggml_cgraph>(),
+            )
+        };
+        check_status(status, self.name())
+    }
+
+    /// Waits until everything queued on this backend has run.
+    pub fn synchronize(&self) {
+        // SAFETY: live backend.
+        unsafe { sys::ggml_backend_synchronize(self.raw()) }
+    }
+}
+
+/// The pinned ggml's `struct ggml_cgraph` (ggml-impl.h, llama-cpp-sys-4 0.11.0), for
+/// [`Backend::compute_nodes_async`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CGraph {
+    size: i32,
+    n_nodes: i32,
+    n_leafs: i32,
+    nodes: *mut *mut sys::ggml_tensor,
+    grads: *mut *mut sys::ggml_tensor,
+    grad_accs: *mut *mut sys::ggml_tensor,
+    leafs: *mut *mut sys::ggml_tensor,
+    use_counts: *mut i32,
+    /// `struct ggml_hash_set { size_t size; ggml_bitset_t * used; struct ggml_tensor ** keys; }`
+    visited_size: usize,
+    visited_used: *mut u32,
+    visited_keys: *mut *mut sys::ggml_tensor,
+    order: i32,
+    uid: u64,
 }
 
 impl Drop for Backend {
@@ -420,6 +480,12 @@ impl Event {
     pub fn wait_on(&self, backend: &Backend) {
         // SAFETY: a live event of this backend's device (both checked CUDA at creation).
         unsafe { sys::ggml_backend_event_wait(backend.raw(), self.ptr.as_ptr()) }
+    }
+
+    /// Records, on `backend`'s compute stream, everything queued there so far.
+    pub fn record(&self, backend: &Backend) {
+        // SAFETY: a live event of this backend's device (both checked CUDA at creation).
+        unsafe { sys::ggml_backend_event_record(self.ptr.as_ptr(), backend.raw()) }
     }
 
     /// Waits (on the host) until the work recorded in this event has run.

@@ -963,6 +963,20 @@ impl<'ctx> Tensor<'ctx> {
         self.raw() as usize
     }
 
+    /// Whether the tensor is flagged a graph input (`ggml_set_input`).
+    pub fn is_input(&self) -> bool {
+        self.get().flags & sys::GGML_TENSOR_FLAG_INPUT as i32 != 0
+    }
+
+    /// Its sources (null ones left out).
+    pub fn srcs(&self) -> Vec<Tensor<'ctx>> {
+        self.get()
+            .src
+            .iter()
+            .filter_map(|&p| NonNull::new(p).map(Tensor::from_raw))
+            .collect()
+    }
+
     /// Whether the tensor has memory (an input no graph node reads is never allocated).
     pub fn is_allocated(&self) -> bool {
         let t = self.get();

@@ -22,7 +22,7 @@ impl Offload {
     }
 
     /// Counts a graph stop that began at `t0`.
-    fn count_stop(&mut self, t0: std::time::Instant) {
+    pub(super) fn count_stop(&mut self, t0: std::time::Instant) {
         self.stats.stops += 1;
         self.stats.hook_s += t0.elapsed().as_secs_f64();
     }

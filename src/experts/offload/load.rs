@@ -187,6 +187,9 @@ impl Offload {
             n_embd,
             cpu,
             cpu_dirty: vec![false; n_layer],
+            gate_ticket: None,
+            gate_next: 1,
+            gate_reads: std::collections::VecDeque::new(),
             cpu_ok,
             miss,
         })

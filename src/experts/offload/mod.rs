@@ -20,6 +20,7 @@
 //! protocol), `staging` (prefill), `planner` and `miss` (the CPU channel's share).
 mod addrs;
 mod alloc;
+mod gated;
 mod hook;
 mod load;
 mod miss;
@@ -43,7 +44,7 @@ use super::cpu::CpuChannel;
 use super::step::{GraphNodes, Resolved};
 use super::transfer::{self, Transfer};
 use super::Stats;
-use crate::ggml::{Backend, Context, GgmlError, GgmlType, Memory, Tensor, TensorIndex};
+use crate::ggml::{Backend, Context, GgmlError, GgmlType, Graph, Memory, Tensor, TensorIndex};
 use crate::gguf::GgufModel;
 use crate::model::Hparams;
 use std::rc::Rc;
@@ -147,6 +148,12 @@ pub struct Offload {
     cpu_dirty: Vec<bool>,
     /// Cost model of a miss on each channel (docs/design.md §4.5).
     miss: MissModel,
+    /// Gated decode (`gated`): the ticket the current stop opens the gate to, the next
+    /// ticket not yet handed out, and the stops whose routing reads are queued (layer, read
+    /// batch, what was read where), oldest first.
+    gate_ticket: Option<u64>,
+    gate_next: u64,
+    gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
 }
 
 impl Drop for Offload {

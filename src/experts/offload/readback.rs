@@ -11,6 +11,19 @@ impl Offload {
         n: &Resolved,
         n_tokens: usize,
     ) -> Result<Routing, GgmlError> {
+        let reads = self.queue_reads(n, n_tokens)?;
+        let t0 = std::time::Instant::now();
+        self.xfer(n.il).wait_reads()?;
+        self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+        self.take_reads(n, n_tokens, &reads)
+    }
+
+    /// Queues the reads of [`Offload::read_routing`] without waiting for them.
+    pub(super) fn queue_reads(
+        &mut self,
+        n: &Resolved,
+        n_tokens: usize,
+    ) -> Result<Reads, GgmlError> {
         let cnt = self.k * n_tokens;
         let n_pred = if n.pred_addr.is_some() {
             self.n_expert * n_tokens
@@ -64,9 +77,33 @@ impl Offload {
         if x_len > 0 {
             self.xfer(n.il).read(x_at, n.x_addr, 4 * x_len)?;
         }
-        let t0 = std::time::Instant::now();
-        self.xfer(n.il).wait_reads()?;
-        self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+        Ok(Reads {
+            cnt,
+            n_pred,
+            x_len,
+            x_at,
+            lay,
+            strided,
+        })
+    }
+
+    /// The routing of reads queued by [`Offload::queue_reads`] that have landed.
+    pub(super) fn take_reads(
+        &mut self,
+        n: &Resolved,
+        n_tokens: usize,
+        r: &Reads,
+    ) -> Result<Routing, GgmlError> {
+        let Reads {
+            cnt,
+            n_pred,
+            x_len,
+            x_at,
+            strided,
+            ..
+        } = *r;
+        let lay = &r.lay;
+        let row = 4 * self.k;
         if strided {
             // SAFETY: the rows were read into the live, 4-aligned `sel_rows` room (size checked
             // above) by the waited copy; token t's k ids start t rows in; the compacted ids go
@@ -109,6 +146,16 @@ impl Offload {
             x,
         })
     }
+}
+
+/// Reads of a stop's routing, queued (see [`Offload::queue_reads`]).
+pub(super) struct Reads {
+    cnt: usize,
+    n_pred: usize,
+    x_len: usize,
+    x_at: usize,
+    lay: ScratchLayout,
+    strided: bool,
 }
 
 /// Where a stop's reads and control writes go in the host scratch (byte addresses).

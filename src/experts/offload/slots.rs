@@ -7,8 +7,18 @@ use super::*;
 
 impl Offload {
     pub(super) fn on_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<(), GgmlError> {
-        let (il, mode) = (n.il, n.mode);
         let routing = self.read_routing(n, n_tokens)?;
+        self.routed(n, n_tokens, &routing)
+    }
+
+    /// A stop's protocol once its routing is on the host.
+    pub(super) fn routed(
+        &mut self,
+        n: &Resolved,
+        n_tokens: usize,
+        routing: &Routing,
+    ) -> Result<(), GgmlError> {
+        let (il, mode) = (n.il, n.mode);
         let mut used: Vec<u32> = Vec::with_capacity(routing.sel.len());
         for &e in &routing.sel {
             if !used.contains(&e) {
@@ -32,7 +42,7 @@ impl Offload {
         layer.predicted.clear();
         match mode {
             Mode::Staging => self.stage_used(il, &used, n_tokens),
-            Mode::Slots => self.slots_used(n, n_tokens, &routing, &used, &on_cpu),
+            Mode::Slots => self.slots_used(n, n_tokens, routing, &used, &on_cpu),
         }
     }
 
@@ -73,10 +83,15 @@ impl Offload {
         }
         let backend = self.part(il).backend.clone();
         let now = self.step;
-        // The previous layer's prefetches into this layer's slots land before anything
-        // queued on the compute stream from here: the miss copies below (which may
-        // reuse a slot a prefetch is still filling) and the expert matmuls.
-        self.xfer(il).fence()?;
+        // Gated (the graph is queued ahead, behind the gate): everything below goes on the copy
+        // stream, after the previous layer's prefetches, and the gate opens after it. Else the
+        // previous layer's prefetches into this layer's slots land before anything queued on
+        // the compute stream from here: the miss copies below (which may reuse a slot a
+        // prefetch is still filling) and the expert matmuls.
+        let gate = self.gate_ticket.take();
+        if gate.is_none() {
+            self.xfer(il).fence()?;
+        }
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
         let mut h2d = 0u64;
@@ -125,6 +140,11 @@ impl Offload {
                     continue;
                 };
                 let eb = a.expert_bytes;
+                if gate.is_some() {
+                    let (dst, src) = (t.data_addr() + slot as usize * eb, a.in_store(e));
+                    self.parts[self.layer_dev[il]].xfer.copy(dst, src, eb)?;
+                    continue;
+                }
                 // SAFETY: the store is page-locked host memory that lives, unchanged,
                 // as long as the engine; the slot tensor lies in the compute backend's
                 // buffer.
@@ -144,17 +164,35 @@ impl Offload {
         assert!(lay.end <= self.scratch + self.scratch_len);
         // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned;
         // no copy reading it is pending (every stop follows a synchronisation of the
-        // compute stream), and nothing writes it again before the next stop, so the
-        // queued copies read it unchanged.
+        // compute stream, or, gated, the landing of the last stop's copies, which the gate
+        // the graph passed since waited for), and nothing writes it again before the next
+        // stop, so the queued copies read it unchanged.
         unsafe {
             let p = lay.ctl as *mut i32;
             std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
             std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
-            ctl.ids.write_async(&backend, 0, lay.ctl, 4 * n)?;
-            ctl.mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
+            if gate.is_none() {
+                ctl.ids.write_async(&backend, 0, lay.ctl, 4 * n)?;
+                ctl.mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
+            }
+        }
+        if let Some(ticket) = gate {
+            let (ids_at, mask_at) = (ctl.ids.data_addr(), ctl.mask.data_addr());
+            let xfer = self.xfer(il);
+            xfer.copy(ids_at, lay.ctl, 4 * n)?;
+            xfer.copy(mask_at, lay.ctl + 4 * n, 4 * n)?;
+            xfer.mark_copies()?;
+            if on_cpu.is_empty() {
+                xfer.open_gate(ticket)?;
+            }
         }
         if !routing.pred.is_empty() {
             self.prefetch_after(il, &routing.pred)?;
+        }
+        if let (Some(ticket), false) = (gate, on_cpu.is_empty()) {
+            // The CPU's share joins before the gate opens: the graph queued behind it adds it.
+            self.on_gpu_out(il, n_tokens)?;
+            self.xfer(il).open_gate(ticket)?;
         }
         Ok(())
     }

@@ -1,0 +1,135 @@
+//! Gated decode: a decode step's graph queued ahead of the stops that feed it.
+//!
+//! A stop of the eval-callback path (`hook`) waits for the device, runs the protocol, and only
+//! then lets the scheduler launch the graph's next piece: on the H200 the launch of a piece
+//! (a CUDA graph of ~30 nodes) costs ~40 us of host time, during which the GPU has nothing to
+//! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
+//! Here the host cuts the graph at the routing stops itself and queues each piece one stop
+//! ahead, behind a gate on the device ([`Transfer::close_gate`]): while the GPU computes piece
+//! `s`, the host launches piece `s + 1`, which waits. At stop `s` the host waits only for that
+//! stop's routing reads (queued on the read stream behind an event after piece `s`), plans,
+//! queues the miss copies and the control on the copy stream, and opens the gate to `s + 1`
+//! behind them; prefetches for the next layer follow the open and do not hold the GPU. A layer
+//! whose misses went to the CPU channel joins the CPU's share before it opens the gate (the
+//! piece behind it adds the share), so there is no second stop.
+//!
+//! Invariants:
+//! - Piece `c > 0` waits for ticket `base + c`; stop `s` opens ticket `base + s + 1`. Tickets
+//!   only grow, step after step. On any error every ticket of the step is opened before the
+//!   step waits for the device, so nothing queued waits for ever.
+//! - Nothing a queued piece reads is written on the compute stream after the piece was queued
+//!   (the slot and control writes go on the copy stream, before the open).
+//! - Used only where ggml-cuda computes a piece without synchronising the host (one token: its
+//!   `mul_mat_id` runs as mat-vec kernels), on one device, with every input of the graph in
+//!   device memory (the engine allocates it so and checks that the scheduler made no copies).
+use super::*;
+use std::time::Instant;
+
+/// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate.
+const AHEAD: usize = 1;
+
+impl Offload {
+    /// Whether a step of `n_tokens` over `nodes` can run gated: one token, one device whose copy
+    /// engine can gate, every stopping layer in slot mode.
+    pub fn can_gate(&self, nodes: &GraphNodes, n_tokens: usize) -> bool {
+        self.opts.gated
+            && n_tokens == 1
+            && self.parts.len() == 1
+            && !nodes.routing.is_empty()
+            && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
+            && self.parts[0].xfer.can_gate()
+    }
+
+    /// Computes an allocated step graph gated (see the module's doc); returns once the device
+    /// has run all of it.
+    pub fn run_gated(
+        &mut self,
+        graph: &Graph<'_>,
+        nodes: &GraphNodes,
+        n_tokens: usize,
+    ) -> Result<(), GgmlError> {
+        let backend = self.parts[0].backend.clone();
+        self.stats.gated_steps += 1;
+        let n_pieces = nodes.routing.len() + 1;
+        let base = self.gate_next;
+        self.gate_next += n_pieces as u64;
+        self.gate_reads.clear();
+        let r = self.gated_pieces(&backend, graph, &nodes.routing, n_tokens, base);
+        if r.is_err() {
+            let x = self.parts[0].xfer.as_mut();
+            let _ = x.mark_copies();
+            let _ = x.open_gate(base + n_pieces as u64 - 1);
+        }
+        backend.synchronize();
+        self.gate_reads.clear();
+        self.gate_ticket = None;
+        r
+    }
+
+    fn gated_pieces(
+        &mut self,
+        backend: &Backend,
+        graph: &Graph<'_>,
+        stops: &[(usize, Resolved)],
+        n_tokens: usize,
+        base: u64,
+    ) -> Result<(), GgmlError> {
+        let n_nodes = graph.n_nodes();
+        let n_pieces = stops.len() + 1;
+        // Piece c: the nodes after stop c - 1 up to and including stop c's node.
+        let piece = |c: usize| {
+            let i0 = if c == 0 { 0 } else { stops[c - 1].0 + 1 };
+            let i1 = if c + 1 == n_pieces {
+                n_nodes
+            } else {
+                stops[c].0 + 1
+            };
+            (i0, i1)
+        };
+        let ahead = if self.parts[0].xfer.queues_ahead() {
+            AHEAD
+        } else {
+            0
+        };
+        let mut queued = 0;
+        for s in 0..=stops.len() {
+            while queued < n_pieces && queued <= s + ahead {
+                let c = queued;
+                if c > 0 {
+                    self.parts[0].xfer.close_gate(base + c as u64)?;
+                }
+                let (i0, i1) = piece(c);
+                if i0 < i1 {
+                    backend.compute_nodes_async(graph, i0, i1)?;
+                }
+                if let Some((_, n)) = stops.get(c) {
+                    self.parts[0].xfer.reads_after_compute()?;
+                    let reads = self.queue_reads(n, n_tokens)?;
+                    let batch = self.parts[0].xfer.end_batch()?;
+                    self.gate_reads.push_back((n.il, batch, reads));
+                }
+                queued += 1;
+            }
+            let Some((_, n)) = stops.get(s) else {
+                break;
+            };
+            let t0 = Instant::now();
+            let (il, batch, reads) = self.gate_reads.pop_front().expect("queued above");
+            assert_eq!(il, n.il, "gated stops out of order");
+            self.parts[0].xfer.wait_batch(batch)?;
+            self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+            let routing = self.take_reads(n, n_tokens, &reads)?;
+            let ticket = base + s as u64 + 1;
+            self.gate_ticket = Some(ticket);
+            self.routed(n, n_tokens, &routing)?;
+            if self.gate_ticket.take().is_some() {
+                // Slot mode opens the gate itself; should a stop not have, open it here.
+                let x = self.parts[0].xfer.as_mut();
+                x.mark_copies()?;
+                x.open_gate(ticket)?;
+            }
+            self.count_stop(t0);
+        }
+        Ok(())
+    }
+}
