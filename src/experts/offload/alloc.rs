@@ -28,7 +28,7 @@ impl Offload {
     }
 
     /// The offloaded layers of device `d`, with their indices.
-    fn layers_on(&self, d: usize) -> impl Iterator<Item = (usize, &Layer)> + '_ {
+    pub(super) fn layers_on(&self, d: usize) -> impl Iterator<Item = (usize, &Layer)> + '_ {
         self.layers
             .iter()
             .enumerate()
@@ -52,12 +52,9 @@ impl Offload {
         // (never NaN) before slot 0 was ever filled.
         buf.clear(0);
         let mut off = 0;
-        let layer_dev = &self.layer_dev;
-        for (il, l) in self.layers.iter_mut().enumerate() {
-            let Some(l) = l else { continue };
-            if layer_dev.get(il).copied().unwrap_or(0) != d {
-                continue;
-            }
+        let on_d: Vec<usize> = self.layers_on(d).map(|(il, _)| il).collect();
+        for il in on_d {
+            let l = self.layers[il].as_mut().expect("an offloaded layer");
             for (m, mat) in l.mats.iter().enumerate() {
                 // No slots: the layer always stages (see `slot_tokens`).
                 let Some(mat) = mat.as_ref().filter(|_| n_slots > 0) else {

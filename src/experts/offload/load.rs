@@ -274,7 +274,6 @@ impl DevPart {
             slots: None,
             n_slots: 0,
             dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
-            has_layers: n_moe > 0,
         })
     }
 }

@@ -107,8 +107,6 @@ struct DevPart {
     n_slots: usize,
     /// Device bytes of staging + control + slots.
     dev_bytes: usize,
-    /// Whether any offloaded layer is this device's.
-    has_layers: bool,
 }
 
 /// Every field is private: the child modules implement the protocol, the rest of the crate
@@ -230,8 +228,9 @@ impl Offload {
     pub fn n_slots(&self) -> usize {
         self.parts
             .iter()
-            .filter(|p| p.has_layers)
-            .map(|p| p.n_slots)
+            .enumerate()
+            .filter(|&(d, _)| self.layers_on(d).next().is_some())
+            .map(|(_, p)| p.n_slots)
             .min()
             .unwrap_or(0)
     }
