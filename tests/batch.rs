@@ -505,6 +505,33 @@ fn offloaded_batch_decode_matches_resident() {
             );
             assert_eq!(same, total, "{slots} slots: greedy tokens");
         }
+        // Gated decode (`experts::offload::gated`) computes what the eval-hook path just did: on
+        // the CPU build bit for bit (the same kernels on the same inputs); on a GPU ggml-cuda may
+        // fuse across the hook path's CPU-join stop, where the gated graph has no cut, and a
+        // reordered sum can flip a near-tied choice, so the bound of the CPU-channel case above.
+        let gated_opts = EngineOptions {
+            gated_decode: true,
+            ..opts(Some(budget), cpu)
+        };
+        let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();
+        let got_gated = run(&mut gated, &prompts[..want.len()], Layout::Together);
+        let n_gated = gated.offload_stats().unwrap().gated_steps;
+        assert_eq!(st.gated_steps, 0, "{slots} slots: the hook path ran gated");
+        assert!(n_gated > 0, "{slots} slots: no step ran gated");
+        let (gated_diff, same_tokens) = compare(&got, &got_gated);
+        eprintln!("{slots} slots, gated: {n_gated} steps gated, max |dlogit| {gated_diff:e} against the hook path");
+        if cfg!(feature = "cuda") {
+            let cos: Vec<f64> = got
+                .iter()
+                .zip(&got_gated)
+                .flat_map(|(a, b)| a.1.iter().zip(&b.1).map(|(x, y)| common::cosine(x, y)))
+                .collect();
+            let mean = cos.iter().sum::<f64>() / cos.len() as f64;
+            assert!(mean >= 0.98, "{slots} slots, gated: mean cosine {mean}");
+        } else {
+            assert_eq!(gated_diff, 0.0, "{slots} slots, gated: max |dlogit|");
+            assert!(same_tokens, "{slots} slots, gated: greedy tokens");
+        }
     }
 }
 

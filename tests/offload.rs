@@ -310,8 +310,9 @@ fn offloaded_equals_resident_on_every_built_arch() {
 /// Gated decode (`experts::offload::gated`: the step's graph cut at the routing stops and queued
 /// a stop ahead behind a gate; the CPU channel's share joined within the routing stop) computes
 /// what the eval-hook path computes, on every built arch, with the CPU channel taking misses and
-/// with every miss copied: on the CPU build bit for bit (the same kernels on the same inputs;
-/// the cut only changes when the host does its part). On a GPU, ggml-cuda may fuse across the
+/// with every miss copied: on the CPU build bit for bit where the channel is not used (the same
+/// kernels on the same inputs; the cut only changes when the host does its part), and within
+/// the CPU channel's bound where it is (see below). On a GPU, ggml-cuda may fuse across the
 /// hook path's second stop (the CPU join) where the gated graph has no cut, which reorders a
 /// few sums: cosine >= 0.99999 there, the bound the resident comparison uses.
 #[test]
@@ -324,9 +325,12 @@ fn gated_decode_equals_the_eval_hook_path() {
         let probe = engine(&path, Some(fixed), PolicyKind::default());
         let (k, n_expert) = (probe.hp.n_expert_used, probe.hp.n_expert);
         let budget = |slots: usize| fixed + probe.expert_cache_bytes(slots).unwrap();
-        // (slots, cost model): the CPU far faster (misses go to its channel), and PCIe far faster
-        // (every miss copied).
-        for (slots, bw) in [(k, (1e9, 1e12)), (n_expert - 1, (1e12, 1e6))] {
+        // (slots, cost model): fewer slots than a token's experts with PCIe far faster (the excess
+        // forced to the CPU, the rest copied: a mask that changes from step to step, which a
+        // stale one would get wrong), the CPU far faster (every miss to its channel), and PCIe
+        // far faster with almost every expert cached.
+        let (pcie, cpu) = ((1e12, 1e6), (1e9, 1e12));
+        for (slots, bw) in [(k - 1, pcie), (k, cpu), (n_expert - 1, pcie)] {
             let load = |gated: bool| {
                 let opts = EngineOptions {
                     offload_bandwidths: Some(bw),
@@ -354,16 +358,29 @@ fn gated_decode_equals_the_eval_hook_path() {
                 "{arch} {slots} slots: {} of 16 decode steps gated",
                 g.gated_steps
             );
+            // Which misses the CPU channel takes depends on rates and backlogs measured as the
+            // step runs (the planner, docs/design.md §4.5), so two runs with the channel may give
+            // it different experts, which it adds in its own order: then, as in `check_arch`,
+            // every step within CPU_CHANNEL_MAX_DIFF but at most one near-tied choice (cosine
+            // >= 0.99999). Without the channel the same experts, bit for bit.
+            let channel = h.layers.iter().chain(&g.layers).any(|l| l.cpu > 0);
+            let mut over = Vec::new();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let (c, d) = (cosine(g, w), max_abs_diff(g, w));
                 if cfg!(feature = "cuda") {
-                    let c = cosine(g, w);
                     assert!(c >= 0.99999, "{arch} {slots} slots: step {i}: cosine {c}");
-                } else {
-                    let d = max_abs_diff(g, w);
+                } else if !channel {
                     assert_eq!(d, 0.0, "{arch} {slots} slots: step {i}: max |dlogit| {d}");
+                } else if d > CPU_CHANNEL_MAX_DIFF {
+                    over.push((i, d, c));
                 }
             }
-            if bw.1 > bw.0 {
+            assert!(
+                over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
+                "{arch} {slots} slots: steps beyond {CPU_CHANNEL_MAX_DIFF} (step, max |dlogit|, \
+                 cosine): {over:?}"
+            );
+            if bw == cpu || slots < k {
                 assert!(
                     g.layers.iter().any(|l| l.cpu > 0),
                     "{arch} {slots} slots: the CPU channel was not used"

@@ -9,7 +9,7 @@
 //! Invariant: the graph depends only on the [`GraphKey`]; everything else a step differs in is
 //! an input written here, so consecutive decode steps of one shape replay one graph.
 use super::batch::{mask_row, SeqChunk, Tok};
-use super::{causal_mask_f16, out_name, run_graph, Engine, EngineError};
+use super::{causal_mask_f16, out_name, run_graph, Engine, EngineError, MAX_SLOT_TOKENS};
 use crate::experts::step::GraphNodes;
 use crate::ggml::{OwnedGraph, Tensor};
 use crate::graph::step::ArchStep;
@@ -117,17 +117,14 @@ pub(super) struct StepPlan<'a> {
 }
 
 impl Engine {
-    /// For a decode graph of offloaded experts on one GPU: its inputs, each to be placed on the
+    /// For a decode graph (a slot-mode micro-batch) of offloaded experts on one GPU: its inputs, each to be placed on the
     /// GPU (scheduler backend 0), so that the scheduler has nothing to copy into the graph and
     /// the graph can run gated (`experts::offload::gated`). `None` where it cannot.
     fn gated_inputs<'g>(&self, g: &'g OwnedGraph, n: usize) -> Option<Vec<(Tensor<'g>, usize)>> {
         // One device (the CPU's backend last, or the CPU alone standing in for it).
         let one = self.sched.backends().len() <= 2;
-        if !self.opts.gated_decode
-            || n != 1
-            || self.split.is_some()
-            || self.offload.is_none()
-            || !one
+        let slots = self.offload.as_ref().map(|o| o.mode(n)) == Some(crate::experts::Mode::Slots);
+        if !self.opts.gated_decode || n > MAX_SLOT_TOKENS || self.split.is_some() || !slots || !one
         {
             return None;
         }

@@ -19,9 +19,13 @@
 //!   step waits for the device, so nothing queued waits for ever.
 //! - Nothing a queued piece reads is written on the compute stream after the piece was queued
 //!   (the slot and control writes go on the copy stream, before the open).
-//! - Used only where ggml-cuda computes a piece without synchronising the host (one token: its
-//!   `mul_mat_id` runs as mat-vec kernels), on one device, with every input of the graph in
-//!   device memory (the engine allocates it so and checks that the scheduler made no copies).
+//! - Used only where ggml-cuda computes a piece without synchronising the host (quantised
+//!   experts: its `mul_mat_id` runs as mat-vec or MMQ kernels; see [`Offload::can_gate`]), on
+//!   one device, for slot-mode micro-batches (decode: one token, or one per request), with
+//!   every input of the graph in device memory (the engine allocates it so and checks that the
+//!   scheduler made no copies), and from a graph's third step on (its first two go through the
+//!   eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool, whose
+//!   growth may synchronise the device).
 use super::*;
 use std::time::Instant;
 
@@ -29,15 +33,28 @@ use std::time::Instant;
 const AHEAD: usize = 1;
 
 impl Offload {
-    /// Whether a step of `n_tokens` over `nodes` can run gated: one token, one device whose copy
-    /// engine can gate, every stopping layer in slot mode.
+    /// Whether a step of `n_tokens` over `nodes` can run gated: a slot-mode micro-batch on one
+    /// device whose copy engine can gate; on a device that queues ahead, only with quantised
+    /// experts (ggml-cuda's `mul_mat_id` then runs without synchronising the host: mat-vec
+    /// kernels up to 8 tokens, MMQ beyond; of other types it may copy the ids to the host and
+    /// wait, which behind a closed gate would never end).
     pub fn can_gate(&self, nodes: &GraphNodes, n_tokens: usize) -> bool {
+        let Some(part) = self.parts.first().filter(|_| self.parts.len() == 1) else {
+            return false;
+        };
+        let quantised = || {
+            self.layers
+                .iter()
+                .flatten()
+                .flat_map(|l| l.mats.iter().flatten())
+                .all(|m| m.ty.is_quantized())
+        };
         self.opts.gated
-            && n_tokens == 1
-            && self.parts.len() == 1
+            && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
-            && self.parts[0].xfer.can_gate()
+            && part.xfer.can_gate()
+            && (!part.xfer.queues_ahead() || quantised())
     }
 
     /// Computes an allocated step graph gated (see the module's doc); returns once the device
