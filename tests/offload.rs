@@ -314,7 +314,8 @@ fn offloaded_equals_resident_on_every_built_arch() {
 /// kernels on the same inputs; the cut only changes when the host does its part), and within
 /// the CPU channel's bound where it is (see below). On a GPU, ggml-cuda may fuse across the
 /// hook path's second stop (the CPU join) where the gated graph has no cut, which reorders a
-/// few sums: cosine >= 0.99999 there, the bound the resident comparison uses.
+/// few sums: cosine >= 0.99999 there, the bound the resident comparison uses, and where the CPU
+/// channel is used that of `check_arch` (see below).
 #[test]
 fn gated_decode_equals_the_eval_hook_path() {
     for arch in pocketmoe::arch::built() {
@@ -363,20 +364,26 @@ fn gated_decode_equals_the_eval_hook_path() {
             // it different experts, which it adds in its own order: then, as in `check_arch`,
             // every step within CPU_CHANNEL_MAX_DIFF but at most one near-tied choice (cosine
             // >= 0.99999). Without the channel the same experts, bit for bit.
+            // On a GPU an expert one run computes on the CPU and the other on the GPU rounds
+            // otherwise: there, as in `check_arch`, at most one step below cosine 0.999 (a flipped
+            // near-tie), none below 0.9.
             let channel = h.layers.iter().chain(&g.layers).any(|l| l.cpu > 0);
-            let mut over = Vec::new();
+            let (cuda, mut over) = (cfg!(feature = "cuda"), Vec::new());
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (c, d) = (cosine(g, w), max_abs_diff(g, w));
-                if cfg!(feature = "cuda") {
+                if cuda && !channel {
                     assert!(c >= 0.99999, "{arch} {slots} slots: step {i}: cosine {c}");
-                } else if !channel {
+                } else if cuda && c < 0.999 {
+                    over.push((i, d, c));
+                } else if !cuda && !channel {
                     assert_eq!(d, 0.0, "{arch} {slots} slots: step {i}: max |dlogit| {d}");
-                } else if d > CPU_CHANNEL_MAX_DIFF {
+                } else if !cuda && d > CPU_CHANNEL_MAX_DIFF {
                     over.push((i, d, c));
                 }
             }
+            let floor = if cuda { 0.9 } else { 0.99999 };
             assert!(
-                over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
+                over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= floor),
                 "{arch} {slots} slots: steps beyond {CPU_CHANNEL_MAX_DIFF} (step, max |dlogit|, \
                  cosine): {over:?}"
             );
