@@ -26,11 +26,23 @@
 //!   scheduler made no copies), and from a graph's third step on (its first two go through the
 //!   eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool, whose
 //!   growth may synchronise the device).
+use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
 
-/// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate.
-const AHEAD: usize = 1;
+/// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
+/// 1, or `POCKETMOE_GATED_AHEAD` (1 to 3: the read batches in flight are at most
+/// [`READ_BATCHES`]), read once, for an A/B on the device.
+fn ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("POCKETMOE_GATED_AHEAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .clamp(1, READ_BATCHES - 1)
+    })
+}
 
 impl Offload {
     /// Whether a step of `n_tokens` over `nodes` can run gated: a slot-mode micro-batch on one
@@ -104,7 +116,7 @@ impl Offload {
             (i0, i1)
         };
         let ahead = if self.parts[0].xfer.queues_ahead() {
-            AHEAD
+            ahead()
         } else {
             0
         };
@@ -130,11 +142,12 @@ impl Offload {
             let Some((_, n)) = stops.get(s) else {
                 break;
             };
-            let t0 = Instant::now();
             let (il, batch, reads) = self.gate_reads.pop_front().expect("queued above");
             assert_eq!(il, n.il, "gated stops out of order");
+            // Waits for the piece before the stop (the GPU's work) and its reads: not a stop's
+            // own time, which counts from here as the hook path's does (from its callback).
             self.parts[0].xfer.wait_batch(batch)?;
-            self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
+            let t0 = Instant::now();
             let routing = self.take_reads(n, n_tokens, &reads)?;
             let ticket = base + s as u64 + 1;
             self.gate_ticket = Some(ticket);
