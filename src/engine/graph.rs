@@ -49,6 +49,17 @@ impl Engine {
                 k => Some(input(GgmlType::I32, &[k as i64], "inp_out_ids")?), // [n_out]
             };
             let mut keep: Vec<String> = Vec::new();
+            let embd_rows = if self.gated_shape(n) {
+                let t = input(
+                    GgmlType::F32,
+                    &[self.hp.n_embd as i64, n as i64],
+                    "inp_embd",
+                )?;
+                keep.push("inp_embd".into());
+                Some(t)
+            } else {
+                None
+            };
             let dsv4_inputs = arch.inputs(ctx, n, &mut keep)?;
             let batch = BatchInputs {
                 tokens: t_tok,
@@ -62,6 +73,7 @@ impl Engine {
                 out_ids: t_out,
                 embd,
                 dsv4: dsv4_inputs,
+                embd_rows,
             };
             let g = GraphBuilder {
                 ctx,

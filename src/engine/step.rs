@@ -117,15 +117,49 @@ pub(super) struct StepPlan<'a> {
 }
 
 impl Engine {
+    /// Whether an `n`-token step's graph is built to run gated (`experts::offload::gated`): gated
+    /// decode asked for, a slot-mode micro-batch of offloaded experts, one device (the CPU's
+    /// backend last, or the CPU alone standing in for it). Such a graph takes its tokens'
+    /// embedding rows as an input ([`Engine::embedding_rows`]), so no piece of it runs on the CPU.
+    pub(super) fn gated_shape(&self, n: usize) -> bool {
+        let slots = self.offload.as_ref().map(|o| o.mode(n)) == Some(crate::experts::Mode::Slots);
+        self.opts.gated_decode
+            && n <= MAX_SLOT_TOKENS
+            && self.split.is_none()
+            && slots
+            && self.sched.backends().len() <= 2
+    }
+
+    /// The embedding rows of `ids`, f32 [n_embd, ids.len()], looked up and dequantised on the
+    /// host from the token embedding (host memory when offloading; read back where it is not).
+    fn embedding_rows(&self, ids: &[i32]) -> Result<Vec<f32>, EngineError> {
+        let table = self.weights.embedding().ok_or_else(|| EngineError::Model {
+            path: String::new(),
+            msg: "no token embedding".into(),
+        })?;
+        let (ty, n_embd) = (table.ty(), self.hp.n_embd as usize);
+        let n_vocab = table.ne()[1];
+        let row = table.nb()[1];
+        let mut raw = vec![0u8; ty.row_size(n_embd as u64).unwrap_or(0) as usize];
+        let mut out = Vec::with_capacity(n_embd * ids.len());
+        for &id in ids {
+            if id < 0 || i64::from(id) >= n_vocab {
+                return Err(EngineError::Model {
+                    path: String::new(),
+                    msg: format!("token id {id} outside the vocabulary (0..{n_vocab})"),
+                });
+            }
+            table.read_bytes_at(id as usize * row, &mut raw)?;
+            out.extend(crate::ggml::quant::dequantize(ty, &raw, n_embd)?);
+        }
+        Ok(out)
+    }
+
     /// For a decode graph (a slot-mode micro-batch) of offloaded experts on one GPU: its inputs, each to be placed on the
     /// GPU (scheduler backend 0), so that the scheduler has nothing to copy into the graph and
     /// the graph can run gated (`experts::offload::gated`). `None` where it cannot.
     fn gated_inputs<'g>(&self, g: &'g OwnedGraph, n: usize) -> Option<Vec<(Tensor<'g>, usize)>> {
-        // One device (the CPU's backend last, or the CPU alone standing in for it).
-        let one = self.sched.backends().len() <= 2;
-        let slots = self.offload.as_ref().map(|o| o.mode(n)) == Some(crate::experts::Mode::Slots);
-        if !self.opts.gated_decode || n > MAX_SLOT_TOKENS || self.split.is_some() || !slots || !one
-        {
+        if !self.gated_shape(n) {
             return None;
         }
         let graph = g.graph();
@@ -166,11 +200,29 @@ impl Engine {
                 }
             }
             let mut nodes = GraphNodes::resolve(&nodes, &g);
-            nodes.gateable = gated.is_some() && self.sched.n_splits() == 1 && no_copies(&g);
+            if gated.is_some() {
+                let (splits, copies) = (self.sched.n_splits(), !no_copies(&g));
+                nodes.gateable = splits == 1 && !copies;
+                if !nodes.gateable {
+                    tracing::info!(
+                        "gated decode off for the {n}-token graph: {splits} scheduler pieces{}",
+                        if copies { ", inputs copied" } else { "" }
+                    );
+                }
+            }
             self.graph = Some((key, g, nodes));
         }
         let (_, g, nodes) = self.graph.as_ref().expect("built above");
-        g.tensor("inp_tokens").write_i32(&p.ids)?;
+        // A graph that takes its embedding rows as an input (gated decode) may read no ids
+        // (DeepSeek-V4's hash routing still does).
+        let tokens = g.tensor("inp_tokens");
+        if tokens.is_allocated() {
+            tokens.write_i32(&p.ids)?;
+        }
+        if g.has("inp_embd") && g.tensor("inp_embd").is_input() {
+            g.tensor("inp_embd")
+                .write_f32(&self.embedding_rows(&p.ids)?)?;
+        }
         g.tensor("inp_pos").write_i32(&p.pos)?;
         g.tensor("inp_kv_idxs").write_i64(&p.rows)?;
         // An architecture whose every block is windowed (deepseek4) reads no full mask.

@@ -46,6 +46,10 @@ pub struct BatchInputs<'a> {
     pub embd: bool,
     /// DeepSeek-V4's compressor inputs (models with compressed blocks).
     pub dsv4: Option<dsv4::Dsv4Inputs<'a>>,
+    /// f32 [n_embd, n_tokens]: the tokens' embedding rows, looked up on the host, in place of
+    /// the graph's lookup (a gated decode graph: the lookup would be a CPU piece of its own where
+    /// the embedding stays in host memory, as it does when offloading).
+    pub embd_rows: Option<Tensor<'a>>,
 }
 
 pub use crate::model::placement::KV_PAD;

@@ -5,6 +5,9 @@ use crate::graph::GraphBuilder;
 impl<'a> GraphBuilder<'a> {
     /// `token_embd` rows of the batch's tokens -> [n_embd, n_tokens] (f32).
     pub fn embed(&self) -> Tensor<'a> {
+        if let Some(rows) = self.batch.embd_rows {
+            return rows;
+        }
         let table = self.t(self.w.layers().io().embd);
         let e = self.ctx.get_rows(table, self.batch.tokens);
         self.cb(e, "inp_embd", -1)
