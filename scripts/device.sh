@@ -18,6 +18,7 @@
 #   tree-checks OUT              the GPU checks of a llama.cpp pin move (device-tree-checks.sh)
 #   prompt-cache OUT             the server's prompt cache, resident and offloaded (device-prompt-cache.sh)
 #   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
+#   gated OUT                    gated decode on CUDA: its tests under a timeout, then the A/B
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
@@ -50,6 +51,23 @@ case "$sub" in
       return $rc
     }
     cmd=(floor "$@") ;;
+  gated)
+    # Gated decode (docs/design.md §4.4a) in one device call (< 10 min): the offload and batch
+    # tests, whose gated cases run it on CUDA, under a timeout (a hang there is a host
+    # synchronisation behind a closed gate), then the A/B against the eval-callback path at
+    # 12 and 8 GiB (VARIANTS, BUDGETS, REPS, SKEW as device-decode-ab.sh takes them).
+    gated() {
+      local out="${1:?usage: scripts/device.sh gated OUT}" start rc=0 t
+      mkdir -p "$out"; start=$(date +%s)
+      TESTS="offload batch" timeout 300 scripts/device-run.sh tests > "$out/tests.log" 2>&1
+      t=$?
+      [ "$t" = 0 ] || { rc=1; echo "gated: tests FAILED (exit $t; 124: timed out)" | tee -a "$out/tests.log"; }
+      grep -E "^test result|FAILED|panicked|gated" "$out/tests.log"
+      VARIANTS="${VARIANTS:-GATED=1 GATED=0 GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
+        timeout $(( 585 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
+      return $rc
+    }
+    cmd=(gated "$@") ;;
   tests) cmd=(scripts/device-run.sh tests "$@") ;;
   verify) cmd=(scripts/device-verify.sh "$@") ;;
   serve-compare) cmd=(scripts/device-serve-compare.sh "$@") ;;
