@@ -434,6 +434,8 @@ fn offloaded_batch_decode_matches_resident() {
         gpu_mem,
         offload_bandwidths: cpu.then_some((1e9, 1e12)),
         cpu_experts: cpu,
+        // The eval-hook path whatever POCKETMOE_GATED says (the gated one is loaded below).
+        gated_decode: false,
         ..Default::default()
     };
     let prompts: Vec<Vec<u32>> = (0..12u32)
