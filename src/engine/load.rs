@@ -54,6 +54,13 @@ impl Engine {
             Vec::new()
         };
         let multi = !opts.devices.is_empty();
+        // Tensor parallelism: one meta backend over the devices (`tensor_split`), which the rest
+        // of the engine sees as one device; no layer split.
+        let meta = if multi && opts.split_tensors {
+            Some(Rc::new(tensor_split::backend(&opts, &hp, &file)?))
+        } else {
+            None
+        };
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache;
         // nor does an architecture whose attention reads V from the K row (`arch.kv.k_only`).
         let v_width = if hp.is_mla() || arch.kv.k_only {
@@ -66,8 +73,10 @@ impl Engine {
             .collect();
         let kv_row = context::kv_row_bytes(&hp, opts.kv_type);
         // On a GPU without a budget: its free memory minus a margin.
-        let gpu = match opts.device {
-            Device::Cuda(i) => Some(Rc::new(Backend::cuda(i)?)),
+        let gpu = match (&meta, opts.device) {
+            (Some(m), Device::Cuda(_)) => Some(m.clone()),
+            (Some(_), _) => None,
+            (None, Device::Cuda(i)) => Some(Rc::new(Backend::cuda(i)?)),
             _ => None,
         };
         // Whole 256-row blocks on a GPU, where ggml-cuda's kernel choice needs them
@@ -88,7 +97,7 @@ impl Engine {
         }
         let kv_bytes = kv_row * kv_ctx as u64;
         // A layer split: its plan and its devices' backends (the first is `gpu`, made above).
-        let split = if multi {
+        let split = if multi && meta.is_none() {
             let given: Vec<u64> = if !opts.gpu_mems.is_empty() {
                 opts.gpu_mems.clone()
             } else {
@@ -123,6 +132,20 @@ impl Engine {
                 )));
             }
         }
+        if offload && meta.is_some() {
+            let budget = opts
+                .gpu_mems
+                .iter()
+                .sum::<u64>()
+                .max(opts.gpu_mem.unwrap_or(0));
+            return Err(EngineError::Devices(format!(
+                "the model and its KV cache ({}) do not fit the budget ({}) of the tensor \
+                 split, which does not offload routed experts yet: use --split-mode layer \
+                 (each device caches its blocks' experts), or give more memory",
+                gib(need),
+                gib(budget)
+            )));
+        }
         let offload = offload && hp.n_expert > 0;
         // A GPU named twice (`--gpu 0,0`, logical devices for tests) cannot offload: ggml-cuda's
         // async tensor writes assert the device's own buffer type, which a logical device's is
@@ -146,7 +169,10 @@ impl Engine {
         )?);
         let main = match &split {
             Some(s) => s.devices[0].clone(),
-            None => gpu.clone().unwrap_or_else(|| cpu.clone()),
+            None => meta
+                .clone()
+                .or_else(|| gpu.clone())
+                .unwrap_or_else(|| cpu.clone()),
         };
         // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
         // out of the weights: the offload store holds them.
@@ -246,7 +272,7 @@ impl Engine {
             vec![main.clone(), cpu]
         };
         let sched = Sched::new(&backends, graph_size(&hp), false)?;
-        let stage = match &gpu {
+        let stage = match gpu.as_ref().filter(|g| !g.is_meta()) {
             Some(g) => Some(crate::ggml::HostStage::new(
                 g,
                 hp.n_vocab as usize * 4 * MAX_SLOT_TOKENS,

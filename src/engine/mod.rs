@@ -17,6 +17,7 @@ pub mod sampling;
 pub mod snapshot;
 pub mod split;
 mod step;
+pub mod tensor_split;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
 use graph::{causal_mask_f16, graph_size};
@@ -178,6 +179,24 @@ impl Engine {
             .map(|i| graph.node(i))
             .find(|t| t.name() == name)?;
         self.sched.tensor_backend(t)
+    }
+
+    /// Tensor parallelism: the devices the meta backend spans (0 without a tensor split).
+    pub fn tensor_split_devices(&self) -> usize {
+        self._backends.first().map_or(0, |b| b.meta_devices())
+    }
+
+    /// Whether weight `name` is in the tensor split's (meta) memory, sliced over its devices.
+    pub fn weight_is_tensor_split(&self, name: &str) -> bool {
+        self.weights
+            .get(name)
+            .is_some_and(crate::ggml::meta::in_meta_buffer)
+    }
+
+    /// Bytes of the buffer weight `name` is in; in a tensor split, the largest device's part
+    /// of it (what one device holds).
+    pub fn weight_buffer_bytes(&self, name: &str) -> Option<usize> {
+        self.weights.get(name).map(crate::ggml::meta::buffer_bytes)
     }
 
     /// Backend splits of the last step's graph (ggml's scheduler: runs of nodes on one backend).

@@ -66,6 +66,11 @@ pub struct EngineOptions {
     /// empty: in proportion to each device's memory (its `gpu_mem` budget or free VRAM; equal
     /// for CPU stand-ins).
     pub tensor_split: Vec<f64>,
+    /// With several [`EngineOptions::devices`]: tensor parallelism (llama.cpp's `-sm tensor`,
+    /// `engine::tensor_split`) instead of the layer split: every block on every device, each
+    /// weight cut across them (`tensor_split` then gives each device's share of every cut
+    /// dimension). Resident models only.
+    pub split_tensors: bool,
     pub n_ctx: usize,
     pub n_threads: usize,
     pub n_ubatch: usize,
@@ -122,6 +127,7 @@ impl Default for EngineOptions {
             device: Device::Cpu,
             devices: Vec::new(),
             tensor_split: Vec::new(),
+            split_tensors: false,
             n_ctx: 4096,
             n_threads: 0,
             n_ubatch: 512,

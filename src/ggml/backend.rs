@@ -194,8 +194,9 @@ impl Drop for ThreadPool {
 /// An initialised ggml backend (a stream of work on one device).
 pub struct Backend {
     ptr: NonNull<sys::ggml_backend>,
-    /// The CPU backend's persistent worker threads (dropped after `Drop` frees the backend).
-    threadpool: Option<ThreadPool>,
+    /// The persistent worker threads of the CPU backend (or of a meta backend's CPU devices),
+    /// dropped after `Drop` frees the backend.
+    threadpool: Vec<ThreadPool>,
     /// The buffer type this backend's memory is allocated from, where it is not the backend's
     /// default: a CPU stand-in device's own copy of the CPU buffer type
     /// ([`Backend::cpu_standin`]).
@@ -217,7 +218,7 @@ impl Backend {
         let ptr = unsafe { sys::ggml_backend_cpu_init() };
         let mut b = Self {
             ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("CPU".into()))?,
-            threadpool: None,
+            threadpool: Vec::new(),
             buft: None,
         };
         let n = if n_threads == 0 {
@@ -234,7 +235,7 @@ impl Backend {
         if let Ok(tp) = ThreadPool::new(n, poll) {
             // SAFETY: b is a CPU backend; the pool outlives it (dropped after it in drop).
             unsafe { sys::ggml_backend_cpu_set_threadpool(b.raw(), tp.raw()) };
-            b.threadpool = Some(tp);
+            b.threadpool.push(tp);
         }
         Ok(b)
     }
@@ -260,7 +261,7 @@ impl Backend {
         Ok(Self {
             ptr: NonNull::new(ptr)
                 .ok_or_else(|| GgmlError::BackendInit(format!("CUDA{device}")))?,
-            threadpool: None,
+            threadpool: Vec::new(),
             buft: None,
         })
     }
@@ -304,7 +305,7 @@ impl Backend {
             .map_err(|_| GgmlError::NoSuchDevice(name.into(), "NUL in name".into()))?;
         // SAFETY: registry lookup with a valid C string; null if absent.
         let ptr = unsafe { sys::ggml_backend_init_by_name(c.as_ptr(), std::ptr::null()) };
-        let threadpool = None;
+        let threadpool = Vec::new();
         NonNull::new(ptr)
             .map(|ptr| Self {
                 ptr,
@@ -319,6 +320,20 @@ impl Backend {
 
     pub(crate) fn raw(&self) -> *mut sys::ggml_backend {
         self.ptr.as_ptr()
+    }
+
+    /// A backend ggml initialised (`what` names it in the error where `ptr` is null).
+    pub(crate) fn from_raw(ptr: *mut sys::ggml_backend, what: &str) -> Result<Self> {
+        Ok(Self {
+            ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit(what.into()))?,
+            threadpool: Vec::new(),
+            buft: None,
+        })
+    }
+
+    /// Keeps `tp` (a pool one of this backend's CPU devices uses) until the backend is freed.
+    pub(crate) fn keep_pool(&mut self, tp: ThreadPool) {
+        self.threadpool.push(tp);
     }
 
     /// A CPU backend standing in for device `k` of a multi-device run (tests of the layer split

@@ -890,6 +890,18 @@ impl<'ctx> Tensor<'ctx> {
         !t.buffer.is_null() || (!t.view_src.is_null() && unsafe { !(*t.view_src).buffer.is_null() })
     }
 
+    /// The buffer this tensor's memory is in (its view source's for a view; null while
+    /// unallocated).
+    pub(crate) fn buffer_raw(&self) -> sys::ggml_backend_buffer_t {
+        let t = self.get();
+        if t.view_src.is_null() {
+            t.buffer
+        } else {
+            // SAFETY: as in has_buffer.
+            unsafe { (*t.view_src).buffer }
+        }
+    }
+
     /// The buffer type of this tensor's memory (`None` while unallocated).
     pub fn buffer_type(&self) -> Option<super::BufType> {
         let t = self.get();

@@ -17,6 +17,7 @@ pub mod cpu_isa;
 pub mod gguf_ref;
 mod graph;
 pub mod llama;
+pub mod meta;
 pub mod quant;
 pub mod refquant;
 mod types;

@@ -181,7 +181,13 @@ impl<'a> GraphBuilder<'a> {
     ) -> Tensor<'a> {
         let bytes = |n: i64| self.kv.ty.row_size(n as u64).expect("cache row") as usize;
         let n_kv = self.batch.n_kv() as i64;
-        self.ctx
-            .view(cache, &[d, n_kv, heads], &[bytes(row), bytes(head)], 0)
+        // [d, heads, n_kv] with ascending strides, then permuted (as libllama's get_k and
+        // build_attn_mha): the same memory as viewing [d, n_kv, heads] directly, but a view
+        // ggml's meta backend can follow through a tensor split (it cannot view a permuted
+        // layout; `engine::tensor_split`).
+        let v = self
+            .ctx
+            .view(cache, &[d, heads, n_kv], &[bytes(head), bytes(row)], 0);
+        self.ctx.permute(v, [0, 2, 1, 3])
     }
 }
