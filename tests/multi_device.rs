@@ -509,7 +509,15 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     let n_dev = shares.len();
     let tag = format!("tensor-split-{q:?}");
     let path = common::synth_preset(&tag, arch, "tiny", q, 1.0, 11);
-    let mut one = load(&path, Vec::new()).unwrap();
+    // CPU stand-ins on every build (a CUDA build's logical devices cannot form a meta
+    // backend: it needs distinct devices), against the CPU alone.
+    let cpu = EngineOptions {
+        device: Device::Cpu,
+        n_ctx: 64,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let mut one = Engine::load(&path, cpu, &|_, _| {}).unwrap();
     let (want, want_tokens) = run(&mut one);
     drop(one);
     let mut eng = Engine::load(
@@ -624,4 +632,44 @@ fn tensor_split_matches_one_device_on_supported_archs() {
 fn tensor_split_f16_within_the_rounding_bound() {
     check_tensor_split_q("qwen3moe", &[1.0, 1.0], QuantMix::F16);
     check_tensor_split_q("gpt-oss", &[1.0, 1.0], QuantMix::F16);
+}
+
+/// What the tensor split does not build is refused by name, never run as something else: an
+/// architecture its rules do not cover (OLMoE's Q/K norm spans all heads; DeepSeek-2's MLA
+/// caches one latent head), and a model that would have to offload routed experts.
+#[test]
+fn what_the_tensor_split_does_not_build_is_refused() {
+    let opts = |budget: Option<u64>| EngineOptions {
+        device: Device::Cpu,
+        devices: vec![Device::Cpu; 2],
+        split_tensors: true,
+        gpu_mem: budget,
+        n_ctx: 64,
+        ..Default::default()
+    };
+    for arch in ["olmoe", "deepseek2"] {
+        let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
+        let err = Engine::load(&path, opts(None), &|_, _| {})
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains(arch) && err.contains("--split-mode layer"),
+            "{arch}: {err}"
+        );
+    }
+    let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let err = Engine::load(&path, opts(Some(1 << 20)), &|_, _| {})
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("does not offload"), "{err}");
+    // -ts of another length than the device list.
+    let mut o = opts(None);
+    o.tensor_split = vec![1.0, 1.0, 1.0];
+    let err = Engine::load(&path, o, &|_, _| {})
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("one share per device"), "{err}");
 }

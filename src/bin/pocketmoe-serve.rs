@@ -366,8 +366,9 @@ struct LlamaServerArgs {
     /// Device list: use --gpu N / --cpu here (a note says so).
     #[arg(long, value_name = "LIST")]
     device: Option<String>,
-    /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU) or `none`
-    /// (the first GPU only). `row` (tensor parallelism) is not built yet: refused.
+    /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU), `tensor`
+    /// (alias `row`: every weight cut across the GPUs, resident models only) or `none` (the
+    /// first GPU only).
     #[arg(long, value_name = "MODE")]
     split_mode: Option<String>,
     /// With several GPUs (--gpu 0,1): each one's share of the blocks (e.g. 3,1; default: in
@@ -799,18 +800,19 @@ fn run(args: Args) -> Result<i32> {
         eprintln!("{note}");
     }
     let gpus = pocketmoe::cli::gpus_for(&args.gpu, device);
-    let (devices, tensor_split, note) = pocketmoe::cli::split_for(
+    let choice = pocketmoe::cli::split_for(
         &gpus,
         args.llama.split_mode.as_deref(),
         args.llama.tensor_split.as_deref(),
     )?;
-    if let Some(note) = note {
+    if let Some(note) = &choice.note {
         eprintln!("{note}");
     }
     let mut engine_opts = EngineOptions {
         device,
-        devices,
-        tensor_split,
+        devices: choice.devices,
+        tensor_split: choice.tensor_split,
+        split_tensors: choice.tensors,
         n_threads: args.threads,
         n_ubatch: args.batch,
         gpu_mem: pocketmoe::cli::budgets_for(&args.gpu_mem).0,

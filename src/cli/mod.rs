@@ -196,27 +196,40 @@ pub fn budgets_for(list: &[u64]) -> (Option<u64>, Vec<u64>) {
     }
 }
 
-/// The devices and tensor split a command line asks for: `--gpu 0,1` (several GPUs: a layer
-/// split, `engine::split`), llama.cpp's `-sm/--split-mode` (`layer`, the default with several
-/// GPUs; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's share of the blocks,
-/// `3,1` or `3/1`). Returns `EngineOptions::devices` (empty: one device), its
-/// `tensor_split`, and a note to print where an option has no effect. Refused: `-sm row` (and
-/// `tensor`, `graph`: tensor parallelism is not built yet), an unknown mode, a bad share.
+/// What a command line's device options ask for ([`split_for`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitChoice {
+    /// `EngineOptions::devices` (empty: one device).
+    pub devices: Vec<crate::engine::Device>,
+    /// `EngineOptions::tensor_split`.
+    pub tensor_split: Vec<f64>,
+    /// `EngineOptions::split_tensors`: tensor parallelism instead of the layer split.
+    pub tensors: bool,
+    /// A note to print where an option has no effect.
+    pub note: Option<String>,
+}
+
+/// The devices and split a command line asks for: `--gpu 0,1` (several GPUs), llama.cpp's
+/// `-sm/--split-mode` (`layer`, the default with several GPUs: whole blocks per GPU,
+/// `engine::split`; `tensor`, alias `row`: every weight cut across the GPUs,
+/// `engine::tensor_split`; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's
+/// share of the blocks, or of every cut dimension; `3,1` or `3/1`). Refused: `graph`
+/// (ik_llama.cpp's mode, not built), an unknown mode, a bad share.
 pub fn split_for(
     gpus: &[usize],
     split_mode: Option<&str>,
     tensor_split: Option<&str>,
-) -> anyhow::Result<(Vec<crate::engine::Device>, Vec<f64>, Option<String>)> {
+) -> anyhow::Result<SplitChoice> {
     use crate::engine::Device;
-    let layer = match split_mode.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("layer") => true,
-        Some("none") => false,
-        Some(m @ ("row" | "tensor" | "graph")) => anyhow::bail!(
-            "-sm {m}: splitting tensors across GPUs (tensor parallelism) is not built yet \
-             (issue 26); -sm layer (the default with --gpu 0,1,...) splits whole blocks over \
-             the GPUs"
+    let (several, tensors) = match split_mode.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("layer") => (true, false),
+        Some("tensor" | "row") => (true, true),
+        Some("none") => (false, false),
+        Some("graph") => anyhow::bail!(
+            "-sm graph (ik_llama.cpp's split) is not built; -sm tensor cuts every weight \
+             across the GPUs, -sm layer (the default with --gpu 0,1,...) splits whole blocks"
         ),
-        Some(m) => anyhow::bail!("-sm {m}: unknown split mode (layer, none)"),
+        Some(m) => anyhow::bail!("-sm {m}: unknown split mode (layer, tensor or row, none)"),
     };
     let ts = match tensor_split {
         None => Vec::new(),
@@ -229,15 +242,34 @@ pub fn split_for(
             })
             .collect::<anyhow::Result<_>>()?,
     };
-    if gpus.len() > 1 && layer {
+    if gpus.len() > 1 && several {
         let devices = gpus.iter().map(|&i| Device::Cuda(i)).collect();
-        return Ok((devices, ts, None));
+        return Ok(SplitChoice {
+            devices,
+            tensor_split: ts,
+            tensors,
+            note: None,
+        });
     }
-    let note = (!ts.is_empty()).then(|| {
-        "note: -ts/--tensor-split has no effect with one device (give several: --gpu 0,1)"
-            .to_string()
+    let mut notes = Vec::new();
+    if !ts.is_empty() {
+        notes.push("-ts/--tensor-split");
+    }
+    if tensors {
+        notes.push("-sm tensor");
+    }
+    let note = (!notes.is_empty() && gpus.len() <= 1).then(|| {
+        format!(
+            "note: {} has no effect with one device (give several: --gpu 0,1)",
+            notes.join(" and ")
+        )
     });
-    Ok((Vec::new(), Vec::new(), note))
+    Ok(SplitChoice {
+        devices: Vec::new(),
+        tensor_split: Vec::new(),
+        tensors: false,
+        note,
+    })
 }
 
 /// The llama.cpp spellings `pocketmoe-serve` takes (llama-server's names).
@@ -347,18 +379,29 @@ mod tests {
     #[test]
     fn split_options_follow_llama_cpp() {
         // Several GPUs: a layer split, -ts as given (commas or slashes).
-        let (d, ts, note) = split_for(&[0, 1], None, Some("3,1")).unwrap();
-        assert_eq!(d, vec![Device::Cuda(0), Device::Cuda(1)]);
-        assert_eq!(ts, vec![3.0, 1.0]);
-        assert!(note.is_none());
-        let (_, ts, _) = split_for(&[0, 1], Some("layer"), Some("3/1")).unwrap();
-        assert_eq!(ts, vec![3.0, 1.0]);
+        let c = split_for(&[0, 1], None, Some("3,1")).unwrap();
+        assert_eq!(c.devices, vec![Device::Cuda(0), Device::Cuda(1)]);
+        assert_eq!(c.tensor_split, vec![3.0, 1.0]);
+        assert!(c.note.is_none() && !c.tensors);
+        let c = split_for(&[0, 1], Some("layer"), Some("3/1")).unwrap();
+        assert_eq!(c.tensor_split, vec![3.0, 1.0]);
         // -sm none: the first GPU alone; one GPU: -ts has no effect (a note says so).
-        assert!(split_for(&[0, 1], Some("none"), None).unwrap().0.is_empty());
-        let (d, ts, note) = split_for(&[0], None, Some("1,1")).unwrap();
-        assert!(d.is_empty() && ts.is_empty() && note.is_some());
-        // Tensor parallelism is not built: refused, never silently one device.
-        let e = split_for(&[0, 1], Some("row"), None)
+        assert!(split_for(&[0, 1], Some("none"), None)
+            .unwrap()
+            .devices
+            .is_empty());
+        let c = split_for(&[0], None, Some("1,1")).unwrap();
+        assert!(c.devices.is_empty() && c.tensor_split.is_empty() && c.note.is_some());
+        // Tensor parallelism: -sm tensor, or llama.cpp's older name row.
+        for m in ["tensor", "row", "ROW"] {
+            let c = split_for(&[0, 1], Some(m), Some("1,1")).unwrap();
+            assert!(c.tensors && c.devices.len() == 2, "{m}");
+        }
+        // ... with one GPU: no effect, said.
+        let c = split_for(&[0], Some("tensor"), None).unwrap();
+        assert!(!c.tensors && c.note.unwrap().contains("-sm tensor"));
+        // ik_llama.cpp's graph split is not built: refused, never silently another split.
+        let e = split_for(&[0, 1], Some("graph"), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("not built"), "{e}");

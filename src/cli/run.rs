@@ -51,12 +51,14 @@ pub struct RunArgs {
         value_name = "N[,N...]"
     )]
     pub gpu: Vec<usize>,
-    /// With several GPUs: each one's share of the blocks (llama.cpp's `-ts 3,1`; default: in
-    /// proportion to their memory).
+    /// With several GPUs: each one's share of the blocks, or with `--split-mode tensor` of every
+    /// cut dimension (llama.cpp's `-ts 3,1`; default: blocks in proportion to their memory,
+    /// cuts equal).
     #[arg(long = "tensor-split", value_name = "LIST")]
     pub tensor_split: Option<String>,
-    /// With several GPUs: `layer` (the default: whole blocks per GPU) or `none` (the first GPU
-    /// only); llama.cpp's `-sm`. `row` (tensor parallelism) is not built yet.
+    /// With several GPUs: `layer` (the default: whole blocks per GPU), `tensor` (alias `row`:
+    /// every weight cut across the GPUs, resident models only) or `none` (the first GPU only);
+    /// llama.cpp's `-sm`.
     #[arg(long = "split-mode", value_name = "MODE")]
     pub split_mode: Option<String>,
     /// Run on the CPU even when a GPU is present.
@@ -170,18 +172,19 @@ pub fn run(args: RunArgs) -> Result<()> {
         eprintln!("{note}");
     }
     let gpus = super::gpus_for(&args.gpu, device);
-    let (devices, tensor_split, note) = super::split_for(
+    let choice = super::split_for(
         &gpus,
         args.split_mode.as_deref(),
         args.tensor_split.as_deref(),
     )?;
-    if let Some(note) = note {
+    if let Some(note) = &choice.note {
         eprintln!("{note}");
     }
     let mut opts = EngineOptions {
         device,
-        devices,
-        tensor_split,
+        devices: choice.devices,
+        tensor_split: choice.tensor_split,
+        split_tensors: choice.tensors,
         n_threads: args.threads,
         gpu_mem: super::budgets_for(&args.gpu_mem).0,
         gpu_mems: super::budgets_for(&args.gpu_mem).1,

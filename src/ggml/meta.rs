@@ -76,7 +76,7 @@ unsafe extern "C" fn split_state(
             rules,
             name,
             (*t).ne,
-            GgmlType::from_id((*t).type_ as u32).ok(),
+            GgmlType::from_id((*t).type_).ok(),
         )
     };
     let s = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rules.split(&name, ne, ty)))
