@@ -21,7 +21,7 @@
 //! the graph into at least one split per device that holds blocks.
 mod common;
 use common::argmax;
-use pocketmoe::engine::tensor_split::{TensorInfo, TensorRules};
+use pocketmoe::engine::tensor_split::TensorRules;
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::ggml::meta::{Split, SplitRules};
 use pocketmoe::gguf::GgufModel;
@@ -550,15 +550,7 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     // buffer is the whole tensors plus its slices of the cut ones, as the rules cut them (a
     // rule answering "whole on every device" would make it the whole model).
     let file = GgufModel::open(&path).unwrap();
-    let infos: Vec<TensorInfo<'_>> = file
-        .tensors()
-        .map(|t| TensorInfo {
-            name: &t.name,
-            ne: t.ne.map(|x| x as i64),
-            ty: t.ty,
-        })
-        .collect();
-    let rules = TensorRules::new(&eng.hp, &infos, shares).unwrap();
+    let rules = TensorRules::for_file(&eng.hp, &file, shares).unwrap();
     let (mut whole, mut per_dev) = (0u64, vec![0u64; n_dev]);
     for t in file.tensors() {
         match rules.split(&t.name, t.ne.map(|x| x as i64), Some(t.ty)) {

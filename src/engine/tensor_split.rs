@@ -71,15 +71,7 @@ pub(super) fn backend(
             opts.tensor_split
         ));
     };
-    let infos: Vec<TensorInfo<'_>> = file
-        .tensors()
-        .map(|t| TensorInfo {
-            name: &t.name,
-            ne: t.ne.map(|x| x as i64),
-            ty: t.ty,
-        })
-        .collect();
-    let rules = TensorRules::new(hp, &infos, &shares).map_err(EngineError::Devices)?;
+    let rules = TensorRules::for_file(hp, file, &shares).map_err(EngineError::Devices)?;
     let poll = cpu_pool_polls(false, false, opts.n_threads);
     Ok(Backend::meta(
         &names,
@@ -157,6 +149,19 @@ pub fn cut(total: i64, g: i64, shares: &[f64]) -> Vec<i64> {
 }
 
 impl TensorRules {
+    /// [`TensorRules::new`] for the tensors of `file`.
+    pub fn for_file(hp: &Hparams, file: &GgufModel, shares: &[f64]) -> Result<Self, String> {
+        let infos: Vec<TensorInfo<'_>> = file
+            .tensors()
+            .map(|t| TensorInfo {
+                name: &t.name,
+                ne: t.ne.map(|x| x as i64),
+                ty: t.ty,
+            })
+            .collect();
+        Self::new(hp, &infos, shares)
+    }
+
     /// The cuts for a model of `hp` whose tensors are `tensors`, over devices in proportion to
     /// `shares` (one per device). Errors name what cannot be cut evenly enough: a dimension no
     /// device but one would hold a part of.

@@ -72,12 +72,7 @@ unsafe extern "C" fn split_state(
         let name = CStr::from_ptr((*t).name.as_ptr())
             .to_string_lossy()
             .into_owned();
-        (
-            rules,
-            name,
-            (*t).ne,
-            GgmlType::from_id((*t).type_).ok(),
-        )
+        (rules, name, (*t).ne, GgmlType::from_id((*t).type_).ok())
     };
     let s = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rules.split(&name, ne, ty)))
         .unwrap_or_else(|_| {
