@@ -19,6 +19,7 @@
 #   prompt-cache OUT             the server's prompt cache, resident and offloaded (device-prompt-cache.sh)
 #   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
 #   gated OUT                    gated decode on CUDA: its tests under a timeout, then the A/B
+#   multi OUT                    several GPUs: multi_device tests, -sm layer/tensor vs stock (device-multi.sh)
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
@@ -68,6 +69,7 @@ case "$sub" in
       return $rc
     }
     cmd=(gated "$@") ;;
+  multi) cmd=(scripts/device-multi.sh "$@") ;;
   tests) cmd=(scripts/device-run.sh tests "$@") ;;
   verify) cmd=(scripts/device-verify.sh "$@") ;;
   serve-compare) cmd=(scripts/device-serve-compare.sh "$@") ;;

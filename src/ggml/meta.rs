@@ -96,6 +96,9 @@ impl Backend {
         poll: bool,
     ) -> Result<Self> {
         super::backend::filter_ggml_log();
+        if devices.iter().any(|d| d.starts_with("CUDA")) {
+            super::configure_cuda();
+        }
         if devices.len() < 2 || devices.len() > sys::GGML_BACKEND_META_MAX_DEVICES as usize {
             return Err(GgmlError::BackendInit(format!(
                 "a tensor split over {} devices (2 to {})",

@@ -54,10 +54,16 @@ pub struct BenchArgs {
     pub model: PathBuf,
     /// Run on this GPU (default: the CPU). Several (`--gpu 0,1`): ours splits the blocks over
     /// them (llama.cpp's `-sm layer`), each GPU held to the budget (each caching its own
-    /// blocks' experts when offloading); the llama.cpp baseline is not built for several GPUs
-    /// in this command yet (--no-baseline; run stock llama-bench -sm layer beside it).
+    /// blocks' experts when offloading), or cuts every weight across them with `--split-mode
+    /// tensor`; the llama.cpp baseline is not built for several GPUs in this command yet
+    /// (--no-baseline; `scripts/device.sh multi` runs stock llama-bench -sm layer and -sm
+    /// tensor beside it).
     #[arg(long = "gpu", value_delimiter = ',', value_name = "N[,N...]")]
     pub gpus: Vec<usize>,
+    /// With several GPUs: `layer` (whole blocks per GPU, the default) or `tensor` (alias
+    /// `row`: every weight cut across the GPUs, resident budgets only); llama.cpp's `-sm`.
+    #[arg(long = "split-mode", value_name = "MODE", default_value = "layer")]
+    pub split_mode: String,
     /// VRAM budgets, comma-separated: `resident` (the whole device) or sizes (12GiB, 8G).
     #[arg(long = "gpu-mem", value_delimiter = ',', default_value = "resident", value_parser = parse_budget)]
     pub gpu_mem: Vec<Budget>,
@@ -132,6 +138,14 @@ impl BenchArgs {
     /// The (first) GPU, `None` on the CPU.
     fn gpu(&self) -> Option<usize> {
         self.gpus.first().copied()
+    }
+    /// `--split-mode tensor` (or `row`) over several GPUs.
+    fn split_tensors(&self) -> bool {
+        self.gpus.len() > 1
+            && matches!(
+                self.split_mode.to_ascii_lowercase().as_str(),
+                "tensor" | "row"
+            )
     }
     fn threads(&self) -> usize {
         if self.threads == 0 {
@@ -283,6 +297,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         },
         repack: !args.no_repack,
         miss_balance: !args.no_miss_balance,
+        split_tensors: args.split_tensors(),
         ..Default::default()
     };
     let mut s = Setting {
@@ -323,7 +338,15 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         others.iter_mut().for_each(|v| _ = v.sample());
         // The offload planner may have lowered the micro-batch to leave the cache room.
         s.n_ubatch = eng.n_ubatch();
-        s.label = format!("pocketmoe -ub {}", eng.n_ubatch());
+        s.label = format!(
+            "pocketmoe -ub {}{}",
+            eng.n_ubatch(),
+            if args.gpus.len() > 1 {
+                format!(" --gpu {} -sm {}", gpu_list(&args.gpus), args.split_mode)
+            } else {
+                String::new()
+            }
+        );
         let n_vocab = eng.hp.n_vocab;
         let r = run_tests(&mut eng, tests, args.reps, n_vocab, &mut || {
             vram.sample();
@@ -369,12 +392,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!(
             "--gpu {}: the llama.cpp baseline of this command runs on one GPU; give \
              --no-baseline and run stock llama-bench -sm layer (-ts, -ncmoe) beside it",
-            args.gpus
-                .iter()
-                .map(usize::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
+            gpu_list(&args.gpus)
         );
+    }
+    match args.split_mode.to_ascii_lowercase().as_str() {
+        "layer" => {}
+        "tensor" | "row" if args.gpu_mem.iter().any(|b| b.0.is_some()) => bail!(
+            "--split-mode tensor runs resident models only: give --gpu-mem resident (or use \
+             --split-mode layer, whose GPUs cache their blocks' experts)"
+        ),
+        "tensor" | "row" => {}
+        m => bail!("--split-mode {m}: layer or tensor (alias row)"),
     }
     if args.gpu().is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
         bail!("--gpu-mem budgets need --gpu (on the CPU there is no VRAM to budget)");
@@ -495,4 +523,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("{} setting(s) failed:\n{}", failed.len(), failed.join("\n"));
     }
     Ok(())
+}
+
+/// `0,1` for `--gpu 0,1`.
+fn gpu_list(gpus: &[usize]) -> String {
+    gpus.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
