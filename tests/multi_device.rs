@@ -535,6 +535,12 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     )
     .unwrap();
     assert_eq!(eng.tensor_split_devices(), n_dev, "{arch}: a meta backend");
+    let plan = eng.plan();
+    assert!(
+        plan.contains("tensor split over")
+            && plan.contains(&format!("each of the {n_dev} devices")),
+        "{arch}: the plan does not say what each device holds:\n{plan}"
+    );
     assert!(eng.layer_plan().is_none(), "{arch}: no layer split besides");
     for name in [
         "blk.0.attn_q.weight",

@@ -221,7 +221,9 @@ impl Engine {
     pub fn plan(&self) -> String {
         let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
         let o = &self.opts;
+        let n_tp = self.tensor_split_devices();
         let dev = match o.device {
+            _ if n_tp > 0 => format!("a tensor split over {:?} (-sm tensor)", o.devices),
             Device::Cuda(i) => format!("CUDA{i}"),
             _ => "the CPU".to_string(),
         };
@@ -251,6 +253,18 @@ impl Engine {
                 );
                 if compute > 0 {
                     s += &format!("; compute buffer {}", gib(compute));
+                }
+                if n_tp > 0 {
+                    let held = self
+                        .weights
+                        .get(weights::TOKEN_EMBD)
+                        .map_or(0, crate::ggml::meta::buffer_bytes);
+                    s += &format!(
+                        "\n  tensor split: attention by heads, FFNs and experts by their hidden \
+                         dimension, the head by vocabulary, the rest whole on each of the {n_tp} \
+                         devices; the largest device holds {} of weights",
+                        gib(held as u64)
+                    );
                 }
                 let (n, bytes) = self.weights.extra();
                 if n > 0 {
