@@ -806,3 +806,67 @@ fn tensor_split_serves_batches_like_one_device() {
     }
     assert_eq!(got_toks, want_toks);
 }
+
+/// The server's prompt cache under a tensor split: a sequence's KV rows read out of the split
+/// cache (gathered from the devices' slices) and written into other pages (cut again) continue
+/// exactly as the sequence computed afresh on the same engine, and the state read back is the
+/// state written.
+#[test]
+fn tensor_split_copies_sequence_state() {
+    use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
+    let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let mut eng = Engine::load(
+        &path,
+        EngineOptions {
+            device: Device::Cpu,
+            devices: vec![Device::Cpu; 2],
+            split_tensors: true,
+            n_ctx: 8 * KV_PAGE,
+            n_threads: 2,
+            n_seq: 4,
+            repack: false,
+            ..Default::default()
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    // Batch-invariant kernels (as tests/batch.rs's prefix test): a 330-token prefill and a
+    // 300 + 30 one then compute each row alike; the default kernels tile them differently.
+    assert!(
+        eng.set_batch_invariant(true),
+        "the split's CPU devices take the reference kernels"
+    );
+    let shared: Vec<u32> = (0..300u32).map(|j| (j * 37 + 11) % 900).collect();
+    let b: Vec<u32> = shared
+        .iter()
+        .copied()
+        .chain((0..30).map(|j| 100 + 3 * j))
+        .collect();
+    let greedy = |eng: &mut Engine, pages: &[u32], pos: usize, tokens: &[u32]| {
+        let step = |eng: &mut Engine, pos: usize, tokens: &[u32]| {
+            let c = SeqChunk {
+                pages,
+                pos,
+                tokens,
+                logits: true,
+                slot: 0,
+            };
+            eng.forward_batch(&[c]).unwrap().remove(0)
+        };
+        let mut l = step(eng, pos, tokens);
+        let mut out = Vec::new();
+        for k in 0..4 {
+            let next = [argmax(&l)];
+            out.push(l);
+            l = step(eng, pos + tokens.len() + k, &next);
+        }
+        out
+    };
+    let fresh = greedy(&mut eng, &[0, 1], 0, &b);
+    greedy(&mut eng, &[2, 3], 0, &shared);
+    let state = eng.read_seq(&[2, 3], 300).unwrap();
+    eng.write_seq(&[4, 5], 300, &state).unwrap();
+    assert!(eng.read_seq(&[4, 5], 300).unwrap() == state);
+    let copied = greedy(&mut eng, &[4, 5], 300, &b[300..]);
+    assert!(copied == fresh, "copied prefix and continued != fresh");
+}

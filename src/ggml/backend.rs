@@ -366,15 +366,20 @@ impl Backend {
     /// On a CPU backend, switches ggml's reference kernels on or off: no llamafile sgemm, no
     /// tiled or KV-split flash attention, so each output row is computed the same way whatever
     /// the batch shape (slower prompt processing). Returns false (and does nothing) elsewhere.
+    ///
+    /// On a meta backend (a tensor split), its CPU devices' backends.
     pub fn set_cpu_reference_kernels(&self, on: bool) -> bool {
-        // SAFETY: live backend; the setter is only called on a CPU backend.
-        unsafe {
-            if !sys::ggml_backend_is_cpu(self.raw()) {
-                return false;
+        let mut any = false;
+        for b in self.simple_backends() {
+            // SAFETY: live backends; the setter is only called on a CPU backend.
+            unsafe {
+                if sys::ggml_backend_is_cpu(b) {
+                    sys::ggml_backend_cpu_set_use_ref(b, on);
+                    any = true;
+                }
             }
-            sys::ggml_backend_cpu_set_use_ref(self.raw(), on);
         }
-        true
+        any
     }
 
     /// Whether this backend can run the op that produced `t`.

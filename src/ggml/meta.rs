@@ -133,8 +133,7 @@ impl Backend {
         };
         // SAFETY: b is a meta backend; its simple backends live as long as it does.
         unsafe {
-            for i in 0..ggml_backend_meta_n_backends(b.raw()) {
-                let sub = ggml_backend_meta_simple_backend(b.raw(), i);
+            for sub in b.simple_backends() {
                 if sys::ggml_backend_is_cpu(sub) {
                     sys::ggml_backend_cpu_set_n_threads(sub, n as i32);
                     if let Ok(tp) = super::ThreadPool::new(n, poll) {
@@ -151,6 +150,19 @@ impl Backend {
     pub fn is_meta(&self) -> bool {
         // SAFETY: live backend.
         unsafe { ggml_backend_is_meta(self.raw()) }
+    }
+
+    /// The backends that compute: a meta backend's devices' own, or this one.
+    pub(crate) fn simple_backends(&self) -> Vec<sys::ggml_backend_t> {
+        if !self.is_meta() {
+            return vec![self.raw()];
+        }
+        // SAFETY: a live meta backend; its simple backends live as long as it does.
+        unsafe {
+            (0..ggml_backend_meta_n_backends(self.raw()))
+                .map(|i| ggml_backend_meta_simple_backend(self.raw(), i))
+                .collect()
+        }
     }
 
     /// The devices a meta backend spans (0 for any other backend).
