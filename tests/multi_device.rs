@@ -506,6 +506,7 @@ fn check_tensor_split(arch: &str, shares: &[f64]) -> f32 {
 }
 
 fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
+    let _turn = tp_turn();
     let n_dev = shares.len();
     let tag = format!("tensor-split-{q:?}");
     let path = common::synth_preset(&tag, arch, "tiny", q, 1.0, 11);
@@ -602,6 +603,13 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     worst
 }
 
+/// ggml's meta backend keeps its devices and buffer types in unguarded static maps: the tests
+/// that make one take turns (`cargo test` runs tests on several threads).
+fn tp_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The tensor split's only numerical difference from one device: a cut dot product (attention
 /// output, FFN down) is summed as per-device partial sums added by the all-reduce instead of in
 /// one run, the same f32 products reassociated (~1e-7 relative). The CPU's kernels then round
@@ -637,6 +645,7 @@ fn tensor_split_f16_within_the_rounding_bound() {
 /// caches one latent head), and a model that would have to offload routed experts.
 #[test]
 fn what_the_tensor_split_does_not_build_is_refused() {
+    let _turn = tp_turn();
     let opts = |budget: Option<u64>| EngineOptions {
         device: Device::Cpu,
         devices: vec![Device::Cpu; 2],
@@ -680,6 +689,7 @@ fn what_the_tensor_split_does_not_build_is_refused() {
 /// elsewhere (`scripts/device.sh multi` runs it on a machine with several GPUs).
 #[test]
 fn tensor_split_on_two_gpus_matches_one() {
+    let _turn = tp_turn();
     if !cfg!(feature = "cuda") || pocketmoe::ggml::Backend::cuda_device_count() < 2 {
         eprintln!("skipped: needs a CUDA build and two GPUs");
         return;
@@ -739,6 +749,7 @@ fn tensor_split_on_two_gpus_matches_one() {
 /// slice or an unreduced partial sum moves every row by O(1).
 #[test]
 fn tensor_split_serves_batches_like_one_device() {
+    let _turn = tp_turn();
     use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
     let load = |devices: Vec<Device>| {
@@ -813,6 +824,7 @@ fn tensor_split_serves_batches_like_one_device() {
 /// state written.
 #[test]
 fn tensor_split_copies_sequence_state() {
+    let _turn = tp_turn();
     use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
     let mut eng = Engine::load(

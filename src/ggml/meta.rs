@@ -119,10 +119,17 @@ impl Backend {
             devs.push(dev);
         }
         let ud = Box::into_raw(Box::new(rules)) as *mut c_void;
+        // ggml keeps its meta devices in unguarded static maps ("not thread-safe", says
+        // ggml_backend_meta_device): engines loaded on several threads at once (the tests) take
+        // turns here.
+        static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _turn = MAKING.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: `devs` are registered devices; `ud` lives for the process (leaked above).
         let ptr = unsafe {
             let meta =
                 sys::ggml_backend_meta_device(devs.as_mut_ptr(), devs.len(), Some(split_state), ud);
+            // Its buffer type too, made now under the lock (ggml makes it at the first ask).
+            sys::ggml_backend_dev_buffer_type(meta);
             sys::ggml_backend_dev_init(meta, std::ptr::null())
         };
         let mut b = Self::from_raw(ptr, &format!("Meta({})", devices.join(",")))?;
