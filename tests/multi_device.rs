@@ -671,6 +671,18 @@ fn what_the_tensor_split_does_not_build_is_refused() {
         .expect("refused")
         .to_string();
     assert!(err.contains("does not offload"), "{err}");
+    // One budget for all is each device's: the compute reserve (512 MiB per device) plus 3/4
+    // of the model each holds the model only as the two devices' budgets together, which is
+    // what a tensor split has (one device's alone would have offloaded, and been refused).
+    let model: u64 = GgufModel::open(&path)
+        .unwrap()
+        .tensors()
+        .map(|t| t.n_bytes)
+        .sum();
+    let each = (512 << 20) + model * 3 / 4;
+    let eng = Engine::load(&path, opts(Some(each)), &|_, _| {}).unwrap();
+    assert_eq!(eng.tensor_split_devices(), 2);
+    drop(eng);
     // -ts of another length than the device list.
     let mut o = opts(None);
     o.tensor_split = vec![1.0, 1.0, 1.0];

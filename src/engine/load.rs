@@ -114,9 +114,21 @@ impl Engine {
         // Offload when the budget is below the whole model (+ KV + a compute reserve); in a
         // layer split, when the devices' budgets together are.
         let need = total_bytes + kv_bytes;
-        let offload = match &split {
-            Some(s) => !s.fits(need, COMPUTE_RESERVE),
-            None => opts.gpu_mem.is_some_and(|b| need + COMPUTE_RESERVE > b),
+        // A tensor split's devices together: the budgets given per device summed, one budget
+        // given for all times the devices, or (automatic) the meta device's free memory, which
+        // is already the sum.
+        let n_dev = opts.devices.len().max(1) as u64;
+        let tp_budget = if !opts.gpu_mems.is_empty() {
+            Some(opts.gpu_mems.iter().sum::<u64>())
+        } else if auto_budget {
+            opts.gpu_mem
+        } else {
+            opts.gpu_mem.map(|b| b * n_dev)
+        };
+        let offload = match (&split, &meta) {
+            (Some(s), _) => !s.fits(need, COMPUTE_RESERVE),
+            (None, Some(_)) => tp_budget.is_some_and(|b| need + COMPUTE_RESERVE * n_dev > b),
+            (None, None) => opts.gpu_mem.is_some_and(|b| need + COMPUTE_RESERVE > b),
         };
         if offload && hp.n_expert == 0 {
             if let Some(s) = &split {
@@ -133,17 +145,14 @@ impl Engine {
             }
         }
         if offload && meta.is_some() {
-            let budget = opts
-                .gpu_mems
-                .iter()
-                .sum::<u64>()
-                .max(opts.gpu_mem.unwrap_or(0));
             return Err(EngineError::Devices(format!(
-                "the model and its KV cache ({}) do not fit the budget ({}) of the tensor \
-                 split, which does not offload routed experts yet: use --split-mode layer \
-                 (each device caches its blocks' experts), or give more memory",
+                "the model and its KV cache ({}) with compute reserves of {} per device do not \
+                 fit the {n_dev} devices' budgets ({} together) of the tensor split, which \
+                 does not offload routed experts yet: use --split-mode layer (each device \
+                 caches its blocks' experts), or give more memory",
                 gib(need),
-                gib(budget)
+                gib(COMPUTE_RESERVE),
+                gib(tp_budget.unwrap_or(0))
             )));
         }
         let offload = offload && hp.n_expert > 0;
