@@ -61,35 +61,15 @@ fn run(eng: &mut Engine, prompts: &[Vec<u32>], layout: Layout) -> Vec<(Vec<u32>,
         _ => (0..prompts.len()).map(|i| vec![i]).collect(),
     };
     for g in groups {
-        let chunks: Vec<SeqChunk> = g
+        let seqs: Vec<(&[u32], &[u32], usize)> = g
             .iter()
-            .map(|&i| SeqChunk {
-                pages: &pages[i],
-                pos: 0,
-                tokens: &prompts[i],
-                logits: true,
-                slot: i,
-            })
+            .map(|&i| (&prompts[i][..], &pages[i][..], i))
             .collect();
-        let mut logits = eng.forward_batch(&chunks).unwrap();
-        for _ in 0..STEPS {
-            let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
-            for (k, &i) in g.iter().enumerate() {
-                out[i].0.push(next[k]);
-                out[i].1.push(logits[k].clone());
-            }
-            let chunks: Vec<SeqChunk> = g
-                .iter()
-                .enumerate()
-                .map(|(k, &i)| SeqChunk {
-                    pages: &pages[i],
-                    pos: prompts[i].len() + out[i].0.len() - 1,
-                    tokens: std::slice::from_ref(&next[k]),
-                    logits: true,
-                    slot: i,
-                })
-                .collect();
-            logits = eng.forward_batch(&chunks).unwrap();
+        for (k, r) in common::batch_greedy(eng, &seqs, STEPS)
+            .into_iter()
+            .enumerate()
+        {
+            out[g[k]] = r;
         }
     }
     out

@@ -762,7 +762,7 @@ fn tensor_split_on_two_gpus_matches_one() {
 #[test]
 fn tensor_split_serves_batches_like_one_device() {
     let _turn = tp_turn();
-    use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
+    use pocketmoe::engine::batch::KV_PAGE;
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
     let load = |devices: Vec<Device>| {
         Engine::load(
@@ -783,36 +783,14 @@ fn tensor_split_serves_batches_like_one_device() {
     let prompts: Vec<Vec<u32>> = (0..3u32)
         .map(|i| (0..5 + 40 * i).map(|j| (j * 37 + i * 101) % 900).collect())
         .collect();
+    let pages: Vec<[u32; 2]> = (0..3u32).map(|i| [i, 3 + i]).collect();
+    let seqs: Vec<(&[u32], &[u32], usize)> = (0..3)
+        .map(|i| (&prompts[i][..], &pages[i][..], i))
+        .collect();
     let run = |eng: &mut Engine| {
-        let pages: Vec<[u32; 2]> = (0..3u32).map(|i| [i, 3 + i]).collect();
-        let (mut toks, mut rows) = (vec![Vec::new(); 3], Vec::new());
-        let chunks: Vec<SeqChunk> = (0..3)
-            .map(|i| SeqChunk {
-                pages: &pages[i],
-                pos: 0,
-                tokens: &prompts[i],
-                logits: true,
-                slot: i,
-            })
-            .collect();
-        let mut logits = eng.forward_batch(&chunks).unwrap();
-        for step in 0..6 {
-            let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
-            rows.extend(logits);
-            let chunks: Vec<SeqChunk> = (0..3)
-                .map(|i| {
-                    toks[i].push(next[i]);
-                    SeqChunk {
-                        pages: &pages[i],
-                        pos: prompts[i].len() + step,
-                        tokens: std::slice::from_ref(&next[i]),
-                        logits: true,
-                        slot: i,
-                    }
-                })
-                .collect();
-            logits = eng.forward_batch(&chunks).unwrap();
-        }
+        let r = common::batch_greedy(eng, &seqs, 6);
+        let toks: Vec<Vec<u32>> = r.iter().map(|x| x.0.clone()).collect();
+        let rows: Vec<Vec<f32>> = r.into_iter().flat_map(|x| x.1).collect();
         (toks, rows)
     };
     let (want_toks, want) = run(&mut load(Vec::new()));

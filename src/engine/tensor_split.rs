@@ -15,8 +15,9 @@
 //! Cuts fall on multiples of a granularity: whole heads (of a KV group), and whole quant blocks
 //! of the matrix cut along its rows' direction (down's and the attention output's columns),
 //! rounded up to 128 columns where that still leaves every device some (as llama.cpp's rules,
-//! whose semantics these follow). Device k gets about
-//! `shares[k] / sum` of each cut dimension (equal shares by default; `-ts`).
+//! whose semantics these follow). Device k gets about `shares[k] / sum` of each cut dimension
+//! (equal shares by default; `-ts`); where a cut cannot be even, block `il`'s parts are rotated
+//! by `il` devices, so the larger part falls on each device in turn.
 //!
 //! Not for MLA (DeepSeek-2/3.2's latent cache is one head), DeepSeek-V4, or architectures whose
 //! Q/K norm spans all heads at once (OLMoE, MiniMax-M2): refused at load, by name. Not with
@@ -105,9 +106,10 @@ pub fn unsupported(arch: &str) -> Option<String> {
 /// The cut of every weight and cache tensor over `n` devices (see the module doc).
 pub struct TensorRules {
     splits: HashMap<String, Split>,
-    /// Cuts of `cache_k_l*` / `cache_v_l*` (one per KV width, every layer alike).
-    cache_k: Split,
-    cache_v: Split,
+    shares: Vec<f64>,
+    /// `cache_k_l*` / `cache_v_l*`: (row width, granularity), cut per block as its weights.
+    cache_k: (i64, i64),
+    cache_v: (i64, i64),
 }
 
 /// One tensor of the file: name, shape, type.
@@ -163,8 +165,9 @@ impl TensorRules {
     }
 
     /// The cuts for a model of `hp` whose tensors are `tensors`, over devices in proportion to
-    /// `shares` (one per device). Errors name what cannot be cut evenly enough: a dimension no
-    /// device but one would hold a part of.
+    /// `shares` (one per device). A dimension too small for whole granules on every device
+    /// leaves some device none of it (that block's heads or hidden columns run on the others);
+    /// an error where no tensor at all can be cut.
     pub fn new(hp: &Hparams, tensors: &[TensorInfo<'_>], shares: &[f64]) -> Result<Self, String> {
         let n = shares.len() as i64;
         let by_name: HashMap<&str, &TensorInfo<'_>> = tensors.iter().map(|t| (t.name, t)).collect();
@@ -183,11 +186,20 @@ impl TensorRules {
             (g_q, g_head, g_kv, g_kv / hd_k * hd_v)
         };
         let mut splits = HashMap::new();
-        let axis = |axis: usize, total: i64, g: i64| Split::Axis {
-            axis,
-            ne: cut(total, g, shares),
-        };
+        let mut cuts = 0;
         for t in tensors {
+            // Block il's cuts: shares turned back by il, parts turned on by il (`rotated`), so
+            // each device keeps its share and the remainder of an uneven cut moves round.
+            let rot = t
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
+                .unwrap_or(0);
+            let sh = turned(shares, rot);
+            let axis = |axis: usize, total: i64, g: i64| Split::Axis {
+                axis,
+                ne: cut(total, g, &sh),
+            };
             let Some((il, what)) = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.'))
             else {
                 if t.name == "output.weight" {
@@ -237,30 +249,55 @@ impl TensorRules {
                         .get(format!("blk.{il}.ffn_down_exps.weight").as_str())
                         .map_or(t.ne[0], |d| d.ne[0]);
                     Split::Partial {
-                        ne: cut(down, ffn("ffn_down_exps"), shares),
+                        ne: cut(down, ffn("ffn_down_exps"), &sh),
                     }
                 }
                 _ => continue,
             };
             if let Split::Axis { ne, .. } = &s {
-                if ne.iter().filter(|&&x| x > 0).count() < 2 {
-                    return Err(format!(
-                        "{}: {:?} cannot be cut over {n} devices in parts of whole heads and \
-                         quant blocks (got {ne:?}); --split-mode layer splits whole blocks",
-                        t.name, t.ne
-                    ));
-                }
+                cuts += usize::from(ne.iter().filter(|&&x| x > 0).count() >= 2);
             }
-            splits.insert(t.name.to_string(), s);
+            splits.insert(t.name.to_string(), rotated(s, rot));
+        }
+        if cuts == 0 {
+            return Err(format!(
+                "no tensor of the model can be cut over {n} devices in parts of whole heads \
+                 and quant blocks; --split-mode layer splits whole blocks"
+            ));
         }
         let (_, _, g_kv, g_v) = attn("0");
-        let k_dim = hp.n_head_kv as i64 * hd_k;
-        let v_dim = hp.n_head_kv as i64 * hd_v;
         Ok(Self {
             splits,
-            cache_k: axis(0, k_dim, g_kv),
-            cache_v: axis(0, v_dim, g_v),
+            shares: shares.to_vec(),
+            cache_k: (hp.n_head_kv as i64 * hd_k, g_kv),
+            cache_v: (hp.n_head_kv as i64 * hd_v, g_v),
         })
+    }
+}
+
+/// `shares` turned back `by` devices (entry j is device j + by's share), for [`rotated`].
+fn turned(shares: &[f64], by: usize) -> Vec<f64> {
+    let n = shares.len().max(1);
+    (0..shares.len()).map(|j| shares[(j + by) % n]).collect()
+}
+
+/// `s` with its parts moved `by` devices on (device k's part to device k + by, wrapping): block
+/// `il`'s cuts are rotated by `il`, so where a dimension does not cut evenly (Qwen3-30B-A3B's
+/// 768-wide experts in 256-column blocks over two devices: 256 and 512) the larger part falls
+/// on each device in turn, every block's tensors and its KV cache alike.
+fn rotated(s: Split, by: usize) -> Split {
+    let turn = |ne: Vec<i64>| {
+        let n = ne.len().max(1);
+        let mut out = vec![0; ne.len()];
+        for (k, x) in ne.into_iter().enumerate() {
+            out[(k + by) % n] = x;
+        }
+        out
+    };
+    match s {
+        Split::Axis { axis, ne } => Split::Axis { axis, ne: turn(ne) },
+        Split::Partial { ne } => Split::Partial { ne: turn(ne) },
+        Split::Mirrored => Split::Mirrored,
     }
 }
 
@@ -269,11 +306,16 @@ impl SplitRules for TensorRules {
         if let Some(s) = self.splits.get(name) {
             return s.clone();
         }
-        if name.starts_with("cache_k_l") {
-            return self.cache_k.clone();
+        let layer = |prefix: &str| name.strip_prefix(prefix)?.parse::<usize>().ok();
+        let cache = |(dim, g): (i64, i64), il: usize| {
+            let ne = cut(dim, g, &turned(&self.shares, il));
+            rotated(Split::Axis { axis: 0, ne }, il)
+        };
+        if let Some(il) = layer("cache_k_l") {
+            return cache(self.cache_k, il);
         }
-        if name.starts_with("cache_v_l") {
-            return self.cache_v.clone();
+        if let Some(il) = layer("cache_v_l") {
+            return cache(self.cache_v, il);
         }
         Split::Mirrored
     }
@@ -299,6 +341,43 @@ mod tests {
                 assert_eq!(p % g, 0);
             }
         }
+    }
+
+    #[test]
+    fn each_device_keeps_its_share_whatever_the_turn() {
+        // -ts 3,1: device 0 holds 3/4 in every block; the remainder of a cut moves round.
+        for by in 0..4 {
+            let Split::Axis { ne, .. } = rotated(
+                Split::Axis {
+                    axis: 0,
+                    ne: cut(1024, 128, &turned(&[3.0, 1.0], by)),
+                },
+                by,
+            ) else {
+                unreachable!()
+            };
+            assert_eq!(ne, vec![768, 256], "turn {by}");
+        }
+    }
+
+    #[test]
+    fn uneven_cuts_rotate_by_block() {
+        let s = Split::Axis {
+            axis: 0,
+            ne: vec![256, 512],
+        };
+        assert_eq!(rotated(s.clone(), 0), s);
+        assert_eq!(
+            rotated(s.clone(), 1),
+            Split::Axis {
+                axis: 0,
+                ne: vec![512, 256]
+            }
+        );
+        assert_eq!(
+            rotated(Split::Partial { ne: vec![1, 2, 3] }, 4),
+            Split::Partial { ne: vec![3, 1, 2] }
+        );
     }
 
     #[test]

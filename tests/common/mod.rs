@@ -367,3 +367,47 @@ pub fn without_output(path: &Path) -> PathBuf {
     write_without(path, "output.weight", &out);
     out
 }
+
+/// Greedy continuation of sequences decoded together (`Engine::forward_batch`): sequence `i`
+/// of `seqs` is `(prompt, pages, slot)`; its prompt is computed in one micro-batch with the
+/// others, then `steps` one-token steps of all of them. Per sequence: its greedy tokens and the
+/// logits of every step (the prompt's last row first).
+pub fn batch_greedy(
+    eng: &mut pocketmoe::engine::Engine,
+    seqs: &[(&[u32], &[u32], usize)],
+    steps: usize,
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    use pocketmoe::engine::batch::{BatchModel, SeqChunk};
+    let mut out: Vec<(Vec<u32>, Vec<Vec<f32>>)> = vec![(Vec::new(), Vec::new()); seqs.len()];
+    let chunks: Vec<SeqChunk> = seqs
+        .iter()
+        .map(|&(tokens, pages, slot)| SeqChunk {
+            pages,
+            pos: 0,
+            tokens,
+            logits: true,
+            slot,
+        })
+        .collect();
+    let mut logits = eng.forward_batch(&chunks).unwrap();
+    for _ in 0..steps {
+        let next: Vec<u32> = logits.iter().map(|l| argmax(l)).collect();
+        for (k, l) in logits.into_iter().enumerate() {
+            out[k].0.push(next[k]);
+            out[k].1.push(l);
+        }
+        let chunks: Vec<SeqChunk> = seqs
+            .iter()
+            .enumerate()
+            .map(|(k, &(prompt, pages, slot))| SeqChunk {
+                pages,
+                pos: prompt.len() + out[k].0.len() - 1,
+                tokens: std::slice::from_ref(&next[k]),
+                logits: true,
+                slot,
+            })
+            .collect();
+        logits = eng.forward_batch(&chunks).unwrap();
+    }
+    out
+}
