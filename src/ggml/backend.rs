@@ -216,27 +216,10 @@ impl Backend {
         filter_ggml_log();
         // SAFETY: plain constructor; null on failure.
         let ptr = unsafe { sys::ggml_backend_cpu_init() };
-        let mut b = Self {
-            ptr: NonNull::new(ptr).ok_or_else(|| GgmlError::BackendInit("CPU".into()))?,
-            threadpool: Vec::new(),
-            buft: None,
-        };
-        let n = if n_threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            n_threads
-        };
-        // SAFETY: b is a CPU backend.
-        unsafe { sys::ggml_backend_cpu_set_n_threads(b.raw(), n as i32) };
-        // A persistent thread pool, as llama.cpp attaches one: without it ggml starts and joins
-        // `n` threads at every graph compute (a fixed cost per decoded token, paid even for a
-        // GPU model's CPU-side embedding lookup). Its threads poll briefly for the next graph
-        // and then sleep.
-        if let Ok(tp) = ThreadPool::new(n, poll) {
-            // SAFETY: b is a CPU backend; the pool outlives it (dropped after it in drop).
-            unsafe { sys::ggml_backend_cpu_set_threadpool(b.raw(), tp.raw()) };
-            b.threadpool.push(tp);
-        }
+        let mut b = Self::from_raw(ptr, "CPU")?;
+        let cpu = b.raw();
+        // SAFETY: a CPU backend, which `b` frees before its pools.
+        unsafe { b.give_cpu_threads(cpu, n_threads, poll) };
         Ok(b)
     }
 
@@ -258,12 +241,7 @@ impl Backend {
         }
         // SAFETY: device < count; null on failure.
         let ptr = unsafe { sys::ggml_backend_cuda_init(device as i32) };
-        Ok(Self {
-            ptr: NonNull::new(ptr)
-                .ok_or_else(|| GgmlError::BackendInit(format!("CUDA{device}")))?,
-            threadpool: Vec::new(),
-            buft: None,
-        })
+        Self::from_raw(ptr, &format!("CUDA{device}"))
     }
 
     /// A second (third, ...) logical device `k` on CUDA device `device`: a CUDA backend of its
@@ -331,9 +309,32 @@ impl Backend {
         })
     }
 
-    /// Keeps `tp` (a pool one of this backend's CPU devices uses) until the backend is freed.
-    pub(crate) fn keep_pool(&mut self, tp: ThreadPool) {
-        self.threadpool.push(tp);
+    /// Gives CPU backend `cpu` (this backend, or one of a meta backend's devices) `n_threads`
+    /// threads (0 = all cores) and a persistent pool kept until this backend is freed, as
+    /// llama.cpp attaches one: without it ggml starts and joins the threads at every graph
+    /// compute (a fixed cost per decoded token, paid even for a GPU model's CPU-side embedding
+    /// lookup). With `poll` the pool's threads poll briefly for the next graph before they
+    /// sleep.
+    ///
+    /// # Safety
+    /// `cpu` is a live CPU backend that this backend frees (itself, or a meta backend's device).
+    pub(crate) unsafe fn give_cpu_threads(
+        &mut self,
+        cpu: sys::ggml_backend_t,
+        n_threads: usize,
+        poll: bool,
+    ) {
+        let n = if n_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            n_threads
+        };
+        // SAFETY: the caller's contract; the pool is dropped after the backend (field order).
+        unsafe { sys::ggml_backend_cpu_set_n_threads(cpu, n as i32) };
+        if let Ok(tp) = ThreadPool::new(n, poll) {
+            unsafe { sys::ggml_backend_cpu_set_threadpool(cpu, tp.raw()) };
+            self.threadpool.push(tp);
+        }
     }
 
     /// A CPU backend standing in for device `k` of a multi-device run (tests of the layer split

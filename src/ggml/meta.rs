@@ -133,20 +133,11 @@ impl Backend {
             sys::ggml_backend_dev_init(meta, std::ptr::null())
         };
         let mut b = Self::from_raw(ptr, &format!("Meta({})", devices.join(",")))?;
-        let n = if n_threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            n_threads
-        };
-        // SAFETY: b is a meta backend; its simple backends live as long as it does.
-        unsafe {
-            for sub in b.simple_backends() {
+        for sub in b.simple_backends() {
+            // SAFETY: the meta backend's own devices' backends, freed with it.
+            unsafe {
                 if sys::ggml_backend_is_cpu(sub) {
-                    sys::ggml_backend_cpu_set_n_threads(sub, n as i32);
-                    if let Ok(tp) = super::ThreadPool::new(n, poll) {
-                        sys::ggml_backend_cpu_set_threadpool(sub, tp.raw());
-                        b.keep_pool(tp);
-                    }
+                    b.give_cpu_threads(sub, n_threads, poll);
                 }
             }
         }
