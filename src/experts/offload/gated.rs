@@ -30,6 +30,36 @@ use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
 
+/// Whether a gated step cuts the graph at the CPU channel's joins too (the default), so a
+/// layer's GPU experts run beside its CPU job; `POCKETMOE_GATED_JOIN=0`: the stop joins the job
+/// before it opens the gate (the GPU idles through the job), for an A/B on the device.
+fn join_cuts() -> bool {
+    static JOIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *JOIN.get_or_init(|| std::env::var("POCKETMOE_GATED_JOIN").map_or(true, |v| v != "0"))
+}
+
+/// Where a gated step's graph is cut: after a layer's routing (a stop: read, plan, open), or
+/// after its GPU experts, where the CPU channel's share joins.
+#[derive(Clone, Copy)]
+enum Cut {
+    Routing(Resolved),
+    Join(usize),
+}
+
+/// The cuts of a step's graph in compute order: (node index, cut).
+fn cuts(nodes: &GraphNodes) -> Vec<(usize, Cut)> {
+    let mut cuts: Vec<(usize, Cut)> = nodes
+        .routing
+        .iter()
+        .map(|&(i, r)| (i, Cut::Routing(r)))
+        .collect();
+    if join_cuts() {
+        cuts.extend(nodes.joins.iter().map(|&(i, il)| (i, Cut::Join(il))));
+        cuts.sort_by_key(|c| c.0);
+    }
+    cuts
+}
+
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
 /// 1, or `POCKETMOE_GATED_AHEAD` (1 to 3: the read batches in flight are at most
 /// [`READ_BATCHES`]), read once, for an A/B on the device.
@@ -79,11 +109,12 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
-        let n_pieces = nodes.routing.len() + 1;
+        let cuts = cuts(nodes);
+        let n_pieces = cuts.len() + 1;
         let base = self.gate_next;
         self.gate_next += n_pieces as u64;
         self.gate_reads.clear();
-        let r = self.gated_pieces(&backend, graph, &nodes.routing, n_tokens, base);
+        let r = self.gated_pieces(&backend, graph, &cuts, n_tokens, base);
         if r.is_err() {
             let x = self.parts[0].xfer.as_mut();
             let _ = x.mark_copies();
@@ -92,6 +123,7 @@ impl Offload {
         backend.synchronize();
         self.gate_reads.clear();
         self.gate_ticket = None;
+        self.gate_join_cut = false;
         r
     }
 
@@ -99,19 +131,19 @@ impl Offload {
         &mut self,
         backend: &Backend,
         graph: &Graph<'_>,
-        stops: &[(usize, Resolved)],
+        cuts: &[(usize, Cut)],
         n_tokens: usize,
         base: u64,
     ) -> Result<(), GgmlError> {
         let n_nodes = graph.n_nodes();
-        let n_pieces = stops.len() + 1;
-        // Piece c: the nodes after stop c - 1 up to and including stop c's node.
+        let n_pieces = cuts.len() + 1;
+        // Piece c: the nodes after cut c - 1 up to and including cut c's node.
         let piece = |c: usize| {
-            let i0 = if c == 0 { 0 } else { stops[c - 1].0 + 1 };
+            let i0 = if c == 0 { 0 } else { cuts[c - 1].0 + 1 };
             let i1 = if c + 1 == n_pieces {
                 n_nodes
             } else {
-                stops[c].0 + 1
+                cuts[c].0 + 1
             };
             (i0, i1)
         };
@@ -120,9 +152,22 @@ impl Offload {
         } else {
             0
         };
+        // Serving cut s, the host has queued every piece up to the one ending at the `ahead`-th
+        // routing cut after s (a join's pieces ride along with its layer's routing).
+        let routing_at: Vec<usize> = (0..cuts.len())
+            .filter(|&c| matches!(cuts[c].1, Cut::Routing(_)))
+            .collect();
+        let upto = |s: usize| {
+            let next = routing_at.partition_point(|&c| c <= s);
+            routing_at
+                .get(next + ahead - 1)
+                .copied()
+                .unwrap_or(n_pieces - 1)
+        };
         let mut queued = 0;
-        for s in 0..=stops.len() {
-            while queued < n_pieces && queued <= s + ahead {
+        for s in 0..=cuts.len() {
+            let last = if ahead == 0 { s } else { upto(s).max(s) };
+            while queued < n_pieces && queued <= last {
                 let c = queued;
                 if c > 0 {
                     self.parts[0].xfer.close_gate(base + c as u64)?;
@@ -131,7 +176,7 @@ impl Offload {
                 if i0 < i1 {
                     backend.compute_nodes_async(graph, i0, i1)?;
                 }
-                if let Some((_, n)) = stops.get(c) {
+                if let Some((_, Cut::Routing(n))) = cuts.get(c) {
                     self.parts[0].xfer.reads_after_compute()?;
                     let reads = self.queue_reads(n, n_tokens)?;
                     let batch = self.parts[0].xfer.end_batch()?;
@@ -139,26 +184,45 @@ impl Offload {
                 }
                 queued += 1;
             }
-            let Some((_, n)) = stops.get(s) else {
-                break;
-            };
-            let (il, batch, reads) = self.gate_reads.pop_front().expect("queued above");
-            assert_eq!(il, n.il, "gated stops out of order");
-            // Waits for the piece before the stop (the GPU's work) and its reads: not a stop's
-            // own time, which counts from here as the hook path's does (from its callback).
-            self.parts[0].xfer.wait_batch(batch)?;
-            let t0 = Instant::now();
-            let routing = self.take_reads(n, n_tokens, &reads)?;
             let ticket = base + s as u64 + 1;
-            self.gate_ticket = Some(ticket);
-            self.routed(n, n_tokens, &routing)?;
-            if self.gate_ticket.take().is_some() {
-                // Slot mode opens the gate itself; should a stop not have, open it here.
-                let x = self.parts[0].xfer.as_mut();
-                x.mark_copies()?;
-                x.open_gate(ticket)?;
+            match cuts.get(s) {
+                None => break,
+                Some((_, Cut::Routing(n))) => {
+                    let (il, batch, reads) = self.gate_reads.pop_front().expect("queued above");
+                    assert_eq!(il, n.il, "gated stops out of order");
+                    // Waits for the piece before the stop (the GPU's work) and its reads: not a
+                    // stop's own time, which counts from here as the hook path's does (from its
+                    // callback).
+                    self.parts[0].xfer.wait_batch(batch)?;
+                    let t0 = Instant::now();
+                    let routing = self.take_reads(n, n_tokens, &reads)?;
+                    let join_next =
+                        matches!(cuts.get(s + 1), Some((_, Cut::Join(j))) if *j == n.il);
+                    self.gate_ticket = Some(ticket);
+                    self.gate_join_cut = join_next;
+                    self.routed(n, n_tokens, &routing)?;
+                    self.gate_join_cut = false;
+                    let x = self.parts[0].xfer.as_mut();
+                    if self.gate_ticket.take().is_some() {
+                        // Slot mode opens the gate itself; should a stop not have, open it here.
+                        x.mark_copies()?;
+                        x.open_gate(ticket)?;
+                    }
+                    if join_next && self.cpu.as_ref().and_then(|c| c.pending()) != Some(n.il) {
+                        // No CPU job in this layer: the join's gate opens with the stop's.
+                        x.open_gate(ticket + 1)?;
+                    }
+                    self.count_stop(t0);
+                }
+                Some((_, Cut::Join(il))) => {
+                    if self.cpu.as_ref().and_then(|c| c.pending()) == Some(*il) {
+                        let t0 = Instant::now();
+                        self.on_gpu_out(*il, n_tokens)?;
+                        self.parts[0].xfer.open_gate(ticket)?;
+                        self.count_stop(t0);
+                    }
+                }
             }
-            self.count_stop(t0);
         }
         Ok(())
     }

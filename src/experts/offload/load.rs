@@ -188,6 +188,7 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             gate_ticket: None,
+            gate_join_cut: false,
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),
             cpu_ok,

@@ -148,8 +148,10 @@ pub struct Offload {
     miss: MissModel,
     /// Gated decode (`gated`): the ticket the current stop opens the gate to, the next
     /// ticket not yet handed out, and the stops whose routing reads are queued (layer, read
-    /// batch, what was read where), oldest first.
+    /// batch, what was read where), oldest first; whether the current stop's layer joins its
+    /// CPU share at a cut of its own (else the stop joins it before it opens the gate).
     gate_ticket: Option<u64>,
+    gate_join_cut: bool,
     gate_next: u64,
     gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
 }
