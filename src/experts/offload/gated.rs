@@ -4,18 +4,24 @@
 //! then lets the scheduler launch the graph's next piece: on the H200 the launch of a piece
 //! (a CUDA graph of ~30 nodes) costs ~40 us of host time, during which the GPU has nothing to
 //! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
-//! Here the host cuts the graph at the routing stops itself and queues each piece one stop
+//! Here the host cuts the graph at the routing stops itself and queues the pieces one stop
 //! ahead, behind a gate on the device ([`Transfer::close_gate`]): while the GPU computes piece
 //! `s`, the host launches piece `s + 1`, which waits. At stop `s` the host waits only for that
 //! stop's routing reads (queued on the read stream behind an event after piece `s`), plans,
 //! queues the miss copies and the control on the copy stream, and opens the gate to `s + 1`
-//! behind them; prefetches for the next layer follow the open and do not hold the GPU. A layer
-//! whose misses went to the CPU channel joins the CPU's share before it opens the gate (the
-//! piece behind it adds the share), so there is no second stop.
+//! behind them; prefetches for the next layer follow the open and do not hold the GPU. The graph
+//! is also cut after each layer's GPU experts where the CPU channel's share joins (in the layers
+//! the channel may serve): a layer with a CPU job opens the gate to its GPU experts at the
+//! routing stop, so they run beside the job, and its join opens the rest once the share is
+//! written; a layer without one opens both at the stop. (Joining the job at the routing stop,
+//! before the open, left the GPU idle through every job: at uniform routing the planner then
+//! priced the CPU out, 30% of misses against the hook path's 75%, and the step lost 7%,
+//! docs/bench-h200.md 2026-12-05; `POCKETMOE_GATED_JOIN=0` keeps that cut for an A/B.)
 //!
 //! Invariants:
-//! - Piece `c > 0` waits for ticket `base + c`; stop `s` opens ticket `base + s + 1`. Tickets
-//!   only grow, step after step. On any error every ticket of the step is opened before the
+//! - Piece `c > 0` waits for ticket `base + c`; cut `s` opens ticket `base + s + 1` (a routing
+//!   stop whose layer has no CPU job opens `base + s + 2`, its join's, at once). A gate passes
+//!   at any ticket at least its own; tickets only grow, step after step. On any error every ticket of the step is opened before the
 //!   step waits for the device, so nothing queued waits for ever.
 //! - Nothing a queued piece reads is written on the compute stream after the piece was queued
 //!   (the slot and control writes go on the copy stream, before the open).
