@@ -36,12 +36,20 @@ use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
 
-/// Whether a gated step cuts the graph at the CPU channel's joins too (the default), so a
-/// layer's GPU experts run beside its CPU job; `POCKETMOE_GATED_JOIN=0`: the stop joins the job
-/// before it opens the gate (the GPU idles through the job), for an A/B on the device.
-fn join_cuts() -> bool {
-    static JOIN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *JOIN.get_or_init(|| std::env::var("POCKETMOE_GATED_JOIN").map_or(true, |v| v != "0"))
+/// Where a gated step cuts the graph at the CPU channel's joins (so a layer's GPU experts run
+/// beside its CPU job): `POCKETMOE_GATED_JOIN` = 1 at every join (the default), 2 only in the
+/// layers that had a CPU job in the step before (fewer pieces to launch where jobs are rare),
+/// 0 at none (the routing stop joins the job before it opens the gate, and the GPU idles
+/// through it), for an A/B on the device.
+fn join_cuts() -> u8 {
+    static JOIN: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *JOIN.get_or_init(|| {
+        std::env::var("POCKETMOE_GATED_JOIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v <= 2)
+            .unwrap_or(1)
+    })
 }
 
 /// Where a gated step's graph is cut: after a layer's routing (a stop: read, plan, open), or
@@ -52,17 +60,21 @@ enum Cut {
     Join(usize),
 }
 
-/// The cuts of a step's graph in compute order: (node index, cut).
-fn cuts(nodes: &GraphNodes) -> Vec<(usize, Cut)> {
+/// The cuts of a step's graph in compute order: (node index, cut); `recent[il]`: whether layer
+/// `il` had a CPU job in the step before.
+fn cuts(nodes: &GraphNodes, recent: &[bool]) -> Vec<(usize, Cut)> {
     let mut cuts: Vec<(usize, Cut)> = nodes
         .routing
         .iter()
         .map(|&(i, r)| (i, Cut::Routing(r)))
         .collect();
-    if join_cuts() {
-        cuts.extend(nodes.joins.iter().map(|&(i, il)| (i, Cut::Join(il))));
-        cuts.sort_by_key(|c| c.0);
-    }
+    let mode = join_cuts();
+    let joins = nodes
+        .joins
+        .iter()
+        .filter(|&&(_, il)| mode == 1 || (mode == 2 && recent[il]));
+    cuts.extend(joins.map(|&(i, il)| (i, Cut::Join(il))));
+    cuts.sort_by_key(|c| c.0);
     cuts
 }
 
@@ -115,7 +127,8 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
-        let cuts = cuts(nodes);
+        // (`cpu_dirty`: the layer's CPU-result tensor holds the last step's share.)
+        let cuts = cuts(nodes, &self.cpu_dirty);
         let n_pieces = cuts.len() + 1;
         let base = self.gate_next;
         self.gate_next += n_pieces as u64;
