@@ -17,6 +17,7 @@ mod common;
 use common::argmax;
 use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
 use pocketmoe::engine::{Engine, EngineError, EngineOptions};
+use pocketmoe::experts::Gated;
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::PathBuf;
 
@@ -415,7 +416,7 @@ fn offloaded_batch_decode_matches_resident() {
         offload_bandwidths: cpu.then_some((1e9, 1e12)),
         cpu_experts: cpu,
         // The eval-hook path whatever POCKETMOE_GATED says (the gated one is loaded below).
-        gated_decode: false,
+        gated_decode: Gated::Off,
         ..Default::default()
     };
     let prompts: Vec<Vec<u32>> = (0..12u32)
@@ -492,7 +493,7 @@ fn offloaded_batch_decode_matches_resident() {
         // fuse across the hook path's CPU-join stop, where the gated graph has no cut, and a
         // reordered sum can flip a near-tied choice, so the bound of the CPU-channel case above.
         let gated_opts = EngineOptions {
-            gated_decode: true,
+            gated_decode: Gated::Always,
             ..opts(Some(budget), cpu)
         };
         let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();

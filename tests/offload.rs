@@ -10,6 +10,7 @@ mod common;
 use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
+use pocketmoe::experts::Gated;
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::{Path, PathBuf};
 
@@ -336,7 +337,7 @@ fn gated_decode_equals_the_eval_hook_path() {
             let load = |gated: bool| {
                 let opts = EngineOptions {
                     offload_bandwidths: Some(bw),
-                    gated_decode: gated,
+                    gated_decode: if gated { Gated::Always } else { Gated::Off },
                     ..small(Some(budget(slots as usize)))
                 };
                 Engine::load(&path, opts, &|_, _| {}).unwrap()

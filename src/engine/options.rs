@@ -104,9 +104,9 @@ pub struct EngineOptions {
     pub slack_control: bool,
     /// Offloading on one GPU: decode steps run gated (`experts::offload::gated`: the graph's
     /// pieces queued a stop ahead, behind a gate on the device, so a stop does not wait for the
-    /// next piece's launch). Off by default until measured on a GPU; `POCKETMOE_GATED=1` turns
-    /// it on in the default options.
-    pub gated_decode: bool,
+    /// next piece's launch). Default auto: on CUDA while the CPU channel is seldom used
+    /// (`Gated::AUTO_MAX_JOBS`, measured); `POCKETMOE_GATED=1` always, `=0` never.
+    pub gated_decode: crate::experts::Gated,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
@@ -141,7 +141,7 @@ impl Default for EngineOptions {
             miss_balance: true,
             cpu_spin: switch_on("POCKETMOE_CPU_SPIN"),
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
-            gated_decode: std::env::var("POCKETMOE_GATED").is_ok_and(|v| v == "1"),
+            gated_decode: crate::experts::Gated::from_env(),
             repack: true,
         }
     }

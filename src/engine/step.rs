@@ -123,7 +123,7 @@ impl Engine {
     /// embedding rows as an input ([`Engine::embedding_rows`]), so no piece of it runs on the CPU.
     pub(super) fn gated_shape(&self, n: usize) -> bool {
         let slots = self.offload.as_ref().map(|o| o.mode(n)) == Some(crate::experts::Mode::Slots);
-        self.opts.gated_decode
+        self.offload.as_ref().is_some_and(|o| o.gating_wanted())
             && n <= MAX_SLOT_TOKENS
             && self.split.is_none()
             && slots

@@ -78,7 +78,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         balance: true,
         cpu_spin: false,
         slack_control: false,
-        gated: false,
+        gated: crate::experts::Gated::Off,
     };
     let mut off = Offload::load(
         &file,

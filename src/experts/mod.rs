@@ -7,7 +7,7 @@ pub mod cache;
 pub mod offload;
 pub mod policy;
 pub mod transfer;
-pub use offload::{Mode, Offload, OffloadOptions, StepHook};
+pub use offload::{Gated, Mode, Offload, OffloadOptions, StepHook};
 pub mod cpu;
 pub mod mats;
 pub mod options;

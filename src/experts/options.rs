@@ -25,9 +25,38 @@ pub struct OffloadOptions {
     /// Where a GPU runs the step: the slack controller corrects the CPU channel's start cost
     /// (`MissModel::observe`, docs/design.md §4.5).
     pub slack_control: bool,
-    /// Decode steps on one device run gated where its copy engine can gate
+    /// Whether decode steps on one device run gated where its copy engine can gate
     /// (`offload::gated`).
-    pub gated: bool,
+    pub gated: Gated,
+}
+
+/// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or
+/// (the default) on a device that queues compute ahead (CUDA) while the CPU channel is seldom
+/// used (see [`Gated::AUTO_MAX_JOBS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gated {
+    Off,
+    Auto,
+    Always,
+}
+
+impl Gated {
+    /// Auto: the most CPU jobs per offloaded layer (a moving average over steps) at which steps
+    /// still run gated. Measured on the H200 (docs/bench-h200.md, 2026-12-05, build 8df8422,
+    /// whose gated step joined the CPU's job before the GPU's experts): with 0.01-0.02 jobs a
+    /// layer (calibrated routing) gated decode was 21-29% faster than the eval-hook path; with
+    /// 0.35-0.9 (uniform routing, where the hook path gives the CPU 75% of misses) 7% slower.
+    /// An eighth lies between the two, well clear of both.
+    pub const AUTO_MAX_JOBS: f64 = 0.125;
+
+    /// From `POCKETMOE_GATED`: `1` always, `0` never, else auto.
+    pub fn from_env() -> Self {
+        match std::env::var("POCKETMOE_GATED").as_deref() {
+            Ok("1") => Gated::Always,
+            Ok("0") => Gated::Off,
+            _ => Gated::Auto,
+        }
+    }
 }
 
 /// How a micro-batch's routed experts run (chosen when its graph is built).

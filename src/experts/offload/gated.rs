@@ -109,12 +109,28 @@ impl Offload {
                 .flat_map(|l| l.mats.iter().flatten())
                 .all(|m| m.ty.is_quantized())
         };
-        self.opts.gated
+        let wanted = match self.opts.gated {
+            Gated::Off => false,
+            Gated::Always => true,
+            Gated::Auto => part.xfer.queues_ahead() && self.job_rate <= Gated::AUTO_MAX_JOBS,
+        };
+        wanted
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
             && part.xfer.can_gate()
             && (!part.xfer.queues_ahead() || quantised())
+    }
+
+    /// Whether a gated graph could gain here: never with gating off; with it on always; auto
+    /// only on one device that queues compute ahead (on the CPU nothing is queued ahead, so
+    /// there is nothing to gain).
+    pub fn gating_wanted(&self) -> bool {
+        match self.opts.gated {
+            Gated::Off => false,
+            Gated::Always => true,
+            Gated::Auto => self.parts.len() == 1 && self.parts[0].xfer.queues_ahead(),
+        }
     }
 
     /// Computes an allocated step graph gated (see the module's doc); returns once the device

@@ -189,6 +189,8 @@ impl Offload {
             cpu_dirty: vec![false; n_layer],
             gate_ticket: None,
             gate_join_cut: false,
+            job_rate: 0.0,
+            jobs_seen: 0,
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),
             cpu_ok,

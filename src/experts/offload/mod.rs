@@ -31,7 +31,7 @@ mod staging;
 mod tensors;
 
 pub use super::mats::{ExpertMat, MATS};
-pub use super::options::{Mode, OffloadOptions};
+pub use super::options::{Gated, Mode, OffloadOptions};
 pub use hook::StepHook;
 pub use miss::MissModel;
 pub use readback::predicted_experts;
@@ -152,6 +152,10 @@ pub struct Offload {
     /// CPU share at a cut of its own (else the stop joins it before it opens the gate).
     gate_ticket: Option<u64>,
     gate_join_cut: bool,
+    /// CPU jobs per offloaded layer and step, a moving average (`Gated::Auto` reads it), and
+    /// the jobs counted when it was last updated.
+    job_rate: f64,
+    jobs_seen: u64,
     gate_next: u64,
     gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
 }
