@@ -308,16 +308,15 @@ fn offloaded_equals_resident_on_every_built_arch() {
     }
 }
 
-/// Gated decode (`experts::offload::gated`: the step's graph cut at the routing stops and the
-/// CPU channel's joins and queued a stop ahead behind gates; the CPU's share added behind the
-/// join's gate while the GPU's experts run beside the job) computes
+/// Gated decode (`experts::offload::gated`: the step's graph cut at the routing stops and queued
+/// a stop ahead behind a gate; the CPU channel's share joined within the routing stop) computes
 /// what the eval-hook path computes, on every built arch, with the CPU channel taking misses and
 /// with every miss copied: on the CPU build bit for bit where the channel is not used (the same
 /// kernels on the same inputs; the cut only changes when the host does its part), and within
-/// the CPU channel's bound where it is (see below). On a GPU, ggml-cuda may fuse across a cut
-/// one path makes and the other not (the hook path cuts at a join only in a layer with a CPU
-/// job), which reorders a few sums: cosine >= 0.99999 there, the bound the resident comparison
-/// uses, and where the CPU channel is used that of `check_arch` (see below).
+/// the CPU channel's bound where it is (see below). On a GPU, ggml-cuda may fuse across the
+/// hook path's second stop (the CPU join) where the gated graph has no cut, which reorders a
+/// few sums: cosine >= 0.99999 there, the bound the resident comparison uses, and where the CPU
+/// channel is used that of `check_arch` (see below).
 #[test]
 fn gated_decode_equals_the_eval_hook_path() {
     for arch in pocketmoe::arch::built() {
@@ -469,15 +468,8 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
             let d = eng.offload_stats().unwrap().since(&before);
             let joins = d.layers.iter().filter(|l| l.cpu > 0).count() as u64;
             cpu_joins += joins;
-            // A gated step stops at the join too (its graph is cut there), unless
-            // POCKETMOE_GATED_JOIN=0 has the routing stop join the CPU's share itself.
-            let joins_in_routing_stop =
-                std::env::var("POCKETMOE_GATED_JOIN").is_ok_and(|v| v == "0");
-            let second = if d.gated_steps == 1 && joins_in_routing_stop {
-                0
-            } else {
-                joins
-            };
+            // A gated step joins the CPU's share within the routing stop.
+            let second = if d.gated_steps == 1 { 0 } else { joins };
             assert_eq!(d.stops, n_moe + second, "{slots} slots: step {t}: {d:?}");
         }
         // The CPU-heavy cost model must have used the channel, the PCIe-heavy one not.
@@ -592,4 +584,25 @@ fn plan_names_what_is_where() {
         "{p}"
     );
     assert!(p.contains("page-locked host memory"), "{p}");
+}
+
+/// `Gated::Auto` (the default) gates only on a device that queues compute ahead: on the CPU,
+/// which computes a piece as it is queued, there is nothing to hide, so no step runs gated,
+/// while `Gated::Always` gates the same decode (so the first assertion is not vacuous).
+#[test]
+fn auto_gating_leaves_the_cpu_on_the_hook_path() {
+    let path = tiny("qwen3moe");
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 3 + 1) % 200).collect();
+    let need = budget_floor(&path, small(None));
+    let gated_steps = |gated: Gated| {
+        let opts = EngineOptions {
+            gated_decode: gated,
+            ..small(Some(need + (need / 4)))
+        };
+        let mut eng = Engine::load(&path, opts, &|_, _| {}).unwrap();
+        run(&mut eng, &prompt, None);
+        eng.offload_stats().unwrap().gated_steps
+    };
+    assert_eq!(gated_steps(Gated::Auto), 0, "auto gated on the CPU");
+    assert!(gated_steps(Gated::Always) >= 8, "always did not gate");
 }

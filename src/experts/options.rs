@@ -42,8 +42,8 @@ pub enum Gated {
 
 impl Gated {
     /// Auto: the most CPU jobs per offloaded layer (a moving average over steps) at which steps
-    /// still run gated. Measured on the H200 (docs/bench-h200.md, 2026-12-05, build 8df8422,
-    /// whose gated step joined the CPU's job before the GPU's experts): with 0.01-0.02 jobs a
+    /// still run gated. Measured on the H200 (docs/bench-h200.md, 2026-12-05, build 8df8422; a
+    /// gated step joins the CPU's job before its GPU experts run): with 0.01-0.02 jobs a
     /// layer (calibrated routing) gated decode was 21-29% faster than the eval-hook path; with
     /// 0.35-0.9 (uniform routing, where the hook path gives the CPU 75% of misses) 7% slower.
     /// An eighth lies between the two, well clear of both.

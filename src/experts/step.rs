@@ -47,9 +47,6 @@ pub struct GraphNodes {
     pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
     /// The routing stops in the order the graph computes them: (node index, layer).
     pub(super) routing: Vec<(usize, Resolved)>,
-    /// The CPU channel's joins (after a layer's GPU experts) in compute order: (node index,
-    /// layer). A gated step cuts the graph there too (`offload::gated`).
-    pub(super) joins: Vec<(usize, usize)>,
     /// Whether the graph may run gated (`offload::gated`): the engine allocated it with every
     /// input on the one GPU and the scheduler made no copies.
     pub gateable: bool,
@@ -103,18 +100,15 @@ impl GraphNodes {
             }
         }
         let graph = g.graph();
-        let (mut routing, mut joins) = (Vec::new(), Vec::new());
-        for i in 0..graph.n_nodes() {
-            match by_anchor.get(&graph.node(i).id()) {
-                Some((Stop::Routing, r)) => routing.push((i, *r)),
-                Some((Stop::GpuOut, r)) => joins.push((i, r.il)),
-                None => {}
-            }
-        }
+        let routing = (0..graph.n_nodes())
+            .filter_map(|i| match by_anchor.get(&graph.node(i).id()) {
+                Some((Stop::Routing, r)) => Some((i, *r)),
+                _ => None,
+            })
+            .collect();
         Self {
             by_anchor,
             routing,
-            joins,
             gateable: false,
             runs: std::cell::Cell::new(0),
         }

@@ -188,8 +188,9 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             gate_ticket: None,
-            gate_join_cut: false,
-            job_rate: 0.0,
+            // Starts as if every layer had a job: a process takes the hook path until its
+            // steps have shown the CPU channel seldom used (see `Gated::AUTO_MAX_JOBS`).
+            job_rate: 1.0,
             jobs_seen: 0,
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),

@@ -148,10 +148,8 @@ pub struct Offload {
     miss: MissModel,
     /// Gated decode (`gated`): the ticket the current stop opens the gate to, the next
     /// ticket not yet handed out, and the stops whose routing reads are queued (layer, read
-    /// batch, what was read where), oldest first; whether the current stop's layer joins its
-    /// CPU share at a cut of its own (else the stop joins it before it opens the gate).
+    /// batch, what was read where), oldest first.
     gate_ticket: Option<u64>,
-    gate_join_cut: bool,
     /// CPU jobs per offloaded layer and step, a moving average (`Gated::Auto` reads it), and
     /// the jobs counted when it was last updated.
     job_rate: f64,

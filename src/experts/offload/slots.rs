@@ -176,24 +176,21 @@ impl Offload {
                 ctl.mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
             }
         }
-        // Gated, a CPU job of this layer joins before the gate opens (the graph queued behind
-        // it adds the share), unless the graph is cut at the join too (`gated`): then the GPU's
-        // experts run beside the job and the join cut opens the rest.
-        let join_here = !on_cpu.is_empty() && !self.gate_join_cut;
         if let Some(ticket) = gate {
             let (ids_at, mask_at) = (ctl.ids.data_addr(), ctl.mask.data_addr());
             let xfer = self.xfer(il);
             xfer.copy(ids_at, lay.ctl, 4 * n)?;
             xfer.copy(mask_at, lay.ctl + 4 * n, 4 * n)?;
             xfer.mark_copies()?;
-            if !join_here {
+            if on_cpu.is_empty() {
                 xfer.open_gate(ticket)?;
             }
         }
         if !routing.pred.is_empty() {
             self.prefetch_after(il, &routing.pred)?;
         }
-        if let (Some(ticket), true) = (gate, join_here) {
+        if let (Some(ticket), false) = (gate, on_cpu.is_empty()) {
+            // The CPU's share joins before the gate opens: the graph queued behind it adds it.
             self.on_gpu_out(il, n_tokens)?;
             self.xfer(il).open_gate(ticket)?;
         }
