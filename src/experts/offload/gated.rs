@@ -62,12 +62,10 @@ impl Offload {
                 .flat_map(|l| l.mats.iter().flatten())
                 .all(|m| m.ty.is_quantized())
         };
-        let wanted = match self.opts.gated {
-            Gated::Off => false,
-            Gated::Always => true,
-            Gated::Auto => part.xfer.queues_ahead() && self.job_rate <= Gated::AUTO_MAX_JOBS,
-        };
-        wanted
+        // Auto: only while the CPU channel is seldom used (a gated stop waits through a job).
+        let seldom = self.opts.gated != Gated::Auto || self.job_rate <= Gated::AUTO_MAX_JOBS;
+        self.gating_wanted()
+            && seldom
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
