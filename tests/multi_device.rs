@@ -497,6 +497,157 @@ fn offloaded_layer_split_is_bit_identical_on_every_built_arch() {
     }
 }
 
+/// Expert parallelism (`--split-mode expert`, `EngineOptions::expert_parallel`) over two CPU
+/// stand-ins: the layer split for the dense weights, and every device caching and computing a
+/// share of every offloaded layer's routed experts (expert `e` on device `e % 2`), each share
+/// with its own slots (device 0 exactly one token's k picks, device 1 its whole share), against
+/// the single-device resident engine.
+///
+/// The logits are not bit-identical: a layer's output is the sum of the two devices' partial
+/// sums (each over its own picks, the other device's weighing 0) instead of one sum in pick
+/// order, the reordering [`CPU_CHANNEL_MAX_DIFF`] bounds (the same rule: at most one position
+/// beyond it, cosine >= 0.99999). A device that computed a pick it does not own (a wrong mask),
+/// read another's slots or lost a share would move the logits by far more. Also checked: the
+/// expert FFN of a layer on device 0 ran its share on device 1 (the `@1` nodes), each device's
+/// counters saw hits and misses of its own share, and each copied bytes to its own cache.
+fn check_expert_parallel(arch: &str) {
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
+    let base = EngineOptions {
+        device: dev(),
+        n_ctx: 64,
+        n_threads: 2,
+        n_ubatch: 8,
+        tensor_split: vec![1.0, 1.0],
+        repack: false,
+        ..Default::default()
+    };
+    let mut one = Engine::load(&path, base.clone(), &|_, _| {}).unwrap();
+    if one.hp.n_expert == 0 {
+        return;
+    }
+    let (want, want_tokens) = run(&mut one);
+    drop(one);
+    let ep = EngineOptions {
+        expert_parallel: true,
+        ..base.clone()
+    };
+    let floors = split_floors(&path, 2, &ep);
+    let probe = Engine::load(
+        &path,
+        EngineOptions {
+            devices: vec![dev(); 2],
+            gpu_mems: floors.clone(),
+            ..ep.clone()
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    let (n_expert, k) = (probe.hp.n_expert as usize, probe.hp.n_expert_used as usize);
+    let share1 = (1..n_expert).step_by(2).count();
+    let want_slots = [k, share1];
+    let budgets: Vec<u64> = (0..2)
+        .map(|d| floors[d] + probe.expert_cache_bytes_on(d, want_slots[d]).unwrap())
+        .collect();
+    let plan = probe.layer_plan().unwrap().clone();
+    drop(probe);
+    for cpu_channel in [false, true] {
+        let case = if cpu_channel {
+            "CPU channel"
+        } else {
+            "no CPU channel"
+        };
+        let mut eng = Engine::load(
+            &path,
+            EngineOptions {
+                devices: vec![dev(); 2],
+                gpu_mems: budgets.clone(),
+                cpu_experts: cpu_channel,
+                offload_bandwidths: cpu_channel.then_some((1e9, 1e12)),
+                ..ep.clone()
+            },
+            &|_, _| {},
+        )
+        .unwrap();
+        for (d, &slots) in want_slots.iter().enumerate() {
+            assert_eq!(
+                eng.expert_slots_on(d),
+                Some(slots),
+                "{arch}: device {d}'s slots"
+            );
+        }
+        let text = eng.plan();
+        assert!(text.contains("e mod 2 = 1"), "{arch}: {text}");
+        let (got, got_tokens) = run(&mut eng);
+        let mut over = Vec::new();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (d, c) = (common::max_abs_diff(g, w), common::cosine(g, w));
+            if d > CPU_CHANNEL_MAX_DIFF {
+                over.push((i, d, c));
+            }
+        }
+        assert!(
+            over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
+            "{arch}, {case}: rows (row, max |d|, cosine) beyond {CPU_CHANNEL_MAX_DIFF:e}: {over:?}"
+        );
+        assert_eq!(got_tokens, want_tokens, "{arch}, {case}");
+        // The last decode step's graph: a MoE layer ran its two shares on their own devices
+        // (one of them not the layer's device).
+        let il0 = (0..eng.hp.n_layer_decode())
+            .rev()
+            .find(|il| {
+                eng.node_backend(&format!("ffn_moe_weighted-{il}@0"))
+                    .is_some()
+            })
+            .unwrap_or_else(|| panic!("{arch}: no MoE layer ran tagged shares"));
+        for d in 0..2 {
+            assert_eq!(
+                eng.node_backend(&format!("ffn_moe_weighted-{il0}@{d}")),
+                Some(d),
+                "{arch}, {case}: layer {il0}'s share {d}"
+            );
+        }
+        let stats = eng.offload_stats().unwrap();
+        let devs = stats.devices();
+        assert_eq!(devs.len(), 2, "{arch}: per-device counters");
+        for (d, ds) in devs.iter().enumerate() {
+            // (Device 1 caches its whole share: once warm, its picks hit, unless the CPU-heavy
+            // cost model sent every miss to the CPU.)
+            assert!(
+                ds.misses > 0 && (d == 0 || cpu_channel || ds.hits > 0),
+                "{arch}, {case}: device {d}: {ds:?}"
+            );
+            assert!(
+                cpu_channel || ds.h2d_bytes > 0,
+                "{arch}, {case}: device {d} copied nothing: {ds:?}"
+            );
+            assert!(
+                cpu_channel || ds.cpu == 0,
+                "{arch}, {case}: device {d}: {ds:?}"
+            );
+        }
+        assert_eq!(stats.cpu_share() > 0.0, cpu_channel, "{arch}, {case}");
+        eprintln!(
+            "{arch}: blocks {:?}, experts over 2 devices (slots {want_slots:?}), {case}: within the bound; {}",
+            plan.blocks,
+            stats
+                .summary()
+                .lines()
+                .rev()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+}
+
+/// Every architecture with a graph and routed experts.
+#[test]
+fn expert_parallel_split_matches_resident_on_every_built_arch() {
+    for arch in pocketmoe::arch::built() {
+        check_expert_parallel(arch.spec.name);
+    }
+}
+
 /// Tensor parallelism (`--split-mode tensor`, `engine::tensor_split`) over `n_dev` CPU stand-ins
 /// against one device, on `arch`'s tiny model: every block's weights sliced over the devices
 /// (a meta backend's memory), logits within `TP_MAX_DIFF` of one device's at every prompt

@@ -366,9 +366,10 @@ struct LlamaServerArgs {
     /// Device list: use --gpu N / --cpu here (a note says so).
     #[arg(long, value_name = "LIST")]
     device: Option<String>,
-    /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU), `tensor`
-    /// (alias `row`: every weight cut across the GPUs, resident models only) or `none` (the
-    /// first GPU only).
+    /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU, each caching
+    /// its blocks' experts when offloading), `expert` (ours: the layer split, but every GPU
+    /// caches and computes a share of every layer's routed experts), `tensor` (alias `row`:
+    /// every weight cut across the GPUs, resident models only) or `none` (the first GPU only).
     #[arg(long, value_name = "MODE")]
     split_mode: Option<String>,
     /// With several GPUs (--gpu 0,1): each one's share of the blocks (e.g. 3,1; default: in
@@ -813,6 +814,7 @@ fn run(args: Args) -> Result<i32> {
         devices: choice.devices,
         tensor_split: choice.tensor_split,
         split_tensors: choice.tensors,
+        expert_parallel: choice.experts,
         n_threads: args.threads,
         n_ubatch: args.batch,
         gpu_mem: pocketmoe::cli::budgets_for(&args.gpu_mem).0,

@@ -205,6 +205,9 @@ pub struct SplitChoice {
     pub tensor_split: Vec<f64>,
     /// `EngineOptions::split_tensors`: tensor parallelism instead of the layer split.
     pub tensors: bool,
+    /// `EngineOptions::expert_parallel`: the layer split with the routed experts placed by
+    /// expert id over every device (`-sm expert`).
+    pub experts: bool,
     /// A note to print where an option has no effect.
     pub note: Option<String>,
 }
@@ -212,7 +215,8 @@ pub struct SplitChoice {
 /// The devices and split a command line asks for: `--gpu 0,1` (several GPUs), llama.cpp's
 /// `-sm/--split-mode` (`layer`, the default with several GPUs: whole blocks per GPU,
 /// `engine::split`; `tensor`, alias `row`: every weight cut across the GPUs,
-/// `engine::tensor_split`; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's
+/// `engine::tensor_split`; `expert`, ours: the layer split with every device caching a share of
+/// every layer's routed experts, `EngineOptions::expert_parallel`; `none`: the first GPU only) and `-ts/--tensor-split` (each GPU's
 /// share of the blocks, or of every cut dimension; `3,1` or `3/1`). Refused: `graph`
 /// (ik_llama.cpp's mode, not built), an unknown mode, a bad share.
 pub fn split_for(
@@ -221,15 +225,18 @@ pub fn split_for(
     tensor_split: Option<&str>,
 ) -> anyhow::Result<SplitChoice> {
     use crate::engine::Device;
-    let (several, tensors) = match split_mode.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("layer") => (true, false),
-        Some("tensor" | "row") => (true, true),
-        Some("none") => (false, false),
+    let (several, tensors, experts) = match split_mode.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("layer") => (true, false, false),
+        Some("tensor" | "row") => (true, true, false),
+        Some("expert") => (true, false, true),
+        Some("none") => (false, false, false),
         Some("graph") => anyhow::bail!(
             "-sm graph (ik_llama.cpp's split) is not built; -sm tensor cuts every weight \
              across the GPUs, -sm layer (the default with --gpu 0,1,...) splits whole blocks"
         ),
-        Some(m) => anyhow::bail!("-sm {m}: unknown split mode (layer, tensor or row, none)"),
+        Some(m) => {
+            anyhow::bail!("-sm {m}: unknown split mode (layer, tensor or row, expert, none)")
+        }
     };
     let ts = match tensor_split {
         None => Vec::new(),
@@ -248,6 +255,7 @@ pub fn split_for(
             devices,
             tensor_split: ts,
             tensors,
+            experts,
             note: None,
         });
     }
@@ -257,6 +265,9 @@ pub fn split_for(
     }
     if tensors {
         notes.push("-sm tensor");
+    }
+    if experts {
+        notes.push("-sm expert");
     }
     let note = (!notes.is_empty() && gpus.len() <= 1).then(|| {
         format!(
@@ -268,6 +279,7 @@ pub fn split_for(
         devices: Vec::new(),
         tensor_split: Vec::new(),
         tensors: false,
+        experts: false,
         note,
     })
 }
@@ -405,6 +417,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not built"), "{e}");
+        // Expert parallelism: the layer split, every GPU caching a share of every layer's
+        // experts; with one GPU no effect, said.
+        let c = split_for(&[0, 1], Some("expert"), None).unwrap();
+        assert!(c.experts && !c.tensors && c.devices.len() == 2);
+        let c = split_for(&[0], Some("expert"), None).unwrap();
+        assert!(!c.experts && c.note.unwrap().contains("-sm expert"));
         assert!(split_for(&[0, 1], Some("diagonal"), None).is_err());
         assert!(split_for(&[0, 1], None, Some("3,x")).is_err());
     }

@@ -56,9 +56,11 @@ pub struct RunArgs {
     /// cuts equal).
     #[arg(long = "tensor-split", value_name = "LIST")]
     pub tensor_split: Option<String>,
-    /// With several GPUs: `layer` (the default: whole blocks per GPU), `tensor` (alias `row`:
-    /// every weight cut across the GPUs, resident models only) or `none` (the first GPU only);
-    /// llama.cpp's `-sm`.
+    /// With several GPUs: `layer` (the default: whole blocks per GPU, each caching its blocks'
+    /// experts when offloading), `expert` (ours: the layer split, but every GPU caches and
+    /// computes a share of every layer's routed experts, so a step's misses cross every GPU's
+    /// link at once), `tensor` (alias `row`: every weight cut across the GPUs, resident models
+    /// only) or `none` (the first GPU only); llama.cpp's `-sm`.
     #[arg(long = "split-mode", value_name = "MODE")]
     pub split_mode: Option<String>,
     /// Run on the CPU even when a GPU is present.
@@ -185,6 +187,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         devices: choice.devices,
         tensor_split: choice.tensor_split,
         split_tensors: choice.tensors,
+        expert_parallel: choice.experts,
         n_threads: args.threads,
         gpu_mem: super::budgets_for(&args.gpu_mem).0,
         gpu_mems: super::budgets_for(&args.gpu_mem).1,

@@ -54,6 +54,12 @@ impl Engine {
             Vec::new()
         };
         let multi = !opts.devices.is_empty();
+        if opts.expert_parallel && opts.split_tensors {
+            return Err(EngineError::Devices(
+                "expert parallelism (--split-mode expert) runs over the layer split; the tensor                  split (--split-mode tensor) cuts every expert across the devices instead:                  choose one"
+                    .into(),
+            ));
+        }
         // Tensor parallelism: one meta backend over the devices (`tensor_split`), which the rest
         // of the engine sees as one device; no layer split.
         let meta = if multi && opts.split_tensors {
@@ -243,6 +249,7 @@ impl Engine {
                 cpu_spin: opts.cpu_spin,
                 slack_control: opts.slack_control,
                 gated: opts.gated_decode,
+                expert_parallel: opts.expert_parallel && split.is_some(),
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {
                         0 => std::thread::available_parallelism()

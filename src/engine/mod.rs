@@ -350,9 +350,18 @@ impl Engine {
             );
             if let Some(off) = self.offload.as_ref().filter(|o| o.slot_bytes_on(k) > 0) {
                 let n = off.n_slots_on(k);
+                let of = if off.expert_parallel() {
+                    // Its share of every layer's experts (expert e on device e mod n).
+                    let share = (k..self.hp.n_expert as usize).step_by(off.shares()).count();
+                    format!(
+                        "of its {share} (experts e with e mod {} = {k}) in every MoE layer",
+                        off.shares()
+                    )
+                } else {
+                    format!("of {}", self.hp.n_expert)
+                };
                 s += &format!(
-                    "; expert cache {n} slots per layer of {} ({:.0}%), {}",
-                    self.hp.n_expert,
+                    "; expert cache {n} slots per layer {of} ({:.0}%), {}",
                     100.0 * n as f64 / self.hp.n_expert.max(1) as f64,
                     gib(off.slots_alloc_bytes_on(k, n) as u64)
                 );

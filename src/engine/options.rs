@@ -71,6 +71,13 @@ pub struct EngineOptions {
     /// weight cut across them (`tensor_split` then gives each device's share of every cut
     /// dimension). Resident models only.
     pub split_tensors: bool,
+    /// With several [`EngineOptions::devices`] in a layer split that offloads: expert
+    /// parallelism for the routed experts (`--split-mode expert`): every device caches and
+    /// computes a share of every offloaded layer's experts (expert `e` on device `e mod n`), so
+    /// a decode step's misses cross every device's link at once, while the dense weights keep
+    /// the layer split. `false`: each device caches its own blocks' experts. No effect on one
+    /// device or when nothing is offloaded.
+    pub expert_parallel: bool,
     pub n_ctx: usize,
     pub n_threads: usize,
     pub n_ubatch: usize,
@@ -128,6 +135,7 @@ impl Default for EngineOptions {
             devices: Vec::new(),
             tensor_split: Vec::new(),
             split_tensors: false,
+            expert_parallel: false,
             n_ctx: 4096,
             n_threads: 0,
             n_ubatch: 512,

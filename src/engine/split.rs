@@ -246,7 +246,7 @@ impl LayerPlan {
 
     /// The backend assignments of `g`'s nodes: a node named `name-il` (llama.cpp's `cb`
     /// names, [`crate::graph::GraphBuilder::cb`], views' ` (view)` suffixes ignored) runs on
-    /// block `il`'s device; an unnamed node on the device of the last named node before it
+    /// block `il`'s device, one tagged `@d` ([`tag_device`]) on device `d`; an unnamed node on the device of the last named node before it
     /// (so the embedding's nodes run on the first block's device and the head's on the last
     /// block's). Not assigned, left to the scheduler: views (no computation; they follow their
     /// source) and nodes whose memory is already allocated (writes into the KV cache, which
@@ -256,7 +256,10 @@ impl LayerPlan {
         let mut out = Vec::with_capacity(g.n_nodes());
         for i in 0..g.n_nodes() {
             let t = g.node(i);
-            if let Some(il) = block_of(&t.name()) {
+            let name = t.name();
+            if let Some(d) = device_tag(&name) {
+                cur = d;
+            } else if let Some(il) = block_of(&name) {
                 cur = self.device_of(il);
             }
             if t.is_view_op() || t.has_buffer() {
@@ -266,6 +269,17 @@ impl LayerPlan {
         }
         out
     }
+}
+
+/// `name` tagged to run on device `d` whatever its block (expert parallelism: one device's
+/// share of a layer's routed experts): `name@d`, which [`LayerPlan::assign`] reads first.
+pub fn tag_device(name: &str, d: usize) -> String {
+    format!("{name}@{d}")
+}
+
+/// The device a node's name is tagged with ([`tag_device`]).
+pub fn device_tag(name: &str) -> Option<usize> {
+    name.rsplit_once('@')?.1.parse().ok()
 }
 
 /// The block index of a graph node named `name-il` (`attn_norm-3`, `Qcur-12 (reshaped)`).
@@ -335,6 +349,19 @@ mod tests {
         assert!(LayerPlan::new(4, &[0.0, 0.0]).is_err());
         assert!(LayerPlan::new(4, &[1.0, -1.0]).is_err());
         assert!(LayerPlan::new(4, &[1.0, f64::NAN]).is_err());
+    }
+
+    #[test]
+    fn a_device_tag_wins_over_the_block() {
+        let t = tag_device("ffn_moe_down-3", 1);
+        assert_eq!(t, "ffn_moe_down-3@1");
+        assert_eq!(device_tag(&t), Some(1));
+        assert_eq!(
+            device_tag(&tag_device("ffn_moe_weighted-5 (view)", 0)),
+            Some(0)
+        );
+        assert_eq!(device_tag("ffn_moe_down-3"), None);
+        assert_eq!(device_tag(""), None);
     }
 
     #[test]

@@ -69,6 +69,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         crate::model::Hparams::from_meta(&crate::arch::qwen3moe::QWEN3MOE.spec, &file).unwrap();
     let backend = std::rc::Rc::new(Backend::cpu(1).unwrap());
     let opts = OffloadOptions {
+        expert_parallel: false,
         policy: Default::default(),
         max_slot_tokens: 1,
         n_ubatch: 1,

@@ -25,6 +25,11 @@ pub struct OffloadOptions {
     /// Where a GPU runs the step: the slack controller corrects the CPU channel's start cost
     /// (`MissModel::observe`, docs/design.md §4.5).
     pub slack_control: bool,
+    /// Expert parallelism over a layer split's devices: every device caches and computes a
+    /// share of every offloaded layer's routed experts (expert `e` on device `e % n`), so a
+    /// decode step's misses cross every device's PCIe link at once; `false`: each device
+    /// caches the experts of its own blocks.
+    pub expert_parallel: bool,
     /// Whether decode steps on one device run gated where its copy engine can gate
     /// (`offload::gated`).
     pub gated: Gated,

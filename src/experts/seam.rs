@@ -95,14 +95,35 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 let keep = ctx.cont(r.selected);
                 g.graph
                     .build_forward(g.cb(keep, "ffn_moe_topk_kept", il as i32));
-                let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m));
-                let ctl = off.ctl(il);
-                let (ids, mask) = (ctl.ids, ctl.mask);
-                let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
-                let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
-                let weights = ctx.mul(weights, mask); // [1, k, nt]
-                let t = ExpertTensors { w, biases };
-                let out = g.expert_ffn(&t, x, il, [ids; 3], r.selected, weights, opts);
+                let share = |s: usize| {
+                    let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m, s));
+                    let ctl = off.ctl(il, s);
+                    let (ids, mask) = (ctl.ids, ctl.mask);
+                    let ids = ctx.view(ids, &[k, nt], &[ids.nb()[1]], 0); // i32 [k, nt]
+                    let mask = ctx.view(mask, &[1, k, nt], &[mask.nb()[1], mask.nb()[2]], 0); // [1, k, nt]
+                    let weights = ctx.mul(weights, mask); // [1, k, nt]
+                    let weights = g.cb(weights, "ffn_moe_weights_share", il as i32);
+                    let t = ExpertTensors { w, biases };
+                    g.expert_ffn(&t, x, il, [ids; 3], r.selected, weights, opts)
+                };
+                let out = if off.expert_parallel() {
+                    // Each device computes its share of the picks on its own slots (the other
+                    // picks weigh 0 there); the layer's device adds the shares.
+                    let mut sum: Option<Tensor<'_>> = None;
+                    for s in 0..off.shares() {
+                        let before = g.graph.n_nodes();
+                        let part = share(s);
+                        g.graph.build_forward(part);
+                        on_device(g, before, off.share_device(il, s));
+                        sum = Some(match sum {
+                            None => part,
+                            Some(acc) => g.cb(ctx.add(acc, part), "ffn_moe_out_shares", il as i32),
+                        });
+                    }
+                    g.cb(sum.expect("two or more shares"), "ffn_moe_out", il as i32)
+                } else {
+                    share(0)
+                };
                 if off.cpu_enabled(il) {
                     // The CPU channel's share, written by the step hook once the GPU's is done.
                     let gpu = g.cb(out, "ffn_moe_out_gpu", il as i32);
@@ -131,6 +152,16 @@ fn predicted_logits<'a>(
 ) -> Tensor<'a> {
     let logits = g.ctx.mul_mat(g.t(g.blk(next).moe().router), x);
     g.cb(logits, name, il as i32)
+}
+
+/// Tags the graph's nodes from index `from` on (one share's expert FFN, just added) to run on
+/// device `d`: their names get the suffix `@d` (`engine::split::device_tag`), which the layer
+/// split's assignment reads before the block index.
+fn on_device(g: &GraphBuilder<'_>, from: usize, d: usize) {
+    for i in from..g.graph.n_nodes() {
+        let t = g.graph.node(i);
+        t.set_name(&crate::engine::split::tag_device(&t.name(), d));
+    }
 }
 
 /// Marks `t` a graph output (never reused by the allocator: the hook reads it) and adds it to

@@ -29,6 +29,34 @@ pub struct LayerStats {
     pub h2d_bytes: u64,
 }
 
+impl LayerStats {
+    /// Adds `o`'s counters.
+    pub fn add(&mut self, o: &LayerStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.cpu += o.cpu;
+        self.copies += o.copies;
+        self.prefetched += o.prefetched;
+        self.prefetch_used += o.prefetch_used;
+        self.predicted_used += o.predicted_used;
+        self.used += o.used;
+        self.h2d_bytes += o.h2d_bytes;
+    }
+
+    /// Subtracts `o`'s counters (an earlier snapshot of the same).
+    pub fn sub(&mut self, o: &LayerStats) {
+        self.hits -= o.hits;
+        self.misses -= o.misses;
+        self.cpu -= o.cpu;
+        self.copies -= o.copies;
+        self.prefetched -= o.prefetched;
+        self.prefetch_used -= o.prefetch_used;
+        self.predicted_used -= o.predicted_used;
+        self.used -= o.used;
+        self.h2d_bytes -= o.h2d_bytes;
+    }
+}
+
 /// The miss cost model's rates (docs/design.md §4.5): given, the defaults, or measured on the box
 /// at the first decode stop.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -68,6 +96,10 @@ pub struct Stats {
     /// device.
     #[serde(default)]
     pub layer_device: Vec<usize>,
+    /// Under expert parallelism, each device's counters over its share of every layer's
+    /// experts (decode stops: hits, misses, CPU, bytes copied to it); empty otherwise.
+    #[serde(default)]
+    pub by_share: Vec<LayerStats>,
     /// Bytes copied host -> GPU.
     pub h2d_bytes: u64,
     /// Bytes of expert weights the CPU read.
@@ -118,15 +150,7 @@ impl Stats {
     fn total_of(&self, pick: impl Fn(usize) -> bool) -> LayerStats {
         let mut t = LayerStats::default();
         for (_, l) in self.layers.iter().enumerate().filter(|(il, _)| pick(*il)) {
-            t.hits += l.hits;
-            t.misses += l.misses;
-            t.cpu += l.cpu;
-            t.copies += l.copies;
-            t.prefetched += l.prefetched;
-            t.prefetch_used += l.prefetch_used;
-            t.predicted_used += l.predicted_used;
-            t.used += l.used;
-            t.h2d_bytes += l.h2d_bytes;
+            t.add(l);
         }
         t
     }
@@ -164,25 +188,41 @@ impl Stats {
         ratio(t.predicted_used, t.used)
     }
 
-    /// Per device of a layer split (one entry on one device): its MoE layers' counters.
+    /// Adds one stop's counters per share of the experts (expert parallelism).
+    pub fn add_by_share(&mut self, by: &[LayerStats]) {
+        if self.by_share.len() < by.len() {
+            self.by_share.resize(by.len(), LayerStats::default());
+        }
+        for (t, b) in self.by_share.iter_mut().zip(by) {
+            t.add(b);
+        }
+    }
+
+    /// Per device of a layer split (one entry on one device): its MoE layers' counters; under
+    /// expert parallelism its share of every layer's experts (decode stops).
     pub fn devices(&self) -> Vec<DeviceStats> {
+        let used = |pick: &dyn Fn(usize) -> bool| {
+            (0..self.layers.len())
+                .filter(|&il| pick(il) && self.layers[il].used > 0)
+                .count()
+        };
+        let of = |t: &LayerStats, moe_layers: usize| DeviceStats {
+            moe_layers,
+            hits: t.hits,
+            misses: t.misses,
+            cpu: t.cpu,
+            hit_rate: ratio(t.hits, t.hits + t.misses),
+            own_hit_rate: ratio(t.hits.saturating_sub(t.prefetch_used), t.hits + t.misses),
+            h2d_bytes: t.h2d_bytes,
+        };
+        if !self.by_share.is_empty() {
+            let all = used(&|_| true);
+            return self.by_share.iter().map(|t| of(t, all)).collect();
+        }
         let n = self.layer_device.iter().max().map_or(1, |m| m + 1);
         let dev = |il: usize| self.layer_device.get(il).copied().unwrap_or(0);
         (0..n)
-            .map(|d| {
-                let t = self.total_of(|il| dev(il) == d);
-                DeviceStats {
-                    moe_layers: (0..self.layers.len())
-                        .filter(|&il| dev(il) == d && self.layers[il].used > 0)
-                        .count(),
-                    hits: t.hits,
-                    misses: t.misses,
-                    cpu: t.cpu,
-                    hit_rate: ratio(t.hits, t.hits + t.misses),
-                    own_hit_rate: ratio(t.hits.saturating_sub(t.prefetch_used), t.hits + t.misses),
-                    h2d_bytes: t.h2d_bytes,
-                }
-            })
+            .map(|d| of(&self.total_of(|il| dev(il) == d), used(&|il| dev(il) == d)))
             .collect()
     }
 
@@ -260,15 +300,10 @@ impl Stats {
     pub fn since(&self, earlier: &Stats) -> Stats {
         let mut d = self.clone();
         for (l, e) in d.layers.iter_mut().zip(&earlier.layers) {
-            l.hits -= e.hits;
-            l.misses -= e.misses;
-            l.cpu -= e.cpu;
-            l.copies -= e.copies;
-            l.prefetched -= e.prefetched;
-            l.prefetch_used -= e.prefetch_used;
-            l.predicted_used -= e.predicted_used;
-            l.used -= e.used;
-            l.h2d_bytes -= e.h2d_bytes;
+            l.sub(e);
+        }
+        for (l, e) in d.by_share.iter_mut().zip(&earlier.by_share) {
+            l.sub(e);
         }
         d.h2d_bytes -= earlier.h2d_bytes;
         d.cpu_bytes -= earlier.cpu_bytes;

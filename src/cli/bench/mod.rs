@@ -60,8 +60,10 @@ pub struct BenchArgs {
     /// tensor beside it).
     #[arg(long = "gpu", value_delimiter = ',', value_name = "N[,N...]")]
     pub gpus: Vec<usize>,
-    /// With several GPUs: `layer` (whole blocks per GPU, the default) or `tensor` (alias
-    /// `row`: every weight cut across the GPUs, resident budgets only); llama.cpp's `-sm`.
+    /// With several GPUs: `layer` (whole blocks per GPU, the default), `expert` (the layer
+    /// split with every GPU caching a share of every layer's routed experts, when offloading)
+    /// or `tensor` (alias `row`: every weight cut across the GPUs, resident budgets only);
+    /// llama.cpp's `-sm`.
     #[arg(long = "split-mode", value_name = "MODE", default_value = "layer")]
     pub split_mode: String,
     /// VRAM budgets, comma-separated: `resident` (the whole device) or sizes (12GiB, 8G).
@@ -298,6 +300,7 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
         repack: !args.no_repack,
         miss_balance: !args.no_miss_balance,
         split_tensors: args.split_tensors(),
+        expert_parallel: args.gpus.len() > 1 && args.split_mode.eq_ignore_ascii_case("expert"),
         ..Default::default()
     };
     let mut s = Setting {
@@ -401,8 +404,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "--split-mode tensor runs resident models only: give --gpu-mem resident (or use \
              --split-mode layer, whose GPUs cache their blocks' experts)"
         ),
-        "tensor" | "row" => {}
-        m => bail!("--split-mode {m}: layer or tensor (alias row)"),
+        "tensor" | "row" | "expert" => {}
+        m => bail!("--split-mode {m}: layer, expert or tensor (alias row)"),
     }
     if args.gpu().is_none() && args.gpu_mem.iter().any(|b| b.0.is_some()) {
         bail!("--gpu-mem budgets need --gpu (on the CPU there is no VRAM to budget)");

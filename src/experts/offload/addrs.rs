@@ -46,14 +46,19 @@ impl LayerAddrs {
 }
 
 impl Offload {
-    /// Per matrix of layer `il`, where its experts lie.
+    /// Per matrix of layer `il`, where its experts lie (the slots of share 0).
     pub(super) fn addrs(&self, il: usize) -> LayerAddrs {
+        self.addrs_of(il, 0)
+    }
+
+    /// Per matrix of layer `il`, where its experts lie, with the slots of share `s`.
+    pub(super) fn addrs_of(&self, il: usize, s: usize) -> LayerAddrs {
         let layer = self.layers[il].as_ref().expect("offloaded layer");
         LayerAddrs(ExpertMat::ALL.map(|m| {
             let mat = layer.mats[m.index()].as_ref()?;
             Some(MatAddrs {
                 store: self.store_tensor(il, m)?.data_addr(),
-                slots: self.slot_tensor(il, m).map_or(0, |t| t.data_addr()),
+                slots: self.slot_tensor(il, m, s).map_or(0, |t| t.data_addr()),
                 staging: self.staging_tensor(il, m)?.data_addr(),
                 expert_bytes: mat.expert_bytes,
             })

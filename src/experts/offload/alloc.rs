@@ -7,9 +7,9 @@ impl Offload {
         self.layers.iter().flatten().map(Layer::expert_bytes).sum()
     }
 
-    /// Device bytes one slot costs in every MoE layer of device `d` together.
+    /// Device bytes one slot costs in every MoE layer whose slots device `d` holds.
     pub fn slot_bytes_on(&self, d: usize) -> usize {
-        self.layers_on(d).map(|(_, l)| l.expert_bytes()).sum()
+        self.slot_layers_on(d).map(|(_, l)| l.expert_bytes()).sum()
     }
 
     /// Device bytes `n_slots` slots take in every MoE layer together (with padding).
@@ -19,27 +19,37 @@ impl Offload {
             .sum()
     }
 
-    /// Device bytes `n_slots` slots take in every MoE layer of device `d` (with padding).
+    /// Device bytes `n_slots` slots take in every MoE layer whose slots device `d` holds (with
+    /// padding).
     pub fn slots_alloc_bytes_on(&self, d: usize, n_slots: usize) -> usize {
-        self.layers_on(d)
+        self.slot_layers_on(d)
             .flat_map(|(_, l)| l.mats.iter().flatten())
             .map(|m| m.alloc_bytes(n_slots))
             .sum()
     }
 
-    /// The offloaded layers of device `d`, with their indices.
-    pub(super) fn layers_on(&self, d: usize) -> impl Iterator<Item = (usize, &Layer)> + '_ {
+    /// The offloaded layers whose slots device `d` holds, with their indices: its own layers,
+    /// or under expert parallelism every offloaded layer (its share of each).
+    pub(super) fn slot_layers_on(&self, d: usize) -> impl Iterator<Item = (usize, &Layer)> + '_ {
+        let ep = self.expert_parallel();
         self.layers
             .iter()
             .enumerate()
             .filter_map(move |(il, l)| Some((il, l.as_ref()?)))
-            .filter(move |(il, _)| self.layer_device(*il) == d)
+            .filter(move |(il, _)| ep || self.layer_device(*il) == d)
     }
 
-    /// Gives every MoE layer of device `d` (the only device without a layer split) `n_slots`
-    /// cache slots in that device's memory (at most one per expert). Once per device.
+    /// Experts share `s` of a layer holds (`e % shares == s`).
+    fn share_experts(&self, s: usize) -> usize {
+        (s..self.n_expert).step_by(self.shares).count()
+    }
+
+    /// Gives every MoE layer of device `d` (the only device without a layer split; under expert
+    /// parallelism every MoE layer's share `d`) `n_slots` cache slots in that device's memory
+    /// (at most one per expert of the share). Once per device.
     pub fn alloc_slots(&mut self, d: usize, n_slots: usize) -> Result<(), GgmlError> {
-        let n_slots = n_slots.min(self.n_expert);
+        let share = if self.expert_parallel() { d } else { 0 };
+        let n_slots = n_slots.min(self.share_experts(share));
         let n_layer = self.layers.len();
         let ctx = Context::new(n_layer * 3 + 1, 0)?;
         let size = if n_slots == 0 {
@@ -52,7 +62,7 @@ impl Offload {
         // (never NaN) before slot 0 was ever filled.
         buf.clear(0);
         let mut off = 0;
-        let on_d: Vec<usize> = self.layers_on(d).map(|(il, _)| il).collect();
+        let on_d: Vec<usize> = self.slot_layers_on(d).map(|(il, _)| il).collect();
         for il in on_d {
             let l = self.layers[il].as_mut().expect("an offloaded layer");
             for (m, mat) in l.mats.iter().enumerate() {
@@ -65,7 +75,7 @@ impl Offload {
                     .set_name(&name(il, &format!("slot{m}")));
                 off = buf.place(t, off)?;
             }
-            l.cache = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
+            l.caches[share] = LayerCache::new(il, self.n_expert, n_slots, &self.opts.policy);
         }
         let idx = ctx.index();
         let part = &mut self.parts[d];

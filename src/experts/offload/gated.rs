@@ -77,6 +77,10 @@ impl Offload {
     /// only on one device that queues compute ahead (on the CPU nothing is queued ahead, so
     /// there is nothing to gain).
     pub fn gating_wanted(&self) -> bool {
+        if self.expert_parallel() {
+            // A gated stop opens one device's gate; a layer's experts run on every device.
+            return false;
+        }
         match self.opts.gated {
             Gated::Off => false,
             Gated::Always => true,

@@ -16,6 +16,12 @@ impl Offload {
     ) -> Result<Self, GgmlError> {
         let (n_expert, k) = (hp.n_expert as usize, hp.n_expert_used as usize);
         let backend = &backends[0];
+        // Expert parallelism: every device caches a share of every layer's experts.
+        let shares = if opts.expert_parallel {
+            backends.len()
+        } else {
+            1
+        };
         let n_layer = hp.n_layer_decode();
         let mut layers = Vec::with_capacity(n_layer);
         let store = Context::new(n_layer * 3 + 1, 0)?;
@@ -41,7 +47,9 @@ impl Offload {
             layers.push(if mats.iter().any(Option::is_some) {
                 Some(Layer {
                     mats,
-                    cache: LayerCache::new(il, n_expert, 0, &opts.policy),
+                    caches: (0..shares)
+                        .map(|_| LayerCache::new(il, n_expert, 0, &opts.policy))
+                        .collect(),
                     prefetched: Vec::new(),
                     predicted: Vec::new(),
                     staged_ahead: None,
@@ -77,7 +85,7 @@ impl Offload {
         let scratch_len = 4
             * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
                 + (n_expert * t_max).next_multiple_of(64)
-                + 2 * (k * t_max).next_multiple_of(64))
+                + 2 * shares * (k * t_max).next_multiple_of(64))
             + 4 * hp.n_embd as usize * t_max
             + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
@@ -98,6 +106,7 @@ impl Offload {
                 backend,
                 &layers,
                 &|il| layer_dev[il] == d,
+                shares > 1,
                 k,
                 t_max,
                 n_embd,
@@ -177,6 +186,7 @@ impl Offload {
             store_idx,
             parts,
             layer_dev,
+            shares,
             scratch,
             scratch_len,
             sel_rows,
@@ -204,11 +214,15 @@ impl DevPart {
     /// Device `backend`'s part for the offloaded layers `mine` selects of `layers`: two staging
     /// areas as large as the largest of their experts (alternating between consecutive
     /// offloaded layers, so the next layer's experts can be copied in while this one computes),
-    /// and per layer its slot ids, mask and CPU-result tensors (`t_max` tokens of `k` picks).
+    /// and per layer its slot ids, mask and CPU-result tensors (`t_max` tokens of `k` picks);
+    /// with `every_ctl` (expert parallelism: the device computes its share of every layer's
+    /// experts) the slot ids and mask of every offloaded layer.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         backend: &Rc<Backend>,
         layers: &[Option<Layer>],
         mine: &dyn Fn(usize) -> bool,
+        every_ctl: bool,
         k: usize,
         t_max: usize,
         n_embd: usize,
@@ -236,24 +250,37 @@ impl DevPart {
         let ctl_bytes = (4 * k * t_max.max(1)).next_multiple_of(256);
         let cpu_bytes = (4 * n_embd * t_max.max(1)).next_multiple_of(256);
         let n_moe = own().count();
+        let n_ctl = if every_ctl {
+            layers.iter().flatten().count()
+        } else {
+            n_moe
+        };
         let stage_bufs = [
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
         ];
-        let ctl_buf =
-            dev.new_buffer(backend, Memory::Device, (2 * ctl_bytes + cpu_bytes) * n_moe)?;
+        let ctl_size = 2 * ctl_bytes * n_ctl + cpu_bytes * n_moe;
+        let ctl_buf = dev.new_buffer(backend, Memory::Device, ctl_size)?;
         ctl_buf.clear(0);
         let mut ctl_off = 0;
-        for (i_moe, (il, l)) in own().enumerate() {
+        let mut i_moe = 0;
+        for (il, l) in layers.iter().enumerate() {
             let Some(l) = l else { continue };
-            let stage_buf = stage_bufs[i_moe % 2];
-            let mut off = 0;
-            for (m, mat) in l.mats.iter().enumerate() {
-                let Some(mat) = mat else { continue };
-                let t = dev
-                    .new_tensor(mat.ty, &mat.ne)?
-                    .set_name(&name(il, &format!("stage{m}")));
-                off = stage_buf.place(t, off)?;
+            let own = mine(il);
+            if !own && !every_ctl {
+                continue;
+            }
+            if own {
+                let stage_buf = stage_bufs[i_moe % 2];
+                i_moe += 1;
+                let mut off = 0;
+                for (m, mat) in l.mats.iter().enumerate() {
+                    let Some(mat) = mat else { continue };
+                    let t = dev
+                        .new_tensor(mat.ty, &mat.ne)?
+                        .set_name(&name(il, &format!("stage{m}")));
+                    off = stage_buf.place(t, off)?;
+                }
             }
             let ids = dev
                 .new_tensor(GgmlType::I32, &[k as i64, t_max.max(1) as i64])?
@@ -263,11 +290,14 @@ impl DevPart {
                 .new_tensor(GgmlType::F32, &[1, k as i64, t_max.max(1) as i64])?
                 .set_name(&name(il, "mask"));
             ctl_buf.place(mask, ctl_off + ctl_bytes)?;
-            let cpu = dev
-                .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
-                .set_name(&name(il, "cpu"));
-            ctl_buf.place(cpu, ctl_off + 2 * ctl_bytes)?;
-            ctl_off += 2 * ctl_bytes + cpu_bytes;
+            ctl_off += 2 * ctl_bytes;
+            if own {
+                let cpu = dev
+                    .new_tensor(GgmlType::F32, &[n_embd as i64, t_max.max(1) as i64])?
+                    .set_name(&name(il, "cpu"));
+                ctl_buf.place(cpu, ctl_off)?;
+                ctl_off += cpu_bytes;
+            }
         }
         let dev_idx = dev.index();
         Ok(Self {
@@ -277,7 +307,7 @@ impl DevPart {
             dev_idx,
             slots: None,
             n_slots: 0,
-            dev_bytes: 2 * stage_bytes + (2 * ctl_bytes + cpu_bytes) * n_moe,
+            dev_bytes: 2 * stage_bytes + ctl_size,
         })
     }
 }

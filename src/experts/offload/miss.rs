@@ -140,6 +140,7 @@ impl MissModel {
     /// Greedy split of misses of `bytes` each between a copy engine free in `t_pcie` seconds
     /// and a CPU free in `t_cpu`: each to the channel that would finish it first; the first
     /// `forced` go to the CPU whatever it costs. Returns, per miss, whether the CPU takes it.
+    #[cfg(test)]
     pub(super) fn split(
         &self,
         n: usize,
@@ -148,15 +149,33 @@ impl MissModel {
         t_cpu: f64,
         forced: usize,
     ) -> Vec<bool> {
+        let forced: Vec<bool> = (0..n).map(|i| i < forced).collect();
+        self.split_links(&vec![0; n], &[t_pcie], bytes, t_cpu, &forced)
+    }
+
+    /// [`MissModel::split`] over several copy engines (expert parallelism: each device's own
+    /// PCIe link): miss `i` would be copied over link `links[i]`, free in `t_pcie[links[i]]`
+    /// seconds; `forced[i]` sends it to the CPU whatever it costs. Each miss goes to the channel
+    /// that would finish it first, so the CPU takes misses from the busiest links.
+    pub(super) fn split_links(
+        &self,
+        links: &[usize],
+        t_pcie: &[f64],
+        bytes: f64,
+        t_cpu: f64,
+        forced: &[bool],
+    ) -> Vec<bool> {
         let (cp, cc) = (bytes / self.pcie_bw, bytes / self.cpu_bw);
-        let (mut p, mut c) = (t_pcie, t_cpu);
-        (0..n)
-            .map(|i| {
-                let cpu = i < forced || c + cc < p + cp;
+        let (mut p, mut c) = (t_pcie.to_vec(), t_cpu);
+        links
+            .iter()
+            .zip(forced)
+            .map(|(&l, &forced)| {
+                let cpu = forced || c + cc < p[l] + cp;
                 if cpu {
                     c += cc;
                 } else {
-                    p += cp;
+                    p[l] += cp;
                 }
                 cpu
             })
@@ -247,6 +266,23 @@ mod tests {
         m.balance = false;
         m.observe(0.0, 80e-6);
         assert_eq!((m.cpu_correction_s, m.cpu_start()), (0.0, 60e-6));
+    }
+
+    #[test]
+    fn split_over_links_gives_each_link_its_own_backlog() {
+        // Copies take 1 ms a miss on any link, the CPU 1.5 ms. Link 0 is busy for 3 ms, link 1
+        // idle: link 1's misses are copied (1, 2 ms), link 0's go to the CPU first (1.5 ms
+        // against 4), then alternate as the two fill.
+        let m = model(1e9, 1e9 / 1.5, 0.0);
+        let links = [0, 0, 1, 1, 0];
+        let cpu = m.split_links(&links, &[3e-3, 0.0], 1e6, 0.0, &[false; 5]);
+        assert_eq!(cpu, [true, true, false, false, false]);
+        // One link carrying all five (the same backlog): the CPU takes more.
+        let one = m.split_links(&[0; 5], &[3e-3], 1e6, 0.0, &[false; 5]);
+        assert_eq!(one.iter().filter(|&&c| c).count(), 3);
+        // A forced miss goes to the CPU whatever it costs.
+        let f = m.split_links(&[1, 1], &[0.0, 0.0], 1e6, 1.0, &[false, true]);
+        assert_eq!(f, [false, true]);
     }
 
     #[test]

@@ -71,7 +71,10 @@ impl Mat {
 struct Layer {
     /// Per [`ExpertMat`]; `None` where the model has no such matrix (e.g. no gate).
     mats: [Option<Mat>; 3],
-    cache: LayerCache,
+    /// The expert cache, one per share of the experts ([`Offload::shares`]): one, on the
+    /// layer's device; with expert parallelism one per device, share `s` caching only the
+    /// experts `e` with `e % shares == s`, in device `s`'s memory.
+    caches: Vec<LayerCache>,
     /// Experts prefetched for this layer's next step, and all experts predicted for it.
     prefetched: Vec<u32>,
     predicted: Vec<u32>,
@@ -84,6 +87,26 @@ impl Layer {
     /// Bytes of one expert, every matrix together (what one slot holds, one copy moves).
     fn expert_bytes(&self) -> usize {
         self.mats.iter().flatten().map(|m| m.expert_bytes).sum()
+    }
+
+    /// The share (cache) expert `e` belongs to.
+    fn owner(&self, e: u32) -> usize {
+        e as usize % self.caches.len()
+    }
+
+    /// The cache expert `e` belongs to.
+    fn cache(&self, e: u32) -> &LayerCache {
+        &self.caches[self.owner(e)]
+    }
+
+    fn cache_mut(&mut self, e: u32) -> &mut LayerCache {
+        let s = self.owner(e);
+        &mut self.caches[s]
+    }
+
+    /// The slot holding expert `e` in its share's cache, if resident.
+    fn slot(&self, e: u32) -> Option<u32> {
+        self.cache(e).slot(e)
     }
 }
 
@@ -126,6 +149,10 @@ pub struct Offload {
     /// Per device (one without a layer split); `layer_dev[il]` is layer `il`'s.
     parts: Vec<DevPart>,
     layer_dev: Vec<usize>,
+    /// Shares the routed experts of a layer are cached in: 1 (on the layer's device), or with
+    /// expert parallelism one per device (expert `e` in share `e % shares`, on device
+    /// `e % shares`, whatever the layer's device): see [`Offload::share_device`].
+    shares: usize,
     /// Host scratch for routing reads and control writes.
     scratch: usize,
     scratch_len: usize,
@@ -216,6 +243,37 @@ impl Offload {
         &self.parts[self.layer_device(il)]
     }
 
+    /// The share of layer `il`'s experts cached on the layer's own device (where its staging
+    /// area is): its device's share under expert parallelism, else the one share.
+    fn local_share(&self, il: usize) -> usize {
+        if self.expert_parallel() {
+            self.layer_device(il)
+        } else {
+            0
+        }
+    }
+
+    /// Shares a layer's experts are cached in (1, or the devices under expert parallelism).
+    pub fn shares(&self) -> usize {
+        self.shares
+    }
+
+    /// Whether the routed experts are placed by expert id over the devices (expert
+    /// parallelism): each device caches its share of every offloaded layer.
+    pub fn expert_parallel(&self) -> bool {
+        self.shares > 1
+    }
+
+    /// The device of share `s` of layer `il`'s experts: device `s` under expert parallelism,
+    /// else the layer's.
+    pub fn share_device(&self, il: usize, s: usize) -> usize {
+        if self.expert_parallel() {
+            s
+        } else {
+            self.layer_device(il)
+        }
+    }
+
     /// Layer `il`'s device's copy engine.
     fn xfer(&mut self, il: usize) -> &mut dyn Transfer {
         let d = self.layer_device(il);
@@ -227,13 +285,13 @@ impl Offload {
         self.host_bytes
     }
 
-    /// Cache slots per layer: the fewest of any device that holds offloaded layers (what the
+    /// Cache slots per layer (and share): the fewest of any device that holds slots (what the
     /// slot mode can count on in every layer).
     pub fn n_slots(&self) -> usize {
         self.parts
             .iter()
             .enumerate()
-            .filter(|&(d, _)| self.layers_on(d).next().is_some())
+            .filter(|&(d, _)| self.slot_layers_on(d).next().is_some())
             .map(|(_, p)| p.n_slots)
             .min()
             .unwrap_or(0)

@@ -25,17 +25,37 @@ impl Offload {
         let misses: Vec<u32> = used
             .iter()
             .copied()
-            .filter(|&e| layer.cache.slot(e).is_none())
+            .filter(|&e| layer.slot(e).is_none())
             .collect();
-        let forced = used.len().saturating_sub(layer.cache.n_slots());
+        // Per share (its cache, its device's copy engine): the misses beyond its slots must go
+        // to the CPU.
+        let mut over: Vec<usize> = (0..self.shares)
+            .map(|s| {
+                let share = used.iter().filter(|&&e| layer.owner(e) == s).count();
+                share.saturating_sub(layer.caches[s].n_slots())
+            })
+            .collect();
+        let forced: Vec<bool> = misses
+            .iter()
+            .map(|&e| {
+                let o = &mut over[layer.owner(e)];
+                let f = *o > 0;
+                *o = o.saturating_sub(1);
+                f
+            })
+            .collect();
+        let links: Vec<usize> = misses.iter().map(|&e| layer.owner(e)).collect();
+        let now = Instant::now();
         let m = &self.miss;
-        let t_pcie = m.copy_backlog(Instant::now(), self.layer_device(il));
-        let split = m.split(
-            misses.len(),
+        let t_pcie: Vec<f64> = (0..self.shares)
+            .map(|s| m.copy_backlog(now, self.share_device(il, s)))
+            .collect();
+        let split = m.split_links(
+            &links,
+            &t_pcie,
             layer.expert_bytes() as f64,
-            t_pcie,
             m.cpu_start(),
-            forced,
+            &forced,
         );
         let cpu: Vec<u32> = misses
             .iter()
@@ -48,11 +68,10 @@ impl Offload {
         cpu
     }
 
-    /// Copies of `bytes` for layer `il` were queued at a stop or a prefetch: its device's copy
-    /// engine's backlog grows.
-    pub(super) fn copies_queued(&mut self, il: usize, bytes: u64) {
+    /// Copies of `bytes` were queued on device `dev`'s copy engine (at a stop or a prefetch):
+    /// its backlog grows.
+    pub(super) fn copies_queued(&mut self, dev: usize, bytes: u64) {
         if bytes > 0 {
-            let dev = self.layer_device(il);
             self.miss.queued(Instant::now(), bytes, dev);
         }
     }
@@ -68,23 +87,30 @@ impl Offload {
     /// to prefetch now: the rest are left to the CPU channel at `next`'s stop, so that the copy
     /// engine (from its backlog, with a head start of the GPU work until that stop) and the CPU
     /// (from that stop) finish together. All of them without the balance or the CPU channel.
-    pub(super) fn prefetch_budget(&self, next: usize, cands: usize) -> usize {
+    pub(super) fn prefetch_budget(&self, next: usize, cands: &[u32]) -> usize {
         let m = &self.miss;
-        if !m.balance || !self.cpu_enabled(next) || cands == 0 {
-            return cands;
+        if !m.balance || !self.cpu_enabled(next) || cands.is_empty() {
+            return cands.len();
         }
         let now = Instant::now();
-        let backlog = m.copy_backlog(now, self.layer_device(next));
+        let backlog: Vec<f64> = (0..self.shares)
+            .map(|s| m.copy_backlog(now, self.share_device(next, s)))
+            .collect();
         let cpu_busy = m
             .cpu_idle_at
             .map_or(0.0, |t| t.saturating_duration_since(now).as_secs_f64());
         // The next stop: after this layer's copies and CPU job, then the GPU's work up to it.
-        let t_stop = backlog.max(cpu_busy) + GPU_LAYER_S;
-        let bytes = self.layers[next]
-            .as_ref()
-            .expect("offloaded layer")
-            .expert_bytes() as f64;
-        let split = m.split(cands, bytes, backlog, t_stop + m.cpu_start(), 0);
+        let busiest = backlog.iter().copied().fold(0.0, f64::max);
+        let t_stop = busiest.max(cpu_busy) + GPU_LAYER_S;
+        let layer = self.layers[next].as_ref().expect("offloaded layer");
+        let links: Vec<usize> = cands.iter().map(|&e| layer.owner(e)).collect();
+        let split = m.split_links(
+            &links,
+            &backlog,
+            layer.expert_bytes() as f64,
+            t_stop + m.cpu_start(),
+            &vec![false; cands.len()],
+        );
         split.iter().filter(|&&cpu| !cpu).count()
     }
 

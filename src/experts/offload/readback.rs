@@ -35,7 +35,7 @@ impl Offload {
         } else {
             0
         };
-        let lay = ScratchLayout::new(self.scratch, cnt, n_pred);
+        let lay = ScratchLayout::new(self.scratch, cnt, n_pred, self.shares);
         let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
         // The reads end where the control area starts (used by slot steps only, sized for them).
         if lay.ctl > x_at {
@@ -164,12 +164,15 @@ pub(super) struct ScratchLayout {
     w: usize,
     pred: usize,
     pub(super) ctl: usize,
+    /// Bytes of one share's control.
+    ctl_len: usize,
     pub(super) end: usize,
 }
 
 impl ScratchLayout {
-    /// For `picks` selected experts (k per token) and `n_pred` predicted logits.
-    pub(super) fn new(base: usize, picks: usize, n_pred: usize) -> Self {
+    /// For `picks` selected experts (k per token), `n_pred` predicted logits and the control
+    /// (ids and mask) of `shares` shares of the experts.
+    pub(super) fn new(base: usize, picks: usize, n_pred: usize, shares: usize) -> Self {
         let p = 4 * picks.next_multiple_of(64);
         let sel = base;
         let w = sel + p;
@@ -180,8 +183,14 @@ impl ScratchLayout {
             w,
             pred,
             ctl,
-            end: ctl + 2 * p,
+            ctl_len: 2 * p,
+            end: ctl + 2 * p * shares.max(1),
         }
+    }
+
+    /// Where share `s`'s control (ids, then mask) goes.
+    pub(super) fn ctl_of(&self, s: usize) -> usize {
+        self.ctl + s * self.ctl_len
     }
 }
 

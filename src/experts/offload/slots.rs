@@ -2,8 +2,10 @@
 //! read back, then, by the layer's mode, the used experts staged (`staging`), or the misses
 //! split between the copy engine and the CPU channel (`planner`), admitted into slots, the
 //! control written and the next layer's predicted experts prefetched.
+use super::addrs::LayerAddrs;
 use super::readback::{Routing, ScratchLayout};
 use super::*;
+use crate::experts::stats::LayerStats;
 
 impl Offload {
     pub(super) fn on_routing(&mut self, n: &Resolved, n_tokens: usize) -> Result<(), GgmlError> {
@@ -35,8 +37,16 @@ impl Offload {
         let st = &mut self.stats.layers[il];
         st.used += used.len() as u64;
         if mode == Mode::Slots {
-            st.prefetch_used += layer.prefetched.iter().filter(|e| used.contains(e)).count() as u64;
-            st.predicted_used += layer.predicted.iter().filter(|e| used.contains(e)).count() as u64;
+            let hit = |e: &&u32| used.contains(e);
+            st.prefetch_used += layer.prefetched.iter().filter(hit).count() as u64;
+            st.predicted_used += layer.predicted.iter().filter(hit).count() as u64;
+            if self.shares > 1 {
+                let mut by = vec![LayerStats::default(); self.shares];
+                for &e in layer.prefetched.iter().filter(hit) {
+                    by[layer.owner(e)].prefetch_used += 1;
+                }
+                self.stats.add_by_share(&by);
+            }
         }
         layer.prefetched.clear();
         layer.predicted.clear();
@@ -81,73 +91,106 @@ impl Offload {
             cpu.start(il, n.act, routing.x.clone(), picks);
             self.cpu_job_started(on_cpu.len(), addrs.expert_bytes());
         }
-        let backend = self.part(il).backend.clone();
         let now = self.step;
+        let shares = self.shares;
+        let devs: Vec<usize> = (0..shares).map(|s| self.share_device(il, s)).collect();
         // Gated (the graph is queued ahead, behind the gate): everything below goes on the copy
         // stream, after the previous layer's prefetches, and the gate opens after it. Else the
         // previous layer's prefetches into this layer's slots land before anything queued on
         // the compute stream from here: the miss copies below (which may reuse a slot a
-        // prefetch is still filling) and the expert matmuls.
+        // prefetch is still filling) and the expert matmuls (on each share's device).
         let gate = self.gate_ticket.take();
         if gate.is_none() {
-            self.xfer(il).fence()?;
+            for &d in &devs {
+                self.parts[d].xfer.fence()?;
+            }
         }
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
-        let mut h2d = 0u64;
+        let mut h2d = vec![0u64; shares];
+        // This stop's counters per share (expert parallelism: per device).
+        let mut by = vec![LayerStats::default(); shares];
         let mut copies = Vec::new();
         for &e in used {
-            if layer.cache.slot(e).is_some() {
+            let s = layer.owner(e);
+            if layer.slot(e).is_some() {
                 st.hits += 1;
+                by[s].hits += 1;
                 continue;
             }
             st.misses += 1;
+            by[s].misses += 1;
             if on_cpu.contains(&e) {
                 st.cpu += 1;
+                by[s].cpu += 1;
                 continue;
             }
             st.copies += 1;
-            let (slot, _) = layer
-                .cache
-                .admit(e, &|r| used.contains(&r), now)
-                .ok_or_else(|| GgmlError::Tensor {
-                    name: format!("expert cache of layer {il}"),
-                    msg: format!(
-                        "{} experts needed at once, {} slots",
-                        used.len(),
-                        layer.cache.n_slots()
-                    ),
-                })?;
-            copies.push((slot, e));
-            h2d += addrs.expert_bytes();
+            let cache = layer.cache_mut(e);
+            let (slot, _) =
+                cache
+                    .admit(e, &|r| used.contains(&r), now)
+                    .ok_or_else(|| GgmlError::Tensor {
+                        name: format!("expert cache of layer {il}"),
+                        msg: format!(
+                            "{} experts needed at once, {} slots",
+                            used.len(),
+                            cache.n_slots()
+                        ),
+                    })?;
+            copies.push((s, slot, e));
+            h2d[s] += addrs.expert_bytes();
         }
         for &e in used {
-            layer.cache.touch(e, now);
+            layer.cache_mut(e).touch(e, now);
         }
-        st.h2d_bytes += h2d;
-        self.stats.h2d_bytes += h2d;
-        // Control: slot ids and the mask; CPU experts point at a free slot id with weight 0.
-        let ids = control_ids(sel, n_tokens, layer.cache.n_slots(), |e| {
-            layer.cache.slot(e).map(|s| s as usize)
-        });
-        let mask: Vec<f32> = sel
-            .iter()
-            .map(|e| if on_cpu.contains(e) { 0.0 } else { 1.0 })
+        let h2d_all: u64 = h2d.iter().sum();
+        st.h2d_bytes += h2d_all;
+        self.stats.h2d_bytes += h2d_all;
+        for (b, &bytes) in by.iter_mut().zip(&h2d) {
+            b.h2d_bytes += bytes;
+        }
+        if shares > 1 {
+            self.stats.add_by_share(&by);
+        }
+        // Control per share: slot ids and the mask; a pick of another share or of the CPU
+        // points at a free slot id with weight 0.
+        let ctl: Vec<(Vec<i32>, Vec<f32>)> = (0..shares)
+            .map(|s| {
+                let cache = &layer.caches[s];
+                let mine = |e: u32| layer.owner(e) == s;
+                let ids = control_ids(sel, n_tokens, cache.n_slots(), |e| {
+                    cache.slot(e).filter(|_| mine(e)).map(|s| s as usize)
+                });
+                let mask: Vec<f32> = sel
+                    .iter()
+                    .map(|&e| {
+                        if mine(e) && !on_cpu.contains(&e) {
+                            1.0
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                (ids, mask)
+            })
             .collect();
-        for (slot, e) in copies {
+        for (s, slot, e) in copies {
+            let backend = self.parts[devs[s]].backend.clone();
+            let addrs = self.addrs_of(il, s);
             for (m, a) in addrs.mats() {
-                let Some(t) = self.slot_tensor(il, m) else {
+                let Some(t) = self.slot_tensor(il, m, s) else {
                     continue;
                 };
                 let eb = a.expert_bytes;
                 if gate.is_some() {
                     let (dst, src) = (t.data_addr() + slot as usize * eb, a.in_store(e));
-                    self.parts[self.layer_dev[il]].xfer.copy(dst, src, eb)?;
+                    self.parts[devs[s]].xfer.copy(dst, src, eb)?;
                     continue;
                 }
                 // SAFETY: the store is page-locked host memory that lives, unchanged,
-                // as long as the engine; the slot tensor lies in the compute backend's
-                // buffer.
+                // as long as the engine; the slot tensor lies in the share's device's buffer,
+                // whose compute backend queues the write.
                 unsafe { t.write_async(&backend, slot as usize * eb, a.in_store(e), eb) }?;
             }
         }
@@ -157,30 +200,39 @@ impl Offload {
             let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
             self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
         }
-        self.copies_queued(il, h2d);
-        let ctl = self.ctl(il);
-        let n = ids.len();
-        let lay = ScratchLayout::new(self.scratch, n, routing.pred.len());
+        for (s, &b) in h2d.iter().enumerate() {
+            self.copies_queued(devs[s], b);
+        }
+        let n = sel.len();
+        let lay = ScratchLayout::new(self.scratch, n, routing.pred.len(), shares);
         assert!(lay.end <= self.scratch + self.scratch_len);
-        // SAFETY: [ctl, ctl + 8n) lies in the live host scratch (asserted), 4-aligned;
-        // no copy reading it is pending (every stop follows a synchronisation of the
-        // compute stream, or, gated, the landing of the last stop's copies, which the gate
-        // the graph passed since waited for), and nothing writes it again before the next
-        // stop, so the queued copies read it unchanged.
-        unsafe {
-            let p = lay.ctl as *mut i32;
-            std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
-            std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
-            if gate.is_none() {
-                ctl.ids.write_async(&backend, 0, lay.ctl, 4 * n)?;
-                ctl.mask.write_async(&backend, 0, lay.ctl + 4 * n, 4 * n)?;
+        for (s, (ids, mask)) in ctl.iter().enumerate() {
+            let at = lay.ctl_of(s);
+            let c = self.ctl(il, s);
+            let backend = self.parts[devs[s]].backend.clone();
+            // SAFETY: [at, at + 8n) lies in the live host scratch (asserted), 4-aligned, one
+            // region per share; no copy reading it is pending (every stop follows a
+            // synchronisation of the compute streams, or, gated, the landing of the last stop's
+            // copies, which the gate the graph passed since waited for), and nothing writes it
+            // again before the next stop, so the queued copies read it unchanged.
+            unsafe {
+                let p = at as *mut i32;
+                std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
+                std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
+                if gate.is_none() {
+                    c.ids.write_async(&backend, 0, at, 4 * n)?;
+                    c.mask.write_async(&backend, 0, at + 4 * n, 4 * n)?;
+                }
             }
         }
         if let Some(ticket) = gate {
-            let (ids_at, mask_at) = (ctl.ids.data_addr(), ctl.mask.data_addr());
+            // (Gated steps run on one device, one share: `gating_wanted`.)
+            let c = self.ctl(il, 0);
+            let (ids_at, mask_at) = (c.ids.data_addr(), c.mask.data_addr());
+            let at = lay.ctl_of(0);
             let xfer = self.xfer(il);
-            xfer.copy(ids_at, lay.ctl, 4 * n)?;
-            xfer.copy(mask_at, lay.ctl + 4 * n, 4 * n)?;
+            xfer.copy(ids_at, at, 4 * n)?;
+            xfer.copy(mask_at, at + 4 * n, 4 * n)?;
             xfer.mark_copies()?;
             if on_cpu.is_empty() {
                 xfer.open_gate(ticket)?;
@@ -206,47 +258,66 @@ impl Offload {
         let Some(next) = self.next_offloaded(il) else {
             return Ok(());
         };
-        let addrs = self.addrs(next);
+        let shares = self.shares;
+        let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
+        let devs: Vec<usize> = (0..shares).map(|s| self.share_device(next, s)).collect();
         let now = self.step;
         let k = self.k;
         let layer = self.layers[next].as_ref().expect("offloaded layer");
         let predicted = predicted_experts(pred, self.n_expert, k);
-        let cands = predicted
+        let cands: Vec<u32> = predicted
             .iter()
-            .filter(|&&e| layer.cache.slot(e).is_none())
-            .count();
+            .copied()
+            .filter(|&e| layer.slot(e).is_none())
+            .collect();
         // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
-        let budget = self.prefetch_budget(next, cands);
-        let d = self.layer_device(next);
-        let xfer = self.parts[d].xfer.as_mut();
+        let budget = self.prefetch_budget(next, &cands);
         let layer = self.layers[next].as_mut().expect("offloaded layer");
-        let mut h2d = 0u64;
+        let mut h2d = vec![0u64; shares];
         let mut fetched = Vec::new();
-        for &e in &predicted {
-            if layer.cache.slot(e).is_some() {
-                continue;
-            }
+        let mut full = vec![false; shares];
+        for &e in &cands {
             if fetched.len() == budget {
                 break;
             }
-            // Evict only experts not predicted; stop when the cache has none left to give.
-            let Some((slot, _)) = layer.cache.admit(e, &|r| predicted.contains(&r), now) else {
-                break;
+            let s = layer.owner(e);
+            if full[s] {
+                continue;
+            }
+            // Evict only experts not predicted; stop when the share's cache has none left to
+            // give.
+            let Some((slot, _)) = layer.caches[s].admit(e, &|r| predicted.contains(&r), now) else {
+                full[s] = true;
+                continue;
             };
-            for (_, a) in addrs.mats() {
+            let xfer = self.parts[devs[s]].xfer.as_mut();
+            for (_, a) in addrs[s].mats() {
                 xfer.copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
-                h2d += a.expert_bytes as u64;
+                h2d[s] += a.expert_bytes as u64;
             }
             fetched.push(e);
         }
         let st = &mut self.stats.layers[next];
+        let h2d_all: u64 = h2d.iter().sum();
         st.prefetched += fetched.len() as u64;
         st.copies += fetched.len() as u64;
-        st.h2d_bytes += h2d;
-        self.stats.h2d_bytes += h2d;
+        st.h2d_bytes += h2d_all;
+        self.stats.h2d_bytes += h2d_all;
+        if shares > 1 {
+            let mut by = vec![LayerStats::default(); shares];
+            for &e in &fetched {
+                by[layer.owner(e)].prefetched += 1;
+            }
+            for (b, &bytes) in by.iter_mut().zip(&h2d) {
+                b.h2d_bytes += bytes;
+            }
+            self.stats.add_by_share(&by);
+        }
         layer.prefetched = fetched;
         layer.predicted = predicted;
-        self.copies_queued(next, h2d);
+        for (s, &b) in h2d.iter().enumerate() {
+            self.copies_queued(devs[s], b);
+        }
         Ok(())
     }
 }

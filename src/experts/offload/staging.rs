@@ -16,7 +16,8 @@ impl Offload {
         used: &[u32],
         n_tokens: usize,
     ) -> Result<(), GgmlError> {
-        let addrs = self.addrs(il);
+        let local = self.local_share(il);
+        let addrs = self.addrs_of(il, local);
         let now = self.step;
         let d = self.layer_device(il);
         let xfer = self.parts[d].xfer.as_mut();
@@ -25,7 +26,9 @@ impl Offload {
         let mut h2d = 0u64;
         let ahead = layer.staged_ahead == Some(now);
         for &e in used {
-            let cached = layer.cache.slot(e);
+            // (Under expert parallelism, an expert cached on another device is copied in from
+            // the host store: a miss here.)
+            let cached = layer.slot(e).filter(|_| layer.owner(e) == local);
             if cached.is_some() {
                 st.hits += 1;
             } else {
@@ -57,7 +60,8 @@ impl Offload {
         let Some(next) = self.next_offloaded(il) else {
             return Ok(());
         };
-        let addrs = self.addrs(next);
+        let local = self.local_share(next);
+        let addrs = self.addrs_of(next, local);
         let now = self.step;
         let d = self.layer_device(next);
         let xfer = self.parts[d].xfer.as_mut();
@@ -65,7 +69,7 @@ impl Offload {
         let mut h2d = 0u64;
         let mut copied = 0u64;
         for e in 0..self.n_expert as u32 {
-            let cached = layer.cache.slot(e);
+            let cached = layer.slot(e).filter(|_| layer.owner(e) == local);
             copied += u64::from(cached.is_none());
             h2d += stage_expert(xfer, &addrs, e, cached)?;
         }
@@ -78,7 +82,8 @@ impl Offload {
 }
 
 /// Queues the copy of expert `e` into its place in the staging area: from slot `cached` when the
-/// cache holds it (device to device), else from the host store. Returns the bytes that cross PCIe.
+/// cache on the staging area's device holds it (device to device), else from the host store
+/// (under expert parallelism also an expert another device caches). Returns the bytes that cross PCIe.
 fn stage_expert(
     xfer: &mut dyn Transfer,
     addrs: &LayerAddrs,

@@ -27,9 +27,10 @@ impl Offload {
         }
     }
 
-    /// Slot tensor of matrix `m` of layer `il` [ne0, ne1, n_slots].
-    pub fn slot_tensor(&self, il: usize, m: ExpertMat) -> Option<Tensor<'_>> {
-        let slots = self.part(il).slots.as_ref()?;
+    /// Slot tensor of matrix `m` of layer `il`'s share `s` of the experts [ne0, ne1, n_slots]
+    /// (share 0 without expert parallelism).
+    pub fn slot_tensor(&self, il: usize, m: ExpertMat, s: usize) -> Option<Tensor<'_>> {
+        let slots = self.parts[self.share_device(il, s)].slots.as_ref()?;
         slots
             .ctx
             .get(&slots.idx, &name(il, &format!("slot{}", m.index())))
@@ -61,9 +62,9 @@ impl Offload {
             .get(&p.dev_idx, &name(il, "cpu"))
             .unwrap_or_else(|| panic!("layer {il} has no CPU result tensor"))
     }
-    /// Control tensors of layer `il` (see [`Ctl`]).
-    pub fn ctl(&self, il: usize) -> Ctl<'_> {
-        let p = self.part(il);
+    /// Control tensors of layer `il`'s share `s` of the experts (see [`Ctl`]).
+    pub fn ctl(&self, il: usize, s: usize) -> Ctl<'_> {
+        let p = &self.parts[self.share_device(il, s)];
         let get = |w: &str| {
             p.dev
                 .get(&p.dev_idx, &name(il, w))
@@ -80,6 +81,7 @@ impl Offload {
 pub struct Ctl<'a> {
     /// Slot ids, i32 [k, t_max].
     pub ids: Tensor<'a>,
-    /// 1 for a pick the GPU computes, 0 for one the CPU channel does: f32 [1, k, t_max].
+    /// 1 for a pick this share's device computes, 0 for one the CPU channel or (under expert
+    /// parallelism) another device does: f32 [1, k, t_max].
     pub mask: Tensor<'a>,
 }
