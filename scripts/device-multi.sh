@@ -13,7 +13,11 @@
 #    as device-bench.sh) on GPUS (default 0,1): ours with -sm layer and -sm tensor
 #    (`pocketmoe bench --gpu GPUS --split-mode ... --no-baseline`), ours on the first GPU alone,
 #    and stock llama-bench on the same GPUs with -sm layer and -sm tensor (-fa 1, which its
-#    tensor split needs), all pp512 + tg128, REPS (default 3) repetitions.
+#    tensor split needs), all pp512 + tg128, REPS (default 3) repetitions;
+# 3. with OFFLOAD_BUDGET (e.g. 8GiB: issue 26's "2 GPUs at 8 GiB each vs one at 16"), offloaded
+#    decode (tg128): ours with each GPU held to the budget, -sm layer (each GPU caches its
+#    blocks' experts) and -sm expert (each caches a share of every layer's experts), and ours on
+#    the first GPU alone at twice the budget (OFFLOAD_ONE, default 16GiB).
 # Writes OUT/tests.log, OUT/ours-*.md/json, OUT/stock-*.md and OUT/multi.log; prints the tables.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -37,13 +41,19 @@ echo "model ready at $(( $(date +%s) - start )) s: $MODEL" | tee -a "$LOG"
 ours() { # NAME GPUS [BENCH ARGS...]
   local name=$1 gpus=$2; shift 2
   timeout "$(left)" scripts/device-run.sh exec pocketmoe bench -m "$MODEL" --gpu "$gpus" \
-    -p 512 -n 128 --reps "$REPS" --no-baseline --json "$OUTDIR/ours-$name.json" "$@" \
+    -p "${PP:-512}" -n 128 --reps "$REPS" --no-baseline --json "$OUTDIR/ours-$name.json" "$@" \
     > "$OUTDIR/ours-$name.md" 2>> "$LOG" || { rc=1; echo "ours $name FAILED" | tee -a "$LOG"; }
   echo "== ours $name"; cat "$OUTDIR/ours-$name.md"
 }
 ours layer "$GPUS" --split-mode layer
 ours tensor "$GPUS" --split-mode tensor
 ours one-gpu "${GPUS%%,*}"
+if [ -n "${OFFLOAD_BUDGET:-}" ]; then
+  for sm in layer expert; do
+    PP=0 ours "offload-$sm" "$GPUS" --split-mode "$sm" --gpu-mem "$OFFLOAD_BUDGET"
+  done
+  PP=0 ours offload-one-gpu "${GPUS%%,*}" --gpu-mem "${OFFLOAD_ONE:-16GiB}"
+fi
 if [ "${STOCK:-1}" != 0 ] && [ -s dist/stock/llama.cpp.tar.xz ]; then
   LLAMA_BENCH=$(scripts/device-stock-llama.sh 2>> "$LOG" | tail -1) || exit 1
   for sm in layer tensor; do
