@@ -319,6 +319,118 @@ fn a_tied_head_gets_its_own_copy_on_the_last_device() {
 /// sum), keeping cosine >= 0.99999.
 const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 
+/// What an offloaded-split check starts from: the tiny model of `arch`, the single-device
+/// resident engine's logits and tokens (the reference), and the two devices' budgets that give
+/// each exactly `slots(n_expert, k)[d]` expert slots per layer (each device's floor, found by
+/// [`split_floors`], plus that cache). `None` for a model without routed experts.
+struct OffloadedSplit {
+    path: std::path::PathBuf,
+    /// The split's options (without devices and budgets).
+    opts: EngineOptions,
+    want: Vec<Vec<f32>>,
+    want_tokens: Vec<u32>,
+    budgets: Vec<u64>,
+    slots: [usize; 2],
+    /// Whether each device holds expert slots at all.
+    holds: [bool; 2],
+    plan: pocketmoe::engine::LayerPlan,
+}
+
+impl OffloadedSplit {
+    fn new(
+        path: &Path,
+        expert_parallel: bool,
+        slots: impl Fn(usize, usize) -> [usize; 2],
+    ) -> Option<Self> {
+        let base = EngineOptions {
+            device: dev(),
+            n_ctx: 64,
+            n_threads: 2,
+            // Smaller than the prompt: prefill runs in micro-batches through the staging areas.
+            n_ubatch: 8,
+            // Blocks shared evenly whatever the budgets (else the shares follow the budgets, and
+            // each budget found below would move the boundary).
+            tensor_split: vec![1.0, 1.0],
+            repack: false,
+            ..Default::default()
+        };
+        let mut one = Engine::load(path, base.clone(), &|_, _| {}).unwrap();
+        if one.hp.n_expert == 0 {
+            return None;
+        }
+        let (want, want_tokens) = run(&mut one);
+        drop(one);
+        let opts = EngineOptions {
+            expert_parallel,
+            ..base
+        };
+        let floors = split_floors(path, 2, &opts);
+        let probe = Engine::load(
+            path,
+            EngineOptions {
+                devices: vec![dev(); 2],
+                gpu_mems: floors.clone(),
+                ..opts.clone()
+            },
+            &|_, _| {},
+        )
+        .unwrap();
+        let (n_expert, k) = (probe.hp.n_expert as usize, probe.hp.n_expert_used as usize);
+        let slots = slots(n_expert, k);
+        let budgets = (0..2)
+            .map(|d| floors[d] + probe.expert_cache_bytes_on(d, slots[d]).unwrap())
+            .collect();
+        let holds = [0, 1].map(|d| probe.expert_cache_bytes_on(d, 1).unwrap() > 0);
+        let plan = probe.layer_plan().unwrap().clone();
+        Some(Self {
+            path: path.to_path_buf(),
+            opts,
+            want,
+            want_tokens,
+            budgets,
+            slots,
+            holds,
+            plan,
+        })
+    }
+
+    /// The split engine at the budgets, with or without the CPU channel (with it, a cost model
+    /// of a slow copy engine and a fast CPU, which sends it misses); its slots checked.
+    fn load(&self, arch: &str, cpu_channel: bool) -> Engine {
+        let eng = Engine::load(
+            &self.path,
+            EngineOptions {
+                devices: vec![dev(); 2],
+                gpu_mems: self.budgets.clone(),
+                cpu_experts: cpu_channel,
+                offload_bandwidths: cpu_channel.then_some((1e9, 1e12)),
+                ..self.opts.clone()
+            },
+            &|_, _| {},
+        )
+        .unwrap();
+        for (d, &slots) in self.slots.iter().enumerate() {
+            if self.holds[d] {
+                assert_eq!(
+                    eng.expert_slots_on(d),
+                    Some(slots),
+                    "{arch}: device {d}'s slots"
+                );
+            }
+        }
+        eng
+    }
+}
+
+/// The case name of a check with or without the CPU channel.
+fn channel_case(cpu_channel: bool) -> &'static str {
+    if cpu_channel {
+        "CPU channel"
+    } else {
+        "no CPU channel"
+    }
+}
+
 /// Offload over a layer split: each device caches the routed experts of its own blocks, sized
 /// by its own budget (device 0 just over one token's experts, device 1 all but one expert), and
 /// the logits match the single-device resident engine's. Two cases:
@@ -359,72 +471,20 @@ fn check_offloaded_split(arch: &str) {
         eprintln!("{arch}: refused on two logical devices (the offloaded split needs two GPUs)");
         return;
     }
-    let base = EngineOptions {
-        device: dev(),
-        n_ctx: 64,
-        n_threads: 2,
-        // Smaller than the prompt: prefill runs in micro-batches through the staging areas.
-        n_ubatch: 8,
-        // Blocks shared evenly whatever the budgets (else the shares follow the budgets, and
-        // each budget found below would move the boundary).
-        tensor_split: vec![1.0, 1.0],
-        repack: false,
-        ..Default::default()
-    };
-    let mut one = Engine::load(&path, base.clone(), &|_, _| {}).unwrap();
-    if one.hp.n_expert == 0 {
+    let Some(setup) = OffloadedSplit::new(&path, false, |n_expert, k| [k + 1, n_expert - 1]) else {
         return;
-    }
-    let (want, want_tokens) = run(&mut one);
-    drop(one);
-    let floors = split_floors(&path, 2, &base);
-    let probe = Engine::load(
-        &path,
-        EngineOptions {
-            devices: vec![dev(); 2],
-            gpu_mems: floors.clone(),
-            ..base.clone()
-        },
-        &|_, _| {},
-    )
-    .unwrap();
-    let (n_expert, k) = (probe.hp.n_expert as usize, probe.hp.n_expert_used as usize);
-    let want_slots = [k + 1, n_expert - 1];
-    let budgets: Vec<u64> = (0..2)
-        .map(|d| floors[d] + probe.expert_cache_bytes_on(d, want_slots[d]).unwrap())
-        .collect();
-    let holds: Vec<bool> = (0..2)
-        .map(|d| probe.expert_cache_bytes_on(d, 1).unwrap() > 0)
-        .collect();
-    let plan = probe.layer_plan().unwrap().clone();
-    drop(probe);
+    };
+    let OffloadedSplit {
+        want,
+        want_tokens,
+        slots: want_slots,
+        holds,
+        plan,
+        ..
+    } = &setup;
     for cpu_channel in [false, true] {
-        let case = if cpu_channel {
-            "CPU channel"
-        } else {
-            "no CPU channel"
-        };
-        let mut eng = Engine::load(
-            &path,
-            EngineOptions {
-                devices: vec![dev(); 2],
-                gpu_mems: budgets.clone(),
-                cpu_experts: cpu_channel,
-                offload_bandwidths: cpu_channel.then_some((1e9, 1e12)),
-                ..base.clone()
-            },
-            &|_, _| {},
-        )
-        .unwrap();
-        for (d, &slots) in want_slots.iter().enumerate() {
-            if holds[d] {
-                assert_eq!(
-                    eng.expert_slots_on(d),
-                    Some(slots),
-                    "{arch}: device {d}'s slots"
-                );
-            }
-        }
+        let case = channel_case(cpu_channel);
+        let mut eng = setup.load(arch, cpu_channel);
         let text = eng.plan();
         assert!(
             text.contains("offloaded") && text.contains("expert cache"),
@@ -432,7 +492,7 @@ fn check_offloaded_split(arch: &str) {
         );
         let (got, got_tokens) = run(&mut eng);
         let mut over = Vec::new();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
             let (d, c) = (common::max_abs_diff(g, w), common::cosine(g, w));
             if cfg!(feature = "cuda") {
                 // On a GPU the slot-mode expert matmuls run over [.., n_slots] tensors instead
@@ -456,7 +516,7 @@ fn check_offloaded_split(arch: &str) {
             over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
             "{arch}, {case}: rows (row, max |d|, cosine) beyond {CPU_CHANNEL_MAX_DIFF:e}: {over:?}"
         );
-        assert_eq!(got_tokens, want_tokens, "{arch}, {case}");
+        assert_eq!(&got_tokens, want_tokens, "{arch}, {case}");
         // Each device's cache served its own layers; the CPU channel took work from each
         // device's layers when the cost model sends it misses, none without it.
         let stats = eng.offload_stats().unwrap();
@@ -511,75 +571,31 @@ fn offloaded_layer_split_is_bit_identical_on_every_built_arch() {
 /// expert FFN of a layer on device 0 ran its share on device 1 (the `@1` nodes), each device's
 /// counters saw hits and misses of its own share, and each copied bytes to its own cache.
 fn check_expert_parallel(arch: &str) {
-    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
-    let base = EngineOptions {
-        device: dev(),
-        n_ctx: 64,
-        n_threads: 2,
-        n_ubatch: 8,
-        tensor_split: vec![1.0, 1.0],
-        repack: false,
-        ..Default::default()
-    };
-    let mut one = Engine::load(&path, base.clone(), &|_, _| {}).unwrap();
-    if one.hp.n_expert == 0 {
+    if cfg!(feature = "cuda") {
+        // Logical devices cannot offload (`check_offloaded_split`): two real GPUs needed.
         return;
     }
-    let (want, want_tokens) = run(&mut one);
-    drop(one);
-    let ep = EngineOptions {
-        expert_parallel: true,
-        ..base.clone()
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
+    let Some(setup) = OffloadedSplit::new(&path, true, |n_expert, k| {
+        [k, (1..n_expert).step_by(2).count()]
+    }) else {
+        return;
     };
-    let floors = split_floors(&path, 2, &ep);
-    let probe = Engine::load(
-        &path,
-        EngineOptions {
-            devices: vec![dev(); 2],
-            gpu_mems: floors.clone(),
-            ..ep.clone()
-        },
-        &|_, _| {},
-    )
-    .unwrap();
-    let (n_expert, k) = (probe.hp.n_expert as usize, probe.hp.n_expert_used as usize);
-    let share1 = (1..n_expert).step_by(2).count();
-    let want_slots = [k, share1];
-    let budgets: Vec<u64> = (0..2)
-        .map(|d| floors[d] + probe.expert_cache_bytes_on(d, want_slots[d]).unwrap())
-        .collect();
-    let plan = probe.layer_plan().unwrap().clone();
-    drop(probe);
+    let OffloadedSplit {
+        want,
+        want_tokens,
+        slots: want_slots,
+        plan,
+        ..
+    } = &setup;
     for cpu_channel in [false, true] {
-        let case = if cpu_channel {
-            "CPU channel"
-        } else {
-            "no CPU channel"
-        };
-        let mut eng = Engine::load(
-            &path,
-            EngineOptions {
-                devices: vec![dev(); 2],
-                gpu_mems: budgets.clone(),
-                cpu_experts: cpu_channel,
-                offload_bandwidths: cpu_channel.then_some((1e9, 1e12)),
-                ..ep.clone()
-            },
-            &|_, _| {},
-        )
-        .unwrap();
-        for (d, &slots) in want_slots.iter().enumerate() {
-            assert_eq!(
-                eng.expert_slots_on(d),
-                Some(slots),
-                "{arch}: device {d}'s slots"
-            );
-        }
+        let case = channel_case(cpu_channel);
+        let mut eng = setup.load(arch, cpu_channel);
         let text = eng.plan();
         assert!(text.contains("e mod 2 = 1"), "{arch}: {text}");
         let (got, got_tokens) = run(&mut eng);
         let mut over = Vec::new();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
             let (d, c) = (common::max_abs_diff(g, w), common::cosine(g, w));
             if d > CPU_CHANNEL_MAX_DIFF {
                 over.push((i, d, c));
@@ -589,7 +605,7 @@ fn check_expert_parallel(arch: &str) {
             over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
             "{arch}, {case}: rows (row, max |d|, cosine) beyond {CPU_CHANNEL_MAX_DIFF:e}: {over:?}"
         );
-        assert_eq!(got_tokens, want_tokens, "{arch}, {case}");
+        assert_eq!(&got_tokens, want_tokens, "{arch}, {case}");
         // The last decode step's graph: a MoE layer ran its two shares on their own devices
         // (one of them not the layer's device).
         let il0 = (0..eng.hp.n_layer_decode())

@@ -1,8 +1,9 @@
 //! Which CPU kernels this build's ggml-cpu was compiled for, and whether this host can run them.
 //!
-//! llama-cpp-sys-4 builds one ggml-cpu for the Rust target: x86-64-v3 (AVX2) by default
-//! (`.cargo/config.toml`), AVX-512 F/VBMI/VNNI/BF16 without AMX (ggml's `zen4` set) in the device
-//! build (`scripts/build-cuda.sh`, through its C flags; why no AMX is said there). ggml's own runtime-dispatched variants
+//! llama-cpp-sys-4 builds one ggml-cpu, for the CPU that builds it by default (`-march=native`
+//! less AMX, `.cargo/config.toml`, as llama.cpp's own CMake build does), AVX-512
+//! F/VBMI/VNNI/BF16 without AMX (ggml's `zen4` set) in the device build (`scripts/build-cuda.sh`,
+//! through its C flags; why no AMX is said there). ggml's own runtime-dispatched variants
 //! (`GGML_BACKEND_DL` + `GGML_CPU_ALL_VARIANTS`) would move ggml-cpu into a dlopen'ed module that
 //! our code, which calls the CPU backend directly, cannot link against; so the variant is chosen
 //! at build time, named here like ggml's variants, and checked against the host at start-up
@@ -185,7 +186,7 @@ mod tests {
 
     #[test]
     fn this_build_runs_here() {
-        // CI builds for x86-64-v3 and runs on an AVX2 machine: the check must pass there, and
+        // CI builds for the machine it runs on (at least AVX2): the check must pass there, and
         // the build must have the AVX2 kernels the CPU expert channel relies on.
         let v = cpu_variant();
         assert!(check_host().is_ok(), "{v:?}");

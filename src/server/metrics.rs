@@ -288,19 +288,22 @@ impl HttpMetrics {
             metric(
                 "expert_device_slots",
                 GAUGE,
-                "Expert-cache slots per MoE layer on each device of the layer split.",
+                "Expert-cache slots per MoE layer on each device of the layer split (under -sm expert: \
+                 per MoE layer of its share of the experts).",
                 &per(&|e| e.slots as f64),
             );
             metric(
                 "expert_device_layers",
                 GAUGE,
-                "MoE layers of each device that ran experts (its share of the layers).",
+                "MoE layers of each device that ran experts (its share of the layers; under -sm \
+                 expert every layer, each device its share of the experts).",
                 &per(&|e| e.moe_layers as f64),
             );
             metric(
                 "expert_device_hit_ratio",
                 GAUGE,
-                "Hits / (hits + misses) since start, over each device's layers.",
+                "Hits / (hits + misses) since start, over each device's layers (under -sm expert: \
+                 its share of every layer's experts, decode steps).",
                 &per(&|e| e.hit_rate),
             );
             metric(
