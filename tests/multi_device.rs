@@ -654,6 +654,32 @@ fn check_expert_parallel(arch: &str) {
                 .join("; ")
         );
     }
+    // The graph's size: a MoE layer's second share adds at most `expert_share_nodes` nodes,
+    // what the engine reserves per share and block (a graph beyond its size aborts in ggml).
+    let last_graph = |expert_parallel: bool| {
+        let mut eng = Engine::load(
+            &setup.path,
+            EngineOptions {
+                devices: vec![dev(); 2],
+                gpu_mems: setup.budgets.clone(),
+                cpu_experts: false,
+                expert_parallel,
+                ..setup.opts.clone()
+            },
+            &|_, _| {},
+        )
+        .unwrap();
+        run(&mut eng);
+        let moe = eng.offload_stats().unwrap().devices()[0].moe_layers;
+        (eng.graph_nodes().unwrap(), moe, eng.hp.clone())
+    };
+    let ((ep, moe, hp), (layer, _, _)) = (last_graph(true), last_graph(false));
+    let most = moe * pocketmoe::engine::expert_share_nodes(&hp);
+    assert!(
+        ep > layer && ep - layer <= most,
+        "{arch}: {ep} nodes with expert parallelism, {layer} without, over {moe} MoE layers \
+         (at most {most} more)"
+    );
 }
 
 /// Every architecture with a graph and routed experts.

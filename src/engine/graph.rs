@@ -17,7 +17,7 @@ impl Engine {
         embd: bool,
         arch: &ArchStep,
     ) -> Result<(OwnedGraph, Vec<crate::experts::step::MoeNode>), EngineError> {
-        let size = graph_size(&self.hp);
+        let size = graph_size(&self.hp, self.offload.as_ref().map_or(1, Offload::shares));
         let window = self.hp.swa.window as usize;
         let mut nodes = Vec::new();
         let offloaded = self.offload.as_ref().map(Offload::graph_experts);
@@ -166,8 +166,20 @@ pub(crate) fn run_graph(
 
 /// Nodes a step's graph may hold: the architecture's most per block
 /// ([`arch::Arch::nodes_per_block`]), and the head's.
-pub(super) fn graph_size(hp: &Hparams) -> usize {
-    (hp.n_layer * arch::of(hp.arch).nodes_per_block + 256).max(2048)
+/// Nodes a step's graph may make: the architecture's per block, plus, with the routed experts
+/// computed in `shares` parts (expert parallelism: one per device), each further part's per
+/// block ([`expert_share_nodes`]).
+pub(super) fn graph_size(hp: &Hparams, shares: usize) -> usize {
+    let per_share = shares.saturating_sub(1) * expert_share_nodes(hp);
+    (hp.n_layer * (arch::of(hp.arch).nodes_per_block + per_share) + 256).max(2048)
+}
+
+/// Graph nodes one more part of a block's routed experts makes at most (expert parallelism):
+/// the input's reshape, the mask product, up/gate/down, the activation, up to three bias adds,
+/// the weighted product, `k` views and `k - 1` adds of the sum over the picks, and the add of
+/// the parts: `2k + 10`, and two spare.
+pub fn expert_share_nodes(hp: &Hparams) -> usize {
+    2 * hp.n_expert_used as usize + 12
 }
 
 /// f16 causal mask [n_kv, n]: token t (position p = n_past + t) sees cache positions j <= p with

@@ -287,7 +287,8 @@ impl Engine {
         } else {
             vec![main.clone(), cpu]
         };
-        let sched = Sched::new(&backends, graph_size(&hp), false)?;
+        let shares = off.as_ref().map_or(1, Offload::shares);
+        let sched = Sched::new(&backends, graph_size(&hp, shares), false)?;
         let stage = match gpu.as_ref().filter(|g| !g.is_meta()) {
             Some(g) => Some(crate::ggml::HostStage::new(
                 g,
@@ -477,7 +478,8 @@ impl Engine {
             }
             // A fresh scheduler: reserved buffers only ever grow.
             self.opts.n_ubatch /= 2;
-            self.sched = Sched::new(&self._backends, graph_size(&self.hp), false)?;
+            let shares = self.offload.as_ref().map_or(1, Offload::shares);
+            self.sched = Sched::new(&self._backends, graph_size(&self.hp, shares), false)?;
         };
         for d in 0..n_dev {
             let (budget, fixed) = (budgets[d], fixed[d]);

@@ -20,6 +20,7 @@ mod step;
 pub mod tensor_split;
 /// The KV cache and the weights live with the graph that reads them; their old paths stay.
 pub use crate::graph::{kv, weights};
+pub use graph::expert_share_nodes;
 use graph::{causal_mask_f16, graph_size};
 pub(crate) use graph::{out_name, run_graph};
 use options::gib;
@@ -202,6 +203,11 @@ impl Engine {
     /// Backend splits of the last step's graph (ggml's scheduler: runs of nodes on one backend).
     pub fn n_splits(&self) -> usize {
         self.sched.n_splits()
+    }
+
+    /// Nodes of the last step's graph (`None` before the first step).
+    pub fn graph_nodes(&self) -> Option<usize> {
+        self.graph.as_ref().map(|(_, g, _)| g.graph().n_nodes())
     }
 
     /// Offload statistics (`None` when the model is fully resident).
