@@ -186,6 +186,33 @@ fn a_one_device_list_is_the_single_device_engine() {
     assert_eq!(run(&mut a), run(&mut b));
 }
 
+/// `-sm expert` places offloaded experts only: with everything resident the plan says it
+/// changes nothing (never silently ignored), and with the tensor split it is refused by name.
+#[test]
+fn expert_parallel_is_said_or_refused_where_it_does_nothing() {
+    let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let opts = |split_tensors: bool| EngineOptions {
+        device: dev(),
+        devices: vec![dev(); 2],
+        expert_parallel: true,
+        split_tensors,
+        n_ctx: 64,
+        n_threads: 2,
+        ..Default::default()
+    };
+    let eng = Engine::load(&path, opts(false), &|_, _| {}).unwrap();
+    let text = eng.plan();
+    assert!(text.contains("-sm expert changes nothing"), "{text}");
+    let err = Engine::load(&path, opts(true), &|_, _| {})
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("expert parallelism") && err.contains("choose one"),
+        "{err}"
+    );
+}
+
 #[test]
 fn what_the_split_does_not_build_is_refused() {
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
@@ -592,7 +619,10 @@ fn check_expert_parallel(arch: &str) {
         let case = channel_case(cpu_channel);
         let mut eng = setup.load(arch, cpu_channel);
         let text = eng.plan();
-        assert!(text.contains("e mod 2 = 1"), "{arch}: {text}");
+        assert!(
+            text.contains("e mod 2 = 1") && text.contains("a share of every layer's experts"),
+            "{arch}: {text}"
+        );
         let (got, got_tokens) = run(&mut eng);
         let mut over = Vec::new();
         for (i, (g, w)) in got.iter().zip(want).enumerate() {

@@ -311,7 +311,18 @@ impl Engine {
         let o = &self.opts;
         let p = &sp.plan;
         let held = match &self.offload {
+            // -sm expert places only offloaded experts: say so rather than ignore it.
+            None if o.expert_parallel => {
+                "all weights resident, so -sm expert changes nothing: each device holds its own \
+                 blocks' experts"
+                    .to_string()
+            }
             None => "all weights resident".to_string(),
+            Some(off) if off.expert_parallel() => format!(
+                "routed experts offloaded: {} in page-locked host memory, each device caching a \
+                 share of every layer's experts (-sm expert)",
+                gib(off.host_bytes() as u64)
+            ),
             Some(off) => format!(
                 "routed experts offloaded: {} in page-locked host memory, an expert cache per device",
                 gib(off.host_bytes() as u64)

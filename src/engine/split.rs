@@ -8,6 +8,7 @@
 //! With one device nothing here runs: the engine is built and stepped exactly as before.
 use super::{auto_budget, gib, load::cpu_pool_polls, Device, EngineError, EngineOptions};
 use crate::ggml::{Backend, BufType, Graph, Tensor};
+use crate::graph::device_tag;
 use crate::model::Hparams;
 use std::ops::Range;
 use std::rc::Rc;
@@ -246,9 +247,9 @@ impl LayerPlan {
 
     /// The backend assignments of `g`'s nodes: a node named `name-il` (llama.cpp's `cb`
     /// names, [`crate::graph::GraphBuilder::cb`], views' ` (view)` suffixes ignored) runs on
-    /// block `il`'s device, one tagged `@d` ([`tag_device`]) on device `d`; an unnamed node on the device of the last named node before it
-    /// (so the embedding's nodes run on the first block's device and the head's on the last
-    /// block's). Not assigned, left to the scheduler: views (no computation; they follow their
+    /// block `il`'s device, one tagged `@d` ([`crate::graph::tag_device`]) on device `d`; an
+    /// unnamed node on the device of the last named node before it (so the embedding's nodes
+    /// run on the first block's device and the head's on the last block's). Not assigned, left to the scheduler: views (no computation; they follow their
     /// source) and nodes whose memory is already allocated (writes into the KV cache, which
     /// run where the cache is). Device k is the scheduler's backend k.
     pub fn assign<'a>(&self, g: &Graph<'a>) -> Vec<(Tensor<'a>, usize)> {
@@ -269,17 +270,6 @@ impl LayerPlan {
         }
         out
     }
-}
-
-/// `name` tagged to run on device `d` whatever its block (expert parallelism: one device's
-/// share of a layer's routed experts): `name@d`, which [`LayerPlan::assign`] reads first.
-pub fn tag_device(name: &str, d: usize) -> String {
-    format!("{name}@{d}")
-}
-
-/// The device a node's name is tagged with ([`tag_device`]).
-pub fn device_tag(name: &str) -> Option<usize> {
-    name.rsplit_once('@')?.1.parse().ok()
 }
 
 /// The block index of a graph node named `name-il` (`attn_norm-3`, `Qcur-12 (reshaped)`).
@@ -353,6 +343,7 @@ mod tests {
 
     #[test]
     fn a_device_tag_wins_over_the_block() {
+        use crate::graph::tag_device;
         let t = tag_device("ffn_moe_down-3", 1);
         assert_eq!(t, "ffn_moe_down-3@1");
         assert_eq!(device_tag(&t), Some(1));

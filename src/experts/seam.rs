@@ -155,12 +155,12 @@ fn predicted_logits<'a>(
 }
 
 /// Tags the graph's nodes from index `from` on (one share's expert FFN, just added) to run on
-/// device `d`: their names get the suffix `@d` (`engine::split::device_tag`), which the layer
+/// device `d`: their names get the suffix `@d` ([`crate::graph::tag_device`]), which the layer
 /// split's assignment reads before the block index.
 fn on_device(g: &GraphBuilder<'_>, from: usize, d: usize) {
     for i in from..g.graph.n_nodes() {
         let t = g.graph.node(i);
-        t.set_name(&crate::engine::split::tag_device(&t.name(), d));
+        t.set_name(&crate::graph::tag_device(&t.name(), d));
     }
 }
 

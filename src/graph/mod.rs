@@ -82,6 +82,18 @@ pub struct GraphBuilder<'a> {
     pub experts: &'a dyn blocks::RoutedExperts,
 }
 
+/// `name` tagged to run on device `d` whatever its block (expert parallelism: one device's
+/// share of a layer's routed experts): `name@d`, which the layer split's assignment
+/// (`engine::split`) reads before the block index.
+pub fn tag_device(name: &str, d: usize) -> String {
+    format!("{name}@{d}")
+}
+
+/// The device a node's name is tagged with ([`tag_device`]).
+pub fn device_tag(name: &str) -> Option<usize> {
+    name.rsplit_once('@')?.1.parse().ok()
+}
+
 impl<'a> GraphBuilder<'a> {
     /// Names `t` as llama.cpp would (`name-il`, or `name` for il < 0).
     pub fn cb(&self, t: Tensor<'a>, name: &str, il: i32) -> Tensor<'a> {

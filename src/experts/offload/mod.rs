@@ -17,7 +17,8 @@
 //! The code is split by job, each a child module (they alone see the fields): `load` and
 //! `alloc` (memory), `addrs` (where an expert lies), `tensors` (what graphs read), `hook` (the
 //! step hook), `readback` (a stop's routing to the host), `slots` (a stop's cache
-//! protocol), `staging` (prefill), `planner` and `miss` (the CPU channel's share).
+//! protocol), `prefetch` (the next layer's predicted experts), `staging` (prefill), `planner`
+//! and `miss` (the CPU channel's share).
 mod addrs;
 mod alloc;
 mod gated;
@@ -25,6 +26,7 @@ mod hook;
 mod load;
 mod miss;
 mod planner;
+mod prefetch;
 mod readback;
 mod slots;
 mod staging;

@@ -1,0 +1,80 @@
+//! FATE prefetch (docs/design.md §4.6): at a stop, the next offloaded layer's predicted experts
+//! that are not resident are copied into their share's slots on the copy stream, as many as the
+//! miss balance leaves to the copy engine (`planner::prefetch_budget`).
+use super::addrs::LayerAddrs;
+use super::*;
+use crate::experts::stats::LayerStats;
+
+impl Offload {
+    /// After layer `il`'s experts are queued: takes the next offloaded layer's predicted router
+    /// logits `pred` [n_expert, n_tokens] (computed by the graph on this layer's FFN input),
+    /// and queues copies of the predicted experts that are not resident on the copy stream.
+    /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
+    /// attention; the next stop fences them before its slot writes and matmuls.
+    pub(super) fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
+        let Some(next) = self.next_offloaded(il) else {
+            return Ok(());
+        };
+        let shares = self.shares;
+        let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
+        let devs: Vec<usize> = (0..shares).map(|s| self.share_device(next, s)).collect();
+        let now = self.step;
+        let k = self.k;
+        let layer = self.layers[next].as_ref().expect("offloaded layer");
+        let predicted = predicted_experts(pred, self.n_expert, k);
+        let cands: Vec<u32> = predicted
+            .iter()
+            .copied()
+            .filter(|&e| layer.slot(e).is_none())
+            .collect();
+        // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
+        let budget = self.prefetch_budget(next, &cands);
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
+        let mut h2d = vec![0u64; shares];
+        let mut fetched = Vec::new();
+        let mut full = vec![false; shares];
+        for &e in &cands {
+            if fetched.len() == budget {
+                break;
+            }
+            let s = layer.owner(e);
+            if full[s] {
+                continue;
+            }
+            // Evict only experts not predicted; stop when the share's cache has none left to
+            // give.
+            let Some((slot, _)) = layer.caches[s].admit(e, &|r| predicted.contains(&r), now) else {
+                full[s] = true;
+                continue;
+            };
+            let xfer = self.parts[devs[s]].xfer.as_mut();
+            for (_, a) in addrs[s].mats() {
+                xfer.copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
+                h2d[s] += a.expert_bytes as u64;
+            }
+            fetched.push(e);
+        }
+        let st = &mut self.stats.layers[next];
+        let h2d_all: u64 = h2d.iter().sum();
+        st.prefetched += fetched.len() as u64;
+        st.copies += fetched.len() as u64;
+        st.h2d_bytes += h2d_all;
+        self.stats.h2d_bytes += h2d_all;
+        if shares > 1 {
+            let mut by = vec![LayerStats::default(); shares];
+            for &e in &fetched {
+                by[layer.owner(e)].prefetched += 1;
+            }
+            for (b, &bytes) in by.iter_mut().zip(&h2d) {
+                b.h2d_bytes += bytes;
+            }
+            self.stats.add_by_share(&by);
+        }
+        layer.prefetched = fetched;
+        layer.predicted = predicted;
+        for (s, &b) in h2d.iter().enumerate() {
+            self.copies_queued(devs[s], b);
+        }
+        Ok(())
+    }
+}
