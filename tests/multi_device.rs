@@ -347,9 +347,9 @@ fn a_tied_head_gets_its_own_copy_on_the_last_device() {
 const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 
 /// What an offloaded-split check starts from: the tiny model of `arch`, the single-device
-/// resident engine's logits and tokens (the reference), and the two devices' budgets that give
-/// each exactly `slots(n_expert, k)[d]` expert slots per layer (each device's floor, found by
-/// [`split_floors`], plus that cache). `None` for a model without routed experts.
+/// resident engine's logits and tokens (the reference), and the `n_dev` devices' budgets that
+/// give each exactly `slots(n_expert, k)[d]` expert slots per layer (each device's floor, found
+/// by [`split_floors`], plus that cache). `None` for a model without routed experts.
 struct OffloadedSplit {
     path: std::path::PathBuf,
     /// The split's options (without devices and budgets).
@@ -357,17 +357,18 @@ struct OffloadedSplit {
     want: Vec<Vec<f32>>,
     want_tokens: Vec<u32>,
     budgets: Vec<u64>,
-    slots: [usize; 2],
+    slots: Vec<usize>,
     /// Whether each device holds expert slots at all.
-    holds: [bool; 2],
+    holds: Vec<bool>,
     plan: pocketmoe::engine::LayerPlan,
 }
 
 impl OffloadedSplit {
     fn new(
         path: &Path,
+        n_dev: usize,
         expert_parallel: bool,
-        slots: impl Fn(usize, usize) -> [usize; 2],
+        slots: impl Fn(usize, usize) -> Vec<usize>,
     ) -> Option<Self> {
         let base = EngineOptions {
             device: dev(),
@@ -377,7 +378,7 @@ impl OffloadedSplit {
             n_ubatch: 8,
             // Blocks shared evenly whatever the budgets (else the shares follow the budgets, and
             // each budget found below would move the boundary).
-            tensor_split: vec![1.0, 1.0],
+            tensor_split: vec![1.0; n_dev],
             repack: false,
             ..Default::default()
         };
@@ -391,11 +392,11 @@ impl OffloadedSplit {
             expert_parallel,
             ..base
         };
-        let floors = split_floors(path, 2, &opts);
+        let floors = split_floors(path, n_dev, &opts);
         let probe = Engine::load(
             path,
             EngineOptions {
-                devices: vec![dev(); 2],
+                devices: vec![dev(); n_dev],
                 gpu_mems: floors.clone(),
                 ..opts.clone()
             },
@@ -404,10 +405,12 @@ impl OffloadedSplit {
         .unwrap();
         let (n_expert, k) = (probe.hp.n_expert as usize, probe.hp.n_expert_used as usize);
         let slots = slots(n_expert, k);
-        let budgets = (0..2)
+        let budgets = (0..n_dev)
             .map(|d| floors[d] + probe.expert_cache_bytes_on(d, slots[d]).unwrap())
             .collect();
-        let holds = [0, 1].map(|d| probe.expert_cache_bytes_on(d, 1).unwrap() > 0);
+        let holds = (0..n_dev)
+            .map(|d| probe.expert_cache_bytes_on(d, 1).unwrap() > 0)
+            .collect();
         let plan = probe.layer_plan().unwrap().clone();
         Some(Self {
             path: path.to_path_buf(),
@@ -427,7 +430,7 @@ impl OffloadedSplit {
         let eng = Engine::load(
             &self.path,
             EngineOptions {
-                devices: vec![dev(); 2],
+                devices: vec![dev(); self.budgets.len()],
                 gpu_mems: self.budgets.clone(),
                 cpu_experts: cpu_channel,
                 offload_bandwidths: cpu_channel.then_some((1e9, 1e12)),
@@ -498,7 +501,8 @@ fn check_offloaded_split(arch: &str) {
         eprintln!("{arch}: refused on two logical devices (the offloaded split needs two GPUs)");
         return;
     }
-    let Some(setup) = OffloadedSplit::new(&path, false, |n_expert, k| [k + 1, n_expert - 1]) else {
+    let Some(setup) = OffloadedSplit::new(&path, 2, false, |n_expert, k| vec![k + 1, n_expert - 1])
+    else {
         return;
     };
     let OffloadedSplit {
@@ -584,27 +588,32 @@ fn offloaded_layer_split_is_bit_identical_on_every_built_arch() {
     }
 }
 
-/// Expert parallelism (`--split-mode expert`, `EngineOptions::expert_parallel`) over two CPU
+/// Expert parallelism (`--split-mode expert`, `EngineOptions::expert_parallel`) over `n_dev` CPU
 /// stand-ins: the layer split for the dense weights, and every device caching and computing a
-/// share of every offloaded layer's routed experts (expert `e` on device `e % 2`), each share
-/// with its own slots (device 0 exactly one token's k picks, device 1 its whole share), against
-/// the single-device resident engine.
+/// share of every offloaded layer's routed experts (expert `e` on device `e % n_dev`), each share
+/// with its own slots (device 0 exactly one token's k picks, the others their whole share),
+/// against the single-device resident engine.
 ///
-/// The logits are not bit-identical: a layer's output is the sum of the two devices' partial
-/// sums (each over its own picks, the other device's weighing 0) instead of one sum in pick
-/// order, the reordering [`CPU_CHANNEL_MAX_DIFF`] bounds (the same rule: at most one position
-/// beyond it, cosine >= 0.99999). A device that computed a pick it does not own (a wrong mask),
-/// read another's slots or lost a share would move the logits by far more. Also checked: the
-/// expert FFN of a layer on device 0 ran its share on device 1 (the `@1` nodes), each device's
-/// counters saw hits and misses of its own share, and each copied bytes to its own cache.
-fn check_expert_parallel(arch: &str) {
+/// The logits are not bit-identical: a layer's output is the sum of the devices' partial sums
+/// (each over its own picks, the others' weighing 0) instead of one sum in pick order, the
+/// reordering [`CPU_CHANNEL_MAX_DIFF`] bounds (the same rule: at most one position beyond it,
+/// cosine >= 0.99999). A device that computed a pick it does not own (a wrong mask), read
+/// another's slots or lost a share would move the logits by far more. Also checked: a layer's
+/// expert FFN ran each share on its own device (the `@d` nodes), each device's counters saw
+/// misses (and, caching its whole share, hits) of its own share and copied bytes to its own
+/// cache, and the graph grew by no more than the engine reserves for it.
+fn check_expert_parallel(arch: &str, n_dev: usize) {
     if cfg!(feature = "cuda") {
-        // Logical devices cannot offload (`check_offloaded_split`): two real GPUs needed.
+        // Logical devices cannot offload (`check_offloaded_split`): real GPUs needed.
         return;
     }
     let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
-    let Some(setup) = OffloadedSplit::new(&path, true, |n_expert, k| {
-        [k, (1..n_expert).step_by(2).count()]
+    // Device 0 exactly one token's k picks, every other device its whole share.
+    let share = |d: usize, n_expert: usize| (d..n_expert).step_by(n_dev).count();
+    let Some(setup) = OffloadedSplit::new(&path, n_dev, true, |n_expert, k| {
+        (0..n_dev)
+            .map(|d| if d == 0 { k } else { share(d, n_expert) })
+            .collect()
     }) else {
         return;
     };
@@ -615,12 +624,19 @@ fn check_expert_parallel(arch: &str) {
         plan,
         ..
     } = &setup;
+    if want_slots.iter().min() < want_slots.first() {
+        // A share smaller than a token's k picks: decode cannot count on the slots and
+        // stages instead (`Offload::slot_tokens`), so no share runs on its own device.
+        eprintln!("{arch}: {n_dev} shares of fewer than k experts; skipped");
+        return;
+    }
     for cpu_channel in [false, true] {
         let case = channel_case(cpu_channel);
         let mut eng = setup.load(arch, cpu_channel);
         let text = eng.plan();
         assert!(
-            text.contains("e mod 2 = 1") && text.contains("a share of every layer's experts"),
+            text.contains(&format!("e mod {n_dev} = 1"))
+                && text.contains("a share of every layer's experts"),
             "{arch}: {text}"
         );
         let (got, got_tokens) = run(&mut eng);
@@ -633,11 +649,12 @@ fn check_expert_parallel(arch: &str) {
         }
         assert!(
             over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= 0.99999),
-            "{arch}, {case}: rows (row, max |d|, cosine) beyond {CPU_CHANNEL_MAX_DIFF:e}: {over:?}"
+            "{arch}, {n_dev} devices, {case}: rows (row, max |d|, cosine) beyond \
+             {CPU_CHANNEL_MAX_DIFF:e}: {over:?}"
         );
-        assert_eq!(&got_tokens, want_tokens, "{arch}, {case}");
-        // The last decode step's graph: a MoE layer ran its two shares on their own devices
-        // (one of them not the layer's device).
+        assert_eq!(&got_tokens, want_tokens, "{arch}, {n_dev} devices, {case}");
+        // The last decode step's graph: a MoE layer ran each share on its own device (all but
+        // one of them not the layer's device).
         let il0 = (0..eng.hp.n_layer_decode())
             .rev()
             .find(|il| {
@@ -645,52 +662,53 @@ fn check_expert_parallel(arch: &str) {
                     .is_some()
             })
             .unwrap_or_else(|| panic!("{arch}: no MoE layer ran tagged shares"));
-        for d in 0..2 {
+        for d in 0..n_dev {
             assert_eq!(
                 eng.node_backend(&format!("ffn_moe_weighted-{il0}@{d}")),
                 Some(d),
-                "{arch}, {case}: layer {il0}'s share {d}"
+                "{arch}, {n_dev} devices, {case}: layer {il0}'s share {d}"
             );
         }
         let stats = eng.offload_stats().unwrap();
         let devs = stats.devices();
-        assert_eq!(devs.len(), 2, "{arch}: per-device counters");
+        assert_eq!(devs.len(), n_dev, "{arch}: per-device counters");
         for (d, ds) in devs.iter().enumerate() {
-            // (Device 1 caches its whole share: once warm, its picks hit, unless the CPU-heavy
-            // cost model sent every miss to the CPU.)
+            // (A device caching its whole share hits once warm, unless the CPU-heavy cost
+            // model sent every miss to the CPU.)
             assert!(
                 ds.misses > 0 && (d == 0 || cpu_channel || ds.hits > 0),
-                "{arch}, {case}: device {d}: {ds:?}"
+                "{arch}, {n_dev} devices, {case}: device {d}: {ds:?}"
             );
             assert!(
                 cpu_channel || ds.h2d_bytes > 0,
-                "{arch}, {case}: device {d} copied nothing: {ds:?}"
+                "{arch}, {n_dev} devices, {case}: device {d} copied nothing: {ds:?}"
             );
             assert!(
                 cpu_channel || ds.cpu == 0,
-                "{arch}, {case}: device {d}: {ds:?}"
+                "{arch}, {n_dev} devices, {case}: device {d}: {ds:?}"
             );
         }
         assert_eq!(stats.cpu_share() > 0.0, cpu_channel, "{arch}, {case}");
         eprintln!(
-            "{arch}: blocks {:?}, experts over 2 devices (slots {want_slots:?}), {case}: within the bound; {}",
+            "{arch}: blocks {:?}, experts over {n_dev} devices (slots {want_slots:?}), {case}: within the bound; {}",
             plan.blocks,
             stats
                 .summary()
                 .lines()
                 .rev()
-                .take(2)
+                .take(n_dev)
                 .collect::<Vec<_>>()
                 .join("; ")
         );
     }
-    // The graph's size: a MoE layer's second share adds at most `expert_share_nodes` nodes,
-    // what the engine reserves per share and block (a graph beyond its size aborts in ggml).
+    // The graph's size: each further share of a MoE layer adds at most `expert_share_nodes`
+    // nodes, what the engine reserves per share and block (a graph beyond its size aborts in
+    // ggml).
     let last_graph = |expert_parallel: bool| {
         let mut eng = Engine::load(
             &setup.path,
             EngineOptions {
-                devices: vec![dev(); 2],
+                devices: vec![dev(); n_dev],
                 gpu_mems: setup.budgets.clone(),
                 cpu_experts: false,
                 expert_parallel,
@@ -704,19 +722,23 @@ fn check_expert_parallel(arch: &str) {
         (eng.graph_nodes().unwrap(), moe, eng.hp.clone())
     };
     let ((ep, moe, hp), (layer, _, _)) = (last_graph(true), last_graph(false));
-    let most = moe * pocketmoe::engine::expert_share_nodes(&hp);
+    let most = (n_dev - 1) * moe * pocketmoe::engine::expert_share_nodes(&hp);
     assert!(
         ep > layer && ep - layer <= most,
-        "{arch}: {ep} nodes with expert parallelism, {layer} without, over {moe} MoE layers \
-         (at most {most} more)"
+        "{arch}: {ep} nodes with expert parallelism over {n_dev} devices, {layer} without, over \
+         {moe} MoE layers (at most {most} more)"
     );
 }
 
-/// Every architecture with a graph and routed experts.
+/// Every architecture with a graph and routed experts, over two and three devices (the
+/// seed's four-GPU case has shares `e mod 4`; three checks a share count that divides no
+/// tiny model's experts evenly).
 #[test]
 fn expert_parallel_split_matches_resident_on_every_built_arch() {
     for arch in pocketmoe::arch::built() {
-        check_expert_parallel(arch.spec.name);
+        for n_dev in [2, 3] {
+            check_expert_parallel(arch.spec.name, n_dev);
+        }
     }
 }
 
