@@ -21,6 +21,17 @@ use std::path::{Path, PathBuf};
 /// a wrong expert result moves them by far more.
 const CPU_CHANNEL_MAX_DIFF: f32 = 1e-5;
 
+/// On the CPU build, where the CPU channel's reordered sum tips a near-tied routing choice of
+/// the prompt (a discrete change): the least cosine against the resident engine of the tipped
+/// position and every later one (which attends to it); the decode steps after it are then held
+/// to the GPU build's rule for a flipped choice (`check_arch`). Measured: deepseek4's tiny
+/// model with 2 slots (LRU) tips at position 34 with ggml's AVX-512 (zen4) kernels, positions
+/// 34-39 at max |dlogit| 0.11-0.15, cosine 0.99991-0.99997, and its steps then agree at min
+/// cosine 0.9897, 15 of 16 tokens (with the AVX2 kernels the same case stays within 2.9e-6,
+/// prompt and steps); a wrong expert result moves every position that used the channel, the
+/// first of the micro-batch too, by far more.
+const TIP_MIN_COSINE: f64 = 0.9999;
+
 fn tiny(arch: &str) -> PathBuf {
     common::synth_tiny("offload", arch, QuantMix::Q4KM, 2.8, 5)
 }
@@ -133,6 +144,8 @@ fn check_arch(arch: &str) {
         let mut eng = engine_bw(&path, Some(budget), policy.clone(), bw);
         assert_eq!(eng.expert_slots(), Some(slots as usize), "{arch}: slots");
         let got_prompt = eng.forward(&prompt).unwrap();
+        // Whether the prompt tipped a near-tied routing choice (CPU build, see below).
+        let mut tipped = false;
         // The prompt's last micro-batch (8 of 40 tokens) runs from the slots, so the CPU channel
         // may take some of its experts: on a GPU build those round as the CPU does (see below).
         // Rounding alone moves a position's logits by little (measured on the H200: min cosine
@@ -211,8 +224,14 @@ fn check_arch(arch: &str) {
                     .iter()
                     .filter(|&&(_, d, _)| d > CPU_CHANNEL_MAX_DIFF)
                     .collect();
+                // A tipped near-tie: beyond the bound only from one position on (the tipped
+                // choice, and every later position, which attends to it), each still cosine
+                // >= TIP_MIN_COSINE; a wrong CPU result moves the positions that used it.
+                let tip = off.first().map(|&&(p, _, _)| p);
+                tipped = off.len() > 1;
                 assert!(
-                    off.len() <= 1 && off.iter().all(|&&(_, _, c)| c >= 0.99999),
+                    off.iter().all(|&&(_, _, c)| c >= TIP_MIN_COSINE)
+                        && tip.is_none_or(|p| off.len() == per_pos.len() - p),
                     "{arch} {slots} slots {policy:?}: prompt max |dlogit| above \
                      {CPU_CHANNEL_MAX_DIFF:e} at (position, max |dlogit|, cosine) {off:?} \
                      ({prompt_cpu} CPU-channel experts)"
@@ -229,7 +248,9 @@ fn check_arch(arch: &str) {
         // most tokens; slots, staging and prefetch are held to the resident path.
         let st = eng.offload_stats().unwrap();
         let case_cpu: u64 = st.layers.iter().map(|l| l.cpu).sum();
-        let cpu_vs_gpu = cfg!(feature = "cuda") && case_cpu > 0;
+        // (A prompt that tipped a near-tie on the CPU build: its steps attend to the changed
+        // rows, so they are held to the same rule.)
+        let cpu_vs_gpu = (cfg!(feature = "cuda") && case_cpu > 0) || tipped;
         let cos: Vec<f64> = (0..got.len())
             .map(|i| cosine(&got_logits[i], &want_logits[i]))
             .collect();
@@ -248,8 +269,9 @@ fn check_arch(arch: &str) {
             got.len()
         );
         if cpu_vs_gpu {
-            // GPU build, CPU-channel experts in decode: a flipped top-k choice changes the later
-            // tokens' context, so only the average and most tokens can agree (see above).
+            // GPU build, CPU-channel experts in decode (or a tipped prompt): a flipped top-k
+            // choice changes the later tokens' context, so only the average and most tokens can
+            // agree (see above).
             let mean = cos.iter().sum::<f64>() / cos.len() as f64;
             assert!(
                 mean >= 0.98 && same * 4 >= got.len() * 3,
