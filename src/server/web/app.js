@@ -98,6 +98,9 @@ async function readSse(body, onEvent) {
   }
 }
 
+// Milliseconds between renders of a streaming reply (see `send`).
+const RENDER_MS = 50;
+
 async function send(text) {
   const system = $("system").value.trim();
   const mine = epoch;
@@ -130,6 +133,19 @@ async function send(text) {
     const log = $("log");
     if (log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
   };
+  // At most one render per RENDER_MS while the reply streams: each render lays out the whole
+  // reply, so one per token made a long fast reply quadratic and froze the page (a tiny model at
+  // ~900 tok/s stopped the renderer answering within a minute).
+  let lastRender = 0, renderTimer = null;
+  const renderSoon = () => {
+    if (renderTimer !== null) return;
+    const wait = Math.max(0, RENDER_MS - (performance.now() - lastRender));
+    renderTimer = setTimeout(() => {
+      renderTimer = null;
+      lastRender = performance.now();
+      render();
+    }, wait);
+  };
 
   controller = new AbortController();
   $("send").disabled = true;
@@ -160,7 +176,7 @@ async function send(text) {
         raw += d.content || "";
         if (c.finish_reason) finish = c.finish_reason;
       }
-      render();
+      renderSoon();
     });
     div.dataset.state = "done";
     setStatus("ready");
@@ -177,6 +193,7 @@ async function send(text) {
     }
   }
   controller.abort(); // closes the response if it is still open (an error mid-stream)
+  if (renderTimer !== null) clearTimeout(renderTimer);
   render();
   const n = usage ? usage.completion_tokens : tokens;
   const secs = first ? (performance.now() - first) / 1000 : 0;
