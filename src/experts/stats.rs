@@ -30,6 +30,16 @@ pub struct LayerStats {
 }
 
 impl LayerStats {
+    /// Counts one used expert of a decode stop: a hit, or a miss (`cpu`: computed on the CPU).
+    pub fn count_use(&mut self, hit: bool, cpu: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+            self.cpu += cpu as u64;
+        }
+    }
+
     /// Adds `o`'s counters.
     pub fn add(&mut self, o: &LayerStats) {
         self.hits += o.hits;

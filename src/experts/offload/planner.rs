@@ -3,6 +3,7 @@
 //! prefetch budget it sets, and the join of the CPU's result (docs/design.md §4.5).
 use super::miss::{secs, GPU_LAYER_S, SECOND_STOP_S};
 use super::*;
+use crate::experts::stats::LayerStats;
 use crate::graph::blocks::ExpertAct;
 use std::time::Instant;
 
@@ -70,9 +71,34 @@ impl Offload {
 
     /// Copies of `bytes` were queued on device `dev`'s copy engine (at a stop or a prefetch):
     /// its backlog grows.
-    pub(super) fn copies_queued(&mut self, dev: usize, bytes: u64) {
+    fn copies_queued(&mut self, dev: usize, bytes: u64) {
         if bytes > 0 {
             self.miss.queued(Instant::now(), bytes, dev);
+        }
+    }
+
+    /// Books the copies just queued for layer `il`: `h2d[s]` bytes to share `s`'s device
+    /// `devs[s]`, into the layer's and the engine's counters, each device's copy backlog and,
+    /// under expert parallelism, the per-share counters `by` (this stop's, which the caller
+    /// filled with the rest of its per-share counts; ignored with one share).
+    pub(super) fn book_copies(
+        &mut self,
+        il: usize,
+        devs: &[usize],
+        h2d: &[u64],
+        mut by: Vec<LayerStats>,
+    ) {
+        let h2d_all: u64 = h2d.iter().sum();
+        self.stats.layers[il].h2d_bytes += h2d_all;
+        self.stats.h2d_bytes += h2d_all;
+        if self.shares > 1 {
+            for (b, &bytes) in by.iter_mut().zip(h2d) {
+                b.h2d_bytes += bytes;
+            }
+            self.stats.add_by_share(&by);
+        }
+        for (&d, &b) in devs.iter().zip(h2d) {
+            self.copies_queued(d, b);
         }
     }
 

@@ -55,26 +55,17 @@ impl Offload {
             fetched.push(e);
         }
         let st = &mut self.stats.layers[next];
-        let h2d_all: u64 = h2d.iter().sum();
         st.prefetched += fetched.len() as u64;
         st.copies += fetched.len() as u64;
-        st.h2d_bytes += h2d_all;
-        self.stats.h2d_bytes += h2d_all;
-        if shares > 1 {
-            let mut by = vec![LayerStats::default(); shares];
-            for &e in &fetched {
-                by[layer.owner(e)].prefetched += 1;
+        let mut by = vec![LayerStats::default(); if shares > 1 { shares } else { 0 }];
+        for &e in &fetched {
+            if let Some(b) = by.get_mut(layer.owner(e)) {
+                b.prefetched += 1;
             }
-            for (b, &bytes) in by.iter_mut().zip(&h2d) {
-                b.h2d_bytes += bytes;
-            }
-            self.stats.add_by_share(&by);
         }
         layer.prefetched = fetched;
         layer.predicted = predicted;
-        for (s, &b) in h2d.iter().enumerate() {
-            self.copies_queued(devs[s], b);
-        }
+        self.book_copies(next, &devs, &h2d, by);
         Ok(())
     }
 }

@@ -107,21 +107,18 @@ impl Offload {
         let layer = self.layers[il].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[il];
         let mut h2d = vec![0u64; shares];
-        // This stop's counters per share (expert parallelism: per device).
-        let mut by = vec![LayerStats::default(); shares];
+        // This stop's counters per share (expert parallelism: per device; none with one share).
+        let mut by = vec![LayerStats::default(); if shares > 1 { shares } else { 0 }];
         let mut copies = Vec::new();
         for &e in used {
             let s = layer.owner(e);
-            if layer.slot(e).is_some() {
-                st.hits += 1;
-                by[s].hits += 1;
-                continue;
+            let hit = layer.slot(e).is_some();
+            let cpu = !hit && on_cpu.contains(&e);
+            st.count_use(hit, cpu);
+            if let Some(b) = by.get_mut(s) {
+                b.count_use(hit, cpu);
             }
-            st.misses += 1;
-            by[s].misses += 1;
-            if on_cpu.contains(&e) {
-                st.cpu += 1;
-                by[s].cpu += 1;
+            if hit || cpu {
                 continue;
             }
             st.copies += 1;
@@ -142,15 +139,6 @@ impl Offload {
         }
         for &e in used {
             layer.cache_mut(e).touch(e, now);
-        }
-        let h2d_all: u64 = h2d.iter().sum();
-        st.h2d_bytes += h2d_all;
-        self.stats.h2d_bytes += h2d_all;
-        for (b, &bytes) in by.iter_mut().zip(&h2d) {
-            b.h2d_bytes += bytes;
-        }
-        if shares > 1 {
-            self.stats.add_by_share(&by);
         }
         // Control per share: slot ids and the mask; a pick of another share or of the CPU
         // points at a free slot id with weight 0.
@@ -199,9 +187,7 @@ impl Offload {
             let zeros = vec![0u8; 4 * self.n_embd * n_tokens];
             self.ctl_cpu(il).write_bytes_at(0, &zeros)?;
         }
-        for (s, &b) in h2d.iter().enumerate() {
-            self.copies_queued(devs[s], b);
-        }
+        self.book_copies(il, &devs, &h2d, by);
         let n = sel.len();
         let lay = ScratchLayout::new(self.scratch, n, routing.pred.len(), shares);
         assert!(lay.end <= self.scratch + self.scratch_len);
