@@ -5,6 +5,21 @@ use super::addrs::LayerAddrs;
 use super::*;
 use crate::experts::stats::LayerStats;
 
+/// A factor on the prefetch budget: 1, or `POCKETMOE_PREFETCH_SCALE` (0 to 1; 0 prefetches
+/// nothing, leaving every predicted miss to its stop's split), read once, for an A/B on the
+/// device of how much of the copy engine prefetches should take.
+fn prefetch_scale() -> f64 {
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| {
+        std::env::var("POCKETMOE_PREFETCH_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|x: &f64| x.is_finite())
+            .unwrap_or(1.0)
+            .clamp(0.0, 1.0)
+    })
+}
+
 impl Offload {
     /// After layer `il`'s experts are queued: takes the next offloaded layer's predicted router
     /// logits `pred` [n_expert, n_tokens] (computed by the graph on this layer's FFN input),
@@ -28,7 +43,8 @@ impl Offload {
             .filter(|&e| layer.slot(e).is_none())
             .collect();
         // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
-        let budget = self.prefetch_budget(next, &cands);
+        let budget =
+            (self.prefetch_budget(next, &cands) as f64 * prefetch_scale()).round() as usize;
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut h2d = vec![0u64; shares];
         let mut fetched = Vec::new();
