@@ -787,12 +787,30 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
             && plan.contains(&format!("each of the {n_dev} devices")),
         "{arch}: the plan does not say what each device holds:\n{plan}"
     );
+    // MLA and an all-heads Q/K norm keep attention whole on every device, and the plan says so.
+    let whole = pocketmoe::engine::tensor_split::whole_attention(arch).is_some();
+    assert_eq!(
+        plan.contains("attention whole on every device"),
+        whole,
+        "{arch}: the plan does not say how attention is split:\n{plan}"
+    );
     assert!(eng.layer_plan().is_none(), "{arch}: no layer split besides");
-    for name in [
-        "blk.0.attn_q.weight",
+    // Block 0's first attention weight and its output projection (where the architecture has
+    // one by that name), and a whole tensor.
+    let blk0 = block_tensors(&path, 0);
+    let attn_first = blk0
+        .iter()
+        .find(|n| n.contains(".attn_"))
+        .expect("attention");
+    let names = [
+        attn_first.as_str(),
         "blk.0.attn_output.weight",
         "output_norm.weight",
-    ] {
+    ];
+    for name in names
+        .into_iter()
+        .filter(|n| blk0.iter().any(|b| b == n) || !n.starts_with("blk."))
+    {
         assert!(
             eng.weight_is_tensor_split(name),
             "{arch}: {name} not in the split's memory"
@@ -815,7 +833,7 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
             Split::Partial { .. } | Split::Mirrored => whole += t.n_bytes,
         }
     }
-    let held = eng.weight_buffer_bytes("blk.0.attn_q.weight").unwrap() as u64;
+    let held = eng.weight_buffer_bytes(attn_first).unwrap() as u64;
     // ggml pads each tensor to the buffer's alignment: 32 bytes per tensor at most, and more
     // for a quantised row tail; 64 KiB covers a tiny model's few hundred tensors.
     let most = whole + per_dev.iter().max().unwrap() + (64 << 10);
@@ -899,7 +917,7 @@ fn what_the_tensor_split_does_not_build_is_refused() {
         n_ctx: 64,
         ..Default::default()
     };
-    for arch in ["olmoe", "deepseek2"] {
+    for arch in ["deepseek4"] {
         let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
         let err = Engine::load(&path, opts(None), &|_, _| {})
             .err()

@@ -265,10 +265,14 @@ impl Engine {
                         .weights
                         .get(weights::TOKEN_EMBD)
                         .map_or(0, crate::ggml::meta::buffer_bytes);
+                    let attn = match tensor_split::whole_attention(self.hp.arch.name) {
+                        Some(why) => format!("attention whole on every device ({why})"),
+                        None => "attention by heads".to_string(),
+                    };
                     s += &format!(
-                        "\n  tensor split: attention by heads, FFNs and experts by their hidden \
-                         dimension, the head by vocabulary, the rest whole on each of the {n_tp} \
-                         devices; the largest device holds {} of weights",
+                        "\n  tensor split: {attn}, FFNs and experts by their hidden dimension, \
+                         the head by vocabulary, the rest whole on each of the {n_tp} devices; \
+                         the largest device holds {} of weights",
                         gib(held as u64)
                     );
                 }
