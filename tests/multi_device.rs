@@ -77,6 +77,14 @@ fn run(eng: &mut Engine) -> (Vec<Vec<f32>>, Vec<u32>) {
     (logits, tokens)
 }
 
+/// The error `Engine::load` refuses `opts` with (the test fails where it loads).
+fn refusal(path: &Path, opts: EngineOptions) -> String {
+    Engine::load(path, opts, &|_, _| {})
+        .err()
+        .expect("refused")
+        .to_string()
+}
+
 /// Names of the file's tensors of block `il`.
 fn block_tensors(path: &Path, il: usize) -> Vec<String> {
     let prefix = format!("blk.{il}.");
@@ -217,7 +225,7 @@ fn expert_parallel_is_said_or_refused_where_it_does_nothing() {
 fn what_the_split_does_not_build_is_refused() {
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
     // A budget list of another length than the device list.
-    let err = Engine::load(
+    let err = refusal(
         &path,
         EngineOptions {
             devices: vec![Device::Cpu; 2],
@@ -225,20 +233,16 @@ fn what_the_split_does_not_build_is_refused() {
             n_ctx: 64,
             ..Default::default()
         },
-        &|_, _| {},
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+    );
     assert!(err.contains("one per device"), "{err}");
     // CPU and CUDA devices in one split.
-    let err = load(&path, vec![Device::Cpu, Device::Cuda(0)])
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = match load(&path, vec![Device::Cpu, Device::Cuda(0)]) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a CPU and a CUDA device in one split loaded"),
+    };
     assert!(err.contains("not mixed") || err.contains("CUDA"), "{err}");
     // A tensor split of another length than the device list.
-    let err = Engine::load(
+    let err = refusal(
         &path,
         EngineOptions {
             devices: vec![Device::Cpu; 2],
@@ -246,11 +250,7 @@ fn what_the_split_does_not_build_is_refused() {
             n_ctx: 64,
             ..Default::default()
         },
-        &|_, _| {},
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+    );
     assert!(err.contains("one share per device"), "{err}");
 }
 
@@ -920,19 +920,13 @@ fn what_the_tensor_split_does_not_build_is_refused() {
     // The one architecture the rules do not cover, refused by name with the way that works.
     let arch = "deepseek4";
     let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
-    let err = Engine::load(&path, opts(None), &|_, _| {})
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = refusal(&path, opts(None));
     assert!(
         err.contains(arch) && err.contains("--split-mode layer"),
         "{arch}: {err}"
     );
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
-    let err = Engine::load(&path, opts(Some(1 << 20)), &|_, _| {})
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = refusal(&path, opts(Some(1 << 20)));
     assert!(err.contains("does not offload"), "{err}");
     // One budget for all is each device's: the compute reserve (512 MiB per device) plus 3/4
     // of the model each holds the model only as the two devices' budgets together, which is
@@ -949,10 +943,7 @@ fn what_the_tensor_split_does_not_build_is_refused() {
     // -ts of another length than the device list.
     let mut o = opts(None);
     o.tensor_split = vec![1.0, 1.0, 1.0];
-    let err = Engine::load(&path, o, &|_, _| {})
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = refusal(&path, o);
     assert!(err.contains("one share per device"), "{err}");
 }
 
