@@ -848,15 +848,26 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     assert_eq!(eng.n_splits(), 1, "{arch}");
     assert_eq!(got.len(), want.len());
     let mut worst = 0f32;
+    // The first row beyond the bound, where a near-tied choice tipped (see TP_TIP_MIN_COSINE).
+    let mut tip: Option<usize> = None;
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let d = common::max_abs_diff(g, w);
         let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-        worst = worst.max(d / scale);
+        if tip.is_none() && d <= TP_MAX_REL * scale {
+            worst = worst.max(d / scale);
+            continue;
+        }
+        let at = *tip.get_or_insert(i);
+        let c = common::cosine(g, w);
         assert!(
-            d <= TP_MAX_REL * scale,
+            c >= TP_TIP_MIN_COSINE,
             "{arch}, {n_dev} devices {shares:?}, row {i}: max |d| {d} from one device's logits \
-             (max |logit| {scale}, bound {TP_MAX_REL} of it)"
+             (max |logit| {scale}, bound {TP_MAX_REL} of it), cosine {c} (rows from {at} on \
+             beyond the bound; a tipped near-tie keeps >= {TP_TIP_MIN_COSINE})"
         );
+    }
+    if let Some(at) = tip {
+        eprintln!("{arch}: a near-tie tipped at row {at}: the rows after it within cosine {TP_TIP_MIN_COSINE}");
     }
     assert_eq!(got_tokens, want_tokens, "{arch}, {n_dev} devices");
     eprintln!(
@@ -882,6 +893,18 @@ fn tp_turn() -> std::sync::MutexGuard<'static, ()> {
 /// Measured: Q8_0 bit-identical on every architecture and split, F16 1.8e-4 of the largest
 /// logit. A misplaced slice (another head's K, an unreduced partial sum) moves logits by O(1).
 const TP_MAX_REL: f32 = 1e-3;
+
+/// That reassociation can also tip a near-tied discrete choice (a router's top-k): deepseek4's
+/// tiny model (sqrt-softplus scores, whose near ties tests/offload.rs meets too) over two
+/// stand-ins, with attention whole on every device and only its FFNs cut, parts from one
+/// device at prompt position 6 (seed 11; equal shares and -ts 3,1 alike) and every later row
+/// follows at max |d| 0.09-0.12 of a largest logit of 13.4, cosine >= 0.99996, the same greedy
+/// tokens; over three devices, and with seeds 2, 3 and 4 in all three splits, it is
+/// bit-identical (measured 2026-12-05), which a misplaced slice or an unreduced partial sum,
+/// wrong at every row from the first, could not be (a slice cut unlike its neighbours' stops
+/// ggml's meta backend at its first use: an abort, which fails the test too). From the first row beyond `TP_MAX_REL`, each row must keep this
+/// cosine (a wrong slice leaves it far below) and the tokens must stay the same.
+const TP_TIP_MIN_COSINE: f64 = 0.9999;
 
 #[test]
 fn tensor_split_matches_one_device_on_supported_archs() {
@@ -917,14 +940,8 @@ fn what_the_tensor_split_does_not_build_is_refused() {
         n_ctx: 64,
         ..Default::default()
     };
-    // The one architecture the rules do not cover, refused by name with the way that works.
-    let arch = "deepseek4";
-    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
-    let err = refusal(&path, opts(None));
-    assert!(
-        err.contains(arch) && err.contains("--split-mode layer"),
-        "{arch}: {err}"
-    );
+    // (Every built architecture is covered: an uncovered one's refusal is checked in
+    // engine::tensor_split's unit tests.)
     let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
     let err = refusal(&path, opts(Some(1 << 20)));
     assert!(err.contains("does not offload"), "{err}");

@@ -20,11 +20,12 @@
 //! by `il` devices, so the larger part falls on each device in turn.
 //!
 //! Where attention cannot be cut by heads ([`WHOLE_ATTENTION`]: MLA, whose latent cache is one
-//! head (DeepSeek-2/3.2); a Q/K norm that spans every head at once (OLMoE, MiniMax-M2)) attention stays whole on every device, its
+//! head (DeepSeek-2/3.2); DeepSeek-V4, whose compressed caches are one head too; a Q/K norm that
+//! spans every head at once (OLMoE, MiniMax-M2)) attention stays whole on every device, its
 //! weights and KV cache mirrored, each device computing all of it: only the FFNs, experts and
-//! head are cut. llama.cpp's tensor split refuses these; ours runs them with the experts, the
-//! bulk of a MoE, cut. Not for DeepSeek-V4 (see [`unsupported`]), nor with offloaded experts
-//! (the expert cache has one device's slots).
+//! head are cut. llama.cpp's tensor split refuses these but DeepSeek-V4 (whose attention it
+//! cuts in part); ours runs them all with the experts, the bulk of a MoE, cut. Not with
+//! offloaded experts (the expert cache has one device's slots).
 use super::{load::cpu_pool_polls, Device, EngineError, EngineOptions};
 use crate::ggml::meta::{Split, SplitRules};
 use crate::ggml::{Backend, GgmlType};
@@ -92,6 +93,10 @@ pub const SUPPORTED: &[&str] = &["qwen3moe", "qwen2moe", "llama", "gpt-oss", "gl
 pub const WHOLE_ATTENTION: &[(&str, &str)] = &[
     ("deepseek2", "its MLA attention caches one latent head"),
     ("deepseek32", "its MLA attention caches one latent head"),
+    (
+        "deepseek4",
+        "its attention caches one compressed head and mixes streams across blocks",
+    ),
     ("olmoe", "its Q/K norm spans every head at once"),
     ("minimax-m2", "its Q/K norm spans every head at once"),
 ];
@@ -114,17 +119,10 @@ pub fn unsupported(arch: &str) -> Option<String> {
         .copied()
         .chain(WHOLE_ATTENTION.iter().map(|(a, _)| *a))
         .collect();
-    let why = match arch {
-        // With its attention whole on every device and only the FFNs cut, two CPU stand-ins
-        // still part from one device from prompt position 6 on (by ~1% of the largest logit,
-        // every row after; three devices agree bit for bit): something of its attention state
-        // does not follow the split (not traced yet).
-        "deepseek4" => "its compressed attention state does not yet follow the split",
-        _ => "the tensor split rules do not cover it yet",
-    };
     Some(format!(
-        "--split-mode tensor is not built for {arch} ({why}); --split-mode layer (the default \
-         with several devices) splits whole blocks (tensor split built for: {})",
+        "--split-mode tensor is not built for {arch} (the tensor split rules do not cover it \
+         yet); --split-mode layer (the default with several devices) splits whole blocks \
+         (tensor split built for: {})",
         built.join(", ")
     ))
 }
@@ -420,9 +418,10 @@ mod tests {
         assert!(whole_attention("deepseek2").unwrap().contains("MLA"));
         assert!(whole_attention("olmoe").unwrap().contains("norm"));
         assert!(whole_attention("qwen3moe").is_none());
-        let e = unsupported("deepseek4").unwrap();
+        assert!(unsupported("deepseek4").is_none());
+        let e = unsupported("jamba").unwrap();
         assert!(
-            e.contains("deepseek4") && e.contains("--split-mode layer") && e.contains("olmoe"),
+            e.contains("jamba") && e.contains("--split-mode layer") && e.contains("olmoe"),
             "{e}"
         );
     }
