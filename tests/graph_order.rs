@@ -92,12 +92,12 @@ fn decode_order(arch: &str) -> (Parts, Parts, Hparams) {
 
     let mut cap = Capture::new(["*"]);
     cap.record_order = true;
-    eng.set_capture(Some(&mut cap));
+    eng.set_capture(Some(&mut cap)).unwrap();
     let toks: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
     eng.prefill(&toks).unwrap();
     cap.order.clear();
     eng.step(toks[0]).unwrap();
-    eng.set_capture(None);
+    eng.set_capture(None).unwrap();
     (blocks(&cap.order, n_layer), theirs, hp)
 }
 

@@ -72,7 +72,7 @@ fn measure(skew: f32, seed: u64, n_decode: usize, n_long: usize) -> Routing {
     let decode = common::decode_routing(&mut eng, n_decode, &mut tok);
     // A long random prompt, prefilled in chunks: which experts does each layer use?
     eng.reset();
-    eng.set_capture(Some(&mut cap));
+    eng.set_capture(Some(&mut cap)).unwrap();
     let mut used = vec![vec![false; n_expert]; n_layer];
     let long: Vec<u32> = (0..n_long).map(|_| tok()).collect();
     for chunk in long.chunks(256) {
@@ -86,7 +86,7 @@ fn measure(skew: f32, seed: u64, n_decode: usize, n_long: usize) -> Routing {
         }
         cap.got.clear();
     }
-    eng.set_capture(None);
+    eng.set_capture(None).unwrap();
     let _ = std::fs::remove_file(&path);
     Routing {
         n_expert,

@@ -321,7 +321,7 @@ impl<'e> Trace<'e> {
         let mut cap = std::env::var("POCKETMOE_TRACE_NODES")
             .ok()
             .map(|names| crate::ggml::capture::Capture::new(names.split(',')));
-        eng.set_capture(cap.as_deref_mut());
+        eng.set_capture(cap.as_deref_mut())?;
         Ok(Self {
             eng,
             cap,
@@ -377,7 +377,7 @@ impl Decoder for Trace<'_> {
 
 impl Drop for Trace<'_> {
     fn drop(&mut self) {
-        self.eng.set_capture(None);
+        let _ = self.eng.set_capture(None);
         let _ = self.out.flush();
     }
 }

@@ -423,9 +423,24 @@ impl Engine {
     }
 
     /// Captures named intermediate tensors of later forward passes into `cap` (see
-    /// `ggml::capture`); `None` stops. `cap` must outlive its use.
-    pub fn set_capture(&mut self, cap: Option<&mut crate::ggml::capture::Capture>) {
+    /// `ggml::capture`); `None` stops. `cap` must outlive its use. Refused under a tensor split:
+    /// ggml's meta backend aborts the process when a node it holds as per-device partial sums
+    /// (an FFN's down product before its all-reduce) is read, and which nodes those are is its
+    /// own (not exported) business.
+    pub fn set_capture(
+        &mut self,
+        cap: Option<&mut crate::ggml::capture::Capture>,
+    ) -> Result<(), EngineError> {
+        if cap.is_some() && self.tensor_split_devices() > 0 {
+            return Err(EngineError::Devices(
+                "capturing graph nodes (POCKETMOE_TRACE_NODES, the parity captures) is not \
+                 built under --split-mode tensor: ggml's meta backend aborts on reading a node \
+                 it holds as per-device partial sums; trace with --split-mode layer or one device"
+                    .into(),
+            ));
+        }
         self.sched.set_capture(cap);
+        Ok(())
     }
 
     /// Positions in the cache.

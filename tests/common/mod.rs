@@ -106,7 +106,7 @@ pub fn decode_routing(
         .map(|il| format!("ffn_moe_probs-{il}"))
         .collect();
     let mut cap = pocketmoe::ggml::capture::Capture::new(names.clone());
-    eng.set_capture(Some(&mut cap));
+    eng.set_capture(Some(&mut cap)).unwrap();
     let mut picks = vec![Vec::new(); n_layer];
     for _ in 0..n_steps {
         eng.forward_last(&[tok()]).unwrap();
@@ -115,7 +115,7 @@ pub fn decode_routing(
         }
         cap.got.clear();
     }
-    eng.set_capture(None);
+    eng.set_capture(None).unwrap();
     picks
 }
 
