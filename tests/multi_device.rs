@@ -821,6 +821,8 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
     // rule answering "whole on every device" would make it the whole model).
     let file = GgufModel::open(&path).unwrap();
     let rules = TensorRules::for_file(&eng.hp, &file, shares).unwrap();
+    // What the load's fit check counts per device (`TensorRules::device_shares`), checked here
+    // against the buffer ggml allocated, by hand: whole tensors plus each device's slices.
     let (mut whole, mut per_dev) = (0u64, vec![0u64; n_dev]);
     for t in file.tensors() {
         match rules.split(&t.name, t.ne.map(|x| x as i64), Some(t.ty)) {
@@ -833,13 +835,23 @@ fn check_tensor_split_q(arch: &str, shares: &[f64], q: QuantMix) -> f32 {
             Split::Partial { .. } | Split::Mirrored => whole += t.n_bytes,
         }
     }
+    let counted: Vec<u64> = rules
+        .device_shares(&file)
+        .iter()
+        .map(|d| d.weights)
+        .collect();
+    let by_hand: Vec<u64> = per_dev.iter().map(|p| whole + p).collect();
+    assert_eq!(
+        counted, by_hand,
+        "{arch}: the fit check's per-device weights"
+    );
     let held = eng.weight_buffer_bytes(attn_first).unwrap() as u64;
     // ggml pads each tensor to the buffer's alignment: 32 bytes per tensor at most, and more
     // for a quantised row tail; 64 KiB covers a tiny model's few hundred tensors.
-    let most = whole + per_dev.iter().max().unwrap() + (64 << 10);
+    let largest = *by_hand.iter().max().unwrap();
     assert!(
-        per_dev.iter().sum::<u64>() > 0 && held <= most,
-        "{arch}: one device holds {held} bytes of weights; whole tensors {whole}, the devices' slices {per_dev:?}: at most {most}"
+        per_dev.iter().sum::<u64>() > 0 && largest <= held && held <= largest + (64 << 10),
+        "{arch}: the largest device holds {held} bytes of weights; whole tensors {whole}, the devices' slices {per_dev:?}: {largest} + padding"
     );
     let (got, got_tokens) = run(&mut eng);
     // The blocks ran on the meta backend (the scheduler's backend 0, one piece), not on the CPU
@@ -975,6 +987,47 @@ fn what_the_tensor_split_does_not_build_is_refused() {
     o.tensor_split = vec![1.0, 1.0, 1.0];
     let err = refusal(&path, o);
     assert!(err.contains("one share per device"), "{err}");
+}
+
+/// A tensor split fits each device with what that device holds, not the model divided by the
+/// devices: with attention whole on every device (deepseek2's MLA), each holds all of it and
+/// its KV cache beside its half of the experts. A budget each of half the model (plus the
+/// compute reserve and 512 KiB for the tiny KV cache, ~300 KB at 64 positions) fits the
+/// devices' sum, which the fit check used to compare, yet not one device: refused naming the device, what it would hold and why;
+/// a budget of what the device holds plus that margin loads.
+#[test]
+fn tensor_split_fits_each_device_with_what_it_holds() {
+    let _turn = tp_turn();
+    let arch = "deepseek2";
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
+    let file = GgufModel::open(&path).unwrap();
+    let model: u64 = file.tensors().map(|t| t.n_bytes).sum();
+    let (_, hp) = pocketmoe::arch::hparams(&file).unwrap();
+    let held = TensorRules::for_file(&hp, &file, &[1.0, 1.0])
+        .unwrap()
+        .device_shares(&file);
+    let most = held.iter().map(|d| d.weights).max().unwrap();
+    assert!(
+        held.iter().all(|d| d.kv == 1.0) && most > model / 2 + (1 << 20),
+        "{arch}: the case needs a mirrored attention and cache worth more than the margin: \
+         {held:?} of {model}"
+    );
+    let opts = |each: u64| EngineOptions {
+        device: Device::Cpu,
+        devices: vec![Device::Cpu; 2],
+        split_tensors: true,
+        gpu_mem: Some(each),
+        n_ctx: 64,
+        ..Default::default()
+    };
+    const RESERVE: u64 = 512 << 20;
+    let err = refusal(&path, opts(RESERVE + model / 2 + (512 << 10)));
+    assert!(
+        err.contains("device 0 of the tensor split") && err.contains("whole on every device"),
+        "{err}"
+    );
+    let eng = Engine::load(&path, opts(RESERVE + most + (512 << 10)), &|_, _| {}).unwrap();
+    assert_eq!(eng.tensor_split_devices(), 2);
 }
 
 /// On a CUDA build with two or more GPUs: the tensor split over GPUs 0 and 1 against GPU 0

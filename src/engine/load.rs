@@ -62,10 +62,11 @@ impl Engine {
         }
         // Tensor parallelism: one meta backend over the devices (`tensor_split`), which the rest
         // of the engine sees as one device; no layer split.
-        let meta = if multi && opts.split_tensors {
-            Some(Rc::new(tensor_split::backend(&opts, &hp, &file)?))
+        let (meta, tp_held) = if multi && opts.split_tensors {
+            let (b, held) = tensor_split::backend(&opts, &hp, &file)?;
+            (Some(Rc::new(b)), held)
         } else {
-            None
+            (None, Vec::new())
         };
         // MLA (absorbed) caches one latent row per position, read as both K and V: no V cache;
         // nor does an architecture whose attention reads V from the K row (`arch.kv.k_only`).
@@ -120,20 +121,24 @@ impl Engine {
         // Offload when the budget is below the whole model (+ KV + a compute reserve); in a
         // layer split, when the devices' budgets together are.
         let need = total_bytes + kv_bytes;
-        // A tensor split's devices together: the budgets given per device summed, one budget
-        // given for all times the devices, or (automatic) the meta device's free memory, which
-        // is already the sum.
+        // A tensor split: each device's budget (given per device, one given for all, or
+        // (automatic) the meta device's free memory, the devices' together, shared evenly)
+        // against what it holds: every whole tensor (a whole-attention architecture's
+        // attention among them), its slices of the cut ones, its share of the KV cache and a
+        // compute reserve. The first device that does not fit, with its need and budget.
         let n_dev = opts.devices.len().max(1) as u64;
-        let tp_budget = if !opts.gpu_mems.is_empty() {
-            Some(opts.gpu_mems.iter().sum::<u64>())
-        } else if auto_budget {
-            opts.gpu_mem
-        } else {
-            opts.gpu_mem.map(|b| b * n_dev)
-        };
+        let tp_over = tp_held.iter().enumerate().find_map(|(k, h)| {
+            let budget = match (opts.gpu_mems.get(k), auto_budget) {
+                (Some(&b), _) => Some(b),
+                (None, true) => opts.gpu_mem.map(|b| b / n_dev),
+                (None, false) => opts.gpu_mem,
+            }?;
+            let holds = h.weights + (kv_bytes as f64 * h.kv).ceil() as u64 + COMPUTE_RESERVE;
+            (holds > budget).then_some((k, holds, budget))
+        });
         let offload = match (&split, &meta) {
             (Some(s), _) => !s.fits(need, COMPUTE_RESERVE),
-            (None, Some(_)) => tp_budget.is_some_and(|b| need + COMPUTE_RESERVE * n_dev > b),
+            (None, Some(_)) => tp_over.is_some(),
             (None, None) => opts.gpu_mem.is_some_and(|b| need + COMPUTE_RESERVE > b),
         };
         if offload && hp.n_expert == 0 {
@@ -150,15 +155,22 @@ impl Engine {
                 )));
             }
         }
-        if offload && meta.is_some() {
+        if let (true, Some((k, holds, budget))) = (offload && meta.is_some(), tp_over) {
+            let whole = match tensor_split::whole_attention(hp.arch.name) {
+                Some(why) => format!(", attention and KV cache whole on every device ({why})"),
+                None => String::new(),
+            };
             return Err(EngineError::Devices(format!(
-                "the model and its KV cache ({}) with compute reserves of {} per device do not \
-                 fit the {n_dev} devices' budgets ({} together) of the tensor split, which \
-                 does not offload routed experts yet: use --split-mode layer (each device \
-                 caches its blocks' experts), or give more memory",
-                gib(need),
+                "device {k} of the tensor split would hold {} (its weights {}: the whole \
+                 tensors and its slices of the cut ones{whole}; its KV share; a compute \
+                 reserve of {}), over its budget of {}; the model and its KV cache are {} in \
+                 all. The tensor split does not offload routed experts yet: use --split-mode \
+                 layer (each device caches its blocks' experts), or give more memory",
+                gib(holds),
+                gib(tp_held[k].weights),
                 gib(COMPUTE_RESERVE),
-                gib(tp_budget.unwrap_or(0))
+                gib(budget),
+                gib(need)
             )));
         }
         let offload = offload && hp.n_expert > 0;

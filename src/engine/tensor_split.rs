@@ -41,7 +41,7 @@ pub(super) fn backend(
     opts: &EngineOptions,
     hp: &Hparams,
     file: &GgufModel,
-) -> Result<Backend, EngineError> {
+) -> Result<(Backend, Vec<DeviceShare>), EngineError> {
     let err = |msg: String| Err(EngineError::Devices(msg));
     if let Some(msg) = unsupported(hp.arch.name) {
         return err(msg);
@@ -77,13 +77,20 @@ pub(super) fn backend(
         ));
     };
     let rules = TensorRules::for_file(hp, file, &shares).map_err(EngineError::Devices)?;
+    let held = rules.device_shares(file);
     let poll = cpu_pool_polls(false, false, opts.n_threads);
-    Ok(Backend::meta(
-        &names,
-        Box::new(rules),
-        opts.n_threads,
-        poll,
-    )?)
+    let meta = Backend::meta(&names, Box::new(rules), opts.n_threads, poll)?;
+    Ok((meta, held))
+}
+
+/// What one device of a tensor split holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceShare {
+    /// Weight bytes: every whole tensor (mirrored, or a partial sum's) and its slices of the
+    /// cut ones.
+    pub weights: u64,
+    /// Its fraction of the KV cache's bytes (1 where the cache is whole on every device).
+    pub kv: f64,
 }
 
 /// Architectures whose attention the rules cut by heads.
@@ -135,6 +142,7 @@ pub struct TensorRules {
     /// (`None`: mirrored, as the attention of [`WHOLE_ATTENTION`]'s architectures.)
     cache_k: Option<(i64, i64)>,
     cache_v: Option<(i64, i64)>,
+    n_layer: usize,
 }
 
 /// One tensor of the file: name, shape, type.
@@ -301,7 +309,47 @@ impl TensorRules {
             shares: shares.to_vec(),
             cache_k: cache.map(|(_, _, g_kv, _)| (hp.n_head_kv as i64 * hd_k, g_kv)),
             cache_v: cache.map(|(.., g_v)| (hp.n_head_kv as i64 * hd_v, g_v)),
+            n_layer: hp.n_layer,
         })
+    }
+}
+
+impl TensorRules {
+    /// What each device holds of `file`'s weights and of the KV cache, as these rules cut them
+    /// (ggml pads each tensor to its buffer's alignment on top).
+    pub fn device_shares(&self, file: &GgufModel) -> Vec<DeviceShare> {
+        let n = self.shares.len();
+        let mut weights = vec![0u64; n];
+        for t in file.tensors() {
+            match self.split(&t.name, t.ne.map(|x| x as i64), Some(t.ty)) {
+                Split::Axis { axis, ne } => {
+                    for (w, part) in weights.iter_mut().zip(&ne) {
+                        *w += t.n_bytes * *part as u64 / t.ne[axis].max(1);
+                    }
+                }
+                Split::Mirrored | Split::Partial { .. } => {
+                    weights.iter_mut().for_each(|w| *w += t.n_bytes);
+                }
+            }
+        }
+        // The cache's K and V rows per block, cut as the block's heads (or whole).
+        let (mut held, mut all) = (vec![0i64; n], 0i64);
+        for il in 0..self.n_layer {
+            for name in [format!("cache_k_l{il}"), format!("cache_v_l{il}")] {
+                if let Split::Axis { ne, .. } = self.split(&name, [0; 4], None) {
+                    held.iter_mut().zip(&ne).for_each(|(h, x)| *h += x);
+                    all += ne.iter().sum::<i64>();
+                }
+            }
+        }
+        weights
+            .into_iter()
+            .zip(held)
+            .map(|(weights, h)| DeviceShare {
+                weights,
+                kv: if all > 0 { h as f64 / all as f64 } else { 1.0 },
+            })
+            .collect()
     }
 }
 
