@@ -369,7 +369,8 @@ struct LlamaServerArgs {
     /// With several GPUs (--gpu 0,1): `layer` (the default: whole blocks per GPU, each caching
     /// its blocks' experts when offloading), `expert` (ours: the layer split, but every GPU
     /// caches and computes a share of every layer's routed experts), `tensor` (alias `row`:
-    /// every weight cut across the GPUs, resident models only) or `none` (the first GPU only).
+    /// every weight cut across the GPUs, resident models only; MLA and all-heads Q/K-norm
+    /// models keep attention whole on every GPU) or `none` (the first GPU only).
     #[arg(long, value_name = "MODE")]
     split_mode: Option<String>,
     /// With several GPUs (--gpu 0,1): each one's share of the blocks (e.g. 3,1; default: in

@@ -60,7 +60,8 @@ pub struct RunArgs {
     /// experts when offloading), `expert` (ours: the layer split, but every GPU caches and
     /// computes a share of every layer's routed experts, so a step's misses cross every GPU's
     /// link at once), `tensor` (alias `row`: every weight cut across the GPUs, resident models
-    /// only) or `none` (the first GPU only); llama.cpp's `-sm`.
+    /// only; MLA and all-heads Q/K-norm models keep attention whole on every GPU) or `none`
+    /// (the first GPU only); llama.cpp's `-sm`.
     #[arg(long = "split-mode", value_name = "MODE")]
     pub split_mode: Option<String>,
     /// Run on the CPU even when a GPU is present.

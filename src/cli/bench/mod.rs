@@ -62,8 +62,8 @@ pub struct BenchArgs {
     pub gpus: Vec<usize>,
     /// With several GPUs: `layer` (whole blocks per GPU, the default), `expert` (the layer
     /// split with every GPU caching a share of every layer's routed experts, when offloading)
-    /// or `tensor` (alias `row`: every weight cut across the GPUs, resident budgets only);
-    /// llama.cpp's `-sm`.
+    /// or `tensor` (alias `row`: every weight cut across the GPUs, resident budgets only; MLA
+    /// and all-heads Q/K-norm models keep attention whole on every GPU); llama.cpp's `-sm`.
     #[arg(long = "split-mode", value_name = "MODE", default_value = "layer")]
     pub split_mode: String,
     /// VRAM budgets, comma-separated: `resident` (the whole device) or sizes (12GiB, 8G).
