@@ -1098,9 +1098,17 @@ fn tensor_split_on_two_gpus_matches_one() {
 /// slice or an unreduced partial sum moves every row by O(1).
 #[test]
 fn tensor_split_serves_batches_like_one_device() {
+    // Attention by heads (qwen3moe), and whole on every device: MLA's latent cache (deepseek2)
+    // and an all-heads Q/K norm (olmoe), their paged caches mirrored.
+    for arch in ["qwen3moe", "deepseek2", "olmoe"] {
+        serves_batches_like_one_device(arch);
+    }
+}
+
+fn serves_batches_like_one_device(arch: &str) {
     let _turn = tp_turn();
     use pocketmoe::engine::batch::KV_PAGE;
-    let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
     let load = |devices: Vec<Device>| {
         Engine::load(
             &path,
@@ -1139,10 +1147,10 @@ fn tensor_split_serves_batches_like_one_device() {
         let c = common::cosine(g, w);
         assert!(
             c >= 0.9999,
-            "batch row {i}: cosine {c} (max |d| {d}) against one device"
+            "{arch}, batch row {i}: cosine {c} (max |d| {d}) against one device"
         );
     }
-    assert_eq!(got_toks, want_toks);
+    assert_eq!(got_toks, want_toks, "{arch}");
 }
 
 /// The server's prompt cache under a tensor split: a sequence's KV rows read out of the split
@@ -1151,9 +1159,16 @@ fn tensor_split_serves_batches_like_one_device() {
 /// state written.
 #[test]
 fn tensor_split_copies_sequence_state() {
+    // A cache cut by heads (qwen3moe) and MLA's latent cache, whole on every device (deepseek2).
+    for arch in ["qwen3moe", "deepseek2"] {
+        copies_sequence_state(arch);
+    }
+}
+
+fn copies_sequence_state(arch: &str) {
     let _turn = tp_turn();
     use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
-    let path = common::synth_tiny("multi_device", "qwen3moe", QuantMix::Q8_0, 1.0, 11);
+    let path = common::synth_tiny("multi_device", arch, QuantMix::Q8_0, 1.0, 11);
     let mut eng = Engine::load(
         &path,
         EngineOptions {
@@ -1173,7 +1188,7 @@ fn tensor_split_copies_sequence_state() {
     // 300 + 30 one then compute each row alike; the default kernels tile them differently.
     assert!(
         eng.set_batch_invariant(true),
-        "the split's CPU devices take the reference kernels"
+        "{arch}: the split's CPU devices take the reference kernels"
     );
     let shared: Vec<u32> = (0..300u32).map(|j| (j * 37 + 11) % 900).collect();
     let b: Vec<u32> = shared
@@ -1205,7 +1220,10 @@ fn tensor_split_copies_sequence_state() {
     greedy(&mut eng, &[2, 3], 0, &shared);
     let state = eng.read_seq(&[2, 3], 300).unwrap();
     eng.write_seq(&[4, 5], 300, &state).unwrap();
-    assert!(eng.read_seq(&[4, 5], 300).unwrap() == state);
+    assert!(eng.read_seq(&[4, 5], 300).unwrap() == state, "{arch}");
     let copied = greedy(&mut eng, &[4, 5], 300, &b[300..]);
-    assert!(copied == fresh, "copied prefix and continued != fresh");
+    assert!(
+        copied == fresh,
+        "{arch}: copied prefix and continued != fresh"
+    );
 }
