@@ -987,6 +987,11 @@ fn what_the_tensor_split_does_not_build_is_refused() {
     o.tensor_split = vec![1.0, 1.0, 1.0];
     let err = refusal(&path, o);
     assert!(err.contains("one share per device"), "{err}");
+    // --gpu-mem with a budget list of another length (none would be silently left unused).
+    let mut o = opts(None);
+    o.gpu_mems = vec![each; 3];
+    let err = refusal(&path, o);
+    assert!(err.contains("one per device"), "{err}");
 }
 
 /// A tensor split fits each device with what that device holds, not the model divided by the

@@ -34,9 +34,10 @@ use crate::model::Hparams;
 use std::collections::HashMap;
 
 /// The meta backend of a tensor split over `opts.devices` (two or more), cut by the rules for
-/// `file`'s tensors. Refused, by name: an architecture the rules do not cover, CPU and CUDA
-/// devices mixed, a GPU named twice, a tensor split (`-ts`) of another length than the device
-/// list, a dimension too small to cut.
+/// `file`'s tensors, and what each device holds. Refused, by name: an architecture the rules
+/// do not cover, CPU and CUDA devices mixed, a GPU named twice, a tensor split (`-ts`) or a
+/// budget list (`--gpu-mem`) of another length than the device list, a dimension too small to
+/// cut.
 pub(super) fn backend(
     opts: &EngineOptions,
     hp: &Hparams,
@@ -76,6 +77,13 @@ pub(super) fn backend(
             opts.tensor_split
         ));
     };
+    if !opts.gpu_mems.is_empty() && opts.gpu_mems.len() != n {
+        return err(format!(
+            "{} memory budgets (--gpu-mem) for the {n} devices of a tensor split: give one for \
+             all, or one per device",
+            opts.gpu_mems.len()
+        ));
+    }
     let rules = TensorRules::for_file(hp, file, &shares).map_err(EngineError::Devices)?;
     let held = rules.device_shares(file);
     let poll = cpu_pool_polls(false, false, opts.n_threads);
