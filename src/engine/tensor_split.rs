@@ -320,9 +320,7 @@ impl TensorRules {
             n_layer: hp.n_layer,
         })
     }
-}
 
-impl TensorRules {
     /// What each device holds of `file`'s weights and of the KV cache, as these rules cut them
     /// (ggml pads each tensor to its buffer's alignment on top).
     pub fn device_shares(&self, file: &GgufModel) -> Vec<DeviceShare> {

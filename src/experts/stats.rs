@@ -30,6 +30,12 @@ pub struct LayerStats {
 }
 
 impl LayerStats {
+    /// A stop's counters per share under expert parallelism (one per device), none with one
+    /// share (nothing to split there).
+    pub fn per_share(shares: usize) -> Vec<LayerStats> {
+        vec![LayerStats::default(); if shares > 1 { shares } else { 0 }]
+    }
+
     /// Counts one used expert of a decode stop: a hit, or a miss (`cpu`: computed on the CPU).
     pub fn count_use(&mut self, hit: bool, cpu: bool) {
         if hit {

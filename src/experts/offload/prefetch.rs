@@ -73,7 +73,7 @@ impl Offload {
         let st = &mut self.stats.layers[next];
         st.prefetched += fetched.len() as u64;
         st.copies += fetched.len() as u64;
-        let mut by = vec![LayerStats::default(); if shares > 1 { shares } else { 0 }];
+        let mut by = LayerStats::per_share(shares);
         for &e in &fetched {
             if let Some(b) = by.get_mut(layer.owner(e)) {
                 b.prefetched += 1;

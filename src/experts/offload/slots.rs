@@ -108,7 +108,7 @@ impl Offload {
         let st = &mut self.stats.layers[il];
         let mut h2d = vec![0u64; shares];
         // This stop's counters per share (expert parallelism: per device; none with one share).
-        let mut by = vec![LayerStats::default(); if shares > 1 { shares } else { 0 }];
+        let mut by = LayerStats::per_share(shares);
         let mut copies = Vec::new();
         for &e in used {
             let s = layer.owner(e);
