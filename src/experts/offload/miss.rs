@@ -106,6 +106,16 @@ impl MissModel {
             (self.cpu_correction_s - SLACK_GAIN * err).clamp(-MAX_CORRECTION_S, MAX_CORRECTION_S);
     }
 
+    /// [`MissModel::observe`] for a join: the result waited `back` seconds for it, the join
+    /// waited `waited` for the result, and the step would still have waited `behind` seconds
+    /// (from the join's start) for something else, a gated stop's copies (0 on the eval-hook
+    /// path, where the GPU's own experts run beside the job and the join is the measure): a
+    /// result that came before them left slack, and a join cost the step only what it waited
+    /// beyond them.
+    pub(super) fn observe_join(&mut self, back: f64, waited: f64, behind: f64) {
+        self.observe(back + behind, waited);
+    }
+
     /// A stop sent all its misses over PCIe: the CPU idled through the layer. A positive
     /// correction (the CPU charged more than measured) decays towards zero by what a job whose
     /// result waited a GPU layer would take off, so one that priced the CPU out of every split
@@ -125,6 +135,16 @@ impl MissModel {
             (true, Some(t)) => t.saturating_duration_since(now).as_secs_f64(),
             _ => 0.0,
         }
+    }
+
+    /// When device `dev`'s copy engine should have landed what is queued (None: nothing
+    /// queued yet, or no balance).
+    pub(super) fn copy_idle_at(&self, dev: usize) -> Option<Instant> {
+        self.copy_idle_at
+            .get(dev)
+            .copied()
+            .flatten()
+            .filter(|_| self.balance)
     }
 
     /// `bytes` were queued on device `dev`'s copy engine at `now`.
@@ -266,6 +286,29 @@ mod tests {
         m.balance = false;
         m.observe(0.0, 80e-6);
         assert_eq!((m.cpu_correction_s, m.cpu_start()), (0.0, 60e-6));
+    }
+
+    #[test]
+    fn a_gated_join_that_waited_less_than_the_copies_leaves_slack() {
+        // Gated, the gate opens after the job and the stop's copies. The join waited 60 us for
+        // the result, the copies land 100 us after the join began: the CPU finished 40 us
+        // before them, so it could have taken more (charged less), as the hook path would
+        // read a result that waited 40 us.
+        let (mut gated, mut hook) = (model(50e9, 50e9, 60e-6), model(50e9, 50e9, 60e-6));
+        gated.observe_join(0.0, 60e-6, 100e-6);
+        hook.observe(40e-6, 0.0);
+        assert!(gated.cpu_correction_s < 0.0, "{}", gated.cpu_correction_s);
+        assert!((gated.cpu_correction_s - hook.cpu_correction_s).abs() < 1e-12);
+        // Copies that landed 20 us into an 80 us wait: the CPU held the step 60 us.
+        let mut late = model(50e9, 50e9, 60e-6);
+        late.observe_join(0.0, 80e-6, 20e-6);
+        assert!(late.cpu_correction_s > 0.0, "{}", late.cpu_correction_s);
+        // Nothing behind (the eval-hook path): the join is the whole measure.
+        let mut plain = model(50e9, 50e9, 60e-6);
+        plain.observe_join(0.0, 60e-6, 0.0);
+        let mut direct = model(50e9, 50e9, 60e-6);
+        direct.observe(0.0, 60e-6);
+        assert_eq!(plain.cpu_correction_s, direct.cpu_correction_s);
     }
 
     #[test]

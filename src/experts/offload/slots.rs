@@ -223,12 +223,15 @@ impl Offload {
                 xfer.open_gate(ticket)?;
             }
         }
+        // When this stop's copies should have landed (the gate waits for them, not for the
+        // prefetches queued next): a gated join's slack is measured against it.
+        let copies_land = gate.and_then(|_| self.miss.copy_idle_at(devs[0]));
         if !routing.pred.is_empty() {
             self.prefetch_after(il, &routing.pred)?;
         }
         if let (Some(ticket), false) = (gate, on_cpu.is_empty()) {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
-            self.on_gpu_out(il, n_tokens)?;
+            self.join_cpu(il, n_tokens, copies_land)?;
             self.xfer(il).open_gate(ticket)?;
         }
         Ok(())
