@@ -111,8 +111,8 @@ pub struct EngineOptions {
     pub slack_control: bool,
     /// Offloading on one GPU: decode steps run gated (`experts::offload::gated`: the graph's
     /// pieces queued a stop ahead, behind a gate on the device, so a stop does not wait for the
-    /// next piece's launch). Default auto: on CUDA while the CPU channel is seldom used
-    /// (`Gated::AUTO_MAX_JOBS`, measured); `POCKETMOE_GATED=1` always, `=0` never.
+    /// next piece's launch). Default auto: on CUDA, whichever of gated and the eval-hook path
+    /// measures faster (`experts::offload::duel`); `POCKETMOE_GATED=1` always, `=0` never.
     pub gated_decode: crate::experts::Gated,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,

@@ -36,8 +36,9 @@ pub struct OffloadOptions {
 }
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or
-/// (the default) on a device that queues compute ahead (CUDA) while the CPU channel is seldom
-/// used (see [`Gated::AUTO_MAX_JOBS`]).
+/// (the default) on a device that queues compute ahead (CUDA), whichever of gated and the
+/// eval-hook path measures faster on the box (`offload::duel`: the two take turns for 48
+/// steps of a micro-batch size, then the faster runs 512).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gated {
     Off,
@@ -46,14 +47,6 @@ pub enum Gated {
 }
 
 impl Gated {
-    /// Auto: the most CPU jobs per offloaded layer (a moving average over steps) at which steps
-    /// still run gated. Measured on the H200 (docs/bench-h200.md, 2026-12-05, build 8df8422; a
-    /// gated step joins the CPU's job before its GPU experts run): with 0.01-0.02 jobs a
-    /// layer (calibrated routing) gated decode was 21-29% faster than the eval-hook path; with
-    /// 0.35-0.9 (uniform routing, where the hook path gives the CPU 75% of misses) 7% slower.
-    /// An eighth lies between the two, well clear of both.
-    pub const AUTO_MAX_JOBS: f64 = 0.125;
-
     /// From `POCKETMOE_GATED`: `1` always, `0` never, else auto.
     pub fn from_env() -> Self {
         match std::env::var("POCKETMOE_GATED").as_deref() {

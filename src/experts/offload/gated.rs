@@ -50,8 +50,9 @@ impl Offload {
     /// device whose copy engine can gate; on a device that queues ahead, only with quantised
     /// experts (ggml-cuda's `mul_mat_id` then runs without synchronising the host: mat-vec
     /// kernels up to 8 tokens, MMQ beyond; of other types it may copy the ids to the host and
-    /// wait, which behind a closed gate would never end).
-    pub fn can_gate(&self, nodes: &GraphNodes, n_tokens: usize) -> bool {
+    /// wait, which behind a closed gate would never end). Under `Gated::Auto` a step that can
+    /// runs gated when the duel of the two paths says so (`duel`: both measured on the box).
+    pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize) -> bool {
         let Some(part) = self.parts.first().filter(|_| self.parts.len() == 1) else {
             return false;
         };
@@ -62,15 +63,13 @@ impl Offload {
                 .flat_map(|l| l.mats.iter().flatten())
                 .all(|m| m.ty.is_quantized())
         };
-        // Auto: only while the CPU channel is seldom used (a gated stop waits through a job).
-        let seldom = self.opts.gated != Gated::Auto || self.job_rate <= Gated::AUTO_MAX_JOBS;
-        self.gating_wanted()
-            && seldom
+        let can = self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
             && part.xfer.can_gate()
-            && (!part.xfer.queues_ahead() || quantised())
+            && (!part.xfer.queues_ahead() || quantised());
+        can && (self.opts.gated != Gated::Auto || self.duels.choose(n_tokens))
     }
 
     /// Whether a gated graph could gain here: never with gating off; with it on always; auto

@@ -11,15 +11,7 @@ impl Offload {
         if let Some(cpu) = self.cpu.as_mut().filter(|c| c.pending().is_some()) {
             let _ = cpu.finish();
         }
-        // The CPU jobs of the step before, per offloaded layer, into the moving average
-        // (weight 1/5: a few steps' memory, so a change of routing regime is followed within a
-        // few tokens and one odd step does not flip the choice).
-        let jobs = self.stats.cpu_jobs - self.jobs_seen;
-        self.jobs_seen = self.stats.cpu_jobs;
-        if self.step > 0 {
-            let layers = self.layers.iter().flatten().count().max(1);
-            self.job_rate = 0.8 * self.job_rate + 0.2 * jobs as f64 / layers as f64;
-        }
+        self.duels.begin();
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
@@ -27,6 +19,7 @@ impl Offload {
 
     /// Adds a step's graph compute time (stops included).
     pub fn add_step_time(&mut self, compute_s: f64) {
+        self.duels.step_time(compute_s);
         self.stats.compute_s += compute_s;
     }
 

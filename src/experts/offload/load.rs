@@ -198,10 +198,7 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             gate_ticket: None,
-            // Starts as if every layer had a job: a process takes the hook path until its
-            // steps have shown the CPU channel seldom used (see `Gated::AUTO_MAX_JOBS`).
-            job_rate: 1.0,
-            jobs_seen: 0,
+            duels: Default::default(),
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),
             cpu_ok,

@@ -18,9 +18,11 @@
 //! `alloc` (memory), `addrs` (where an expert lies), `tensors` (what graphs read), `hook` (the
 //! step hook), `readback` (a stop's routing to the host), `slots` (a stop's cache
 //! protocol), `prefetch` (the next layer's predicted experts), `staging` (prefill), `planner`
-//! and `miss` (the CPU channel's share).
+//! and `miss` (the CPU channel's share), `gated` (decode steps queued behind a gate) and `duel`
+//! (whether a step runs gated, measured).
 mod addrs;
 mod alloc;
+mod duel;
 mod gated;
 mod hook;
 mod load;
@@ -179,10 +181,8 @@ pub struct Offload {
     /// ticket not yet handed out, and the stops whose routing reads are queued (layer, read
     /// batch, what was read where), oldest first.
     gate_ticket: Option<u64>,
-    /// CPU jobs per offloaded layer and step, a moving average (`Gated::Auto` reads it), and
-    /// the jobs counted when it was last updated.
-    job_rate: f64,
-    jobs_seen: u64,
+    /// `Gated::Auto`'s choice between the eval-hook path and gated, measured (`duel`).
+    duels: duel::Duels,
     gate_next: u64,
     gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
 }
