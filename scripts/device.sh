@@ -19,6 +19,7 @@
 #   prompt-cache OUT             the server's prompt cache, resident and offloaded (device-prompt-cache.sh)
 #   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
 #   gated OUT                    gated decode on CUDA: its tests under a timeout, then the A/B
+#   auto OUT                     Gated::Auto's duel against each of its arms, uniform and calibrated
 #   multi OUT                    several GPUs: multi_device tests, -sm layer/tensor vs stock (device-multi.sh)
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
@@ -69,6 +70,22 @@ case "$sub" in
       return $rc
     }
     cmd=(gated "$@") ;;
+  auto)
+    # Gated::Auto's measured choice (experts::offload::duel) in one device call (< 10 min,
+    # ours only): at uniform routing (SKEW=0) and calibrated, 12 and 8 GiB, auto against each
+    # arm it chooses between forced (the hook path, gated, the hook path at half the prefetch
+    # budget), the duel's decisions in the log (debug).
+    auto() {
+      local out="${1:?usage: scripts/device.sh auto OUT}" rc=0
+      mkdir -p "$out"
+      export RUST_LOG="${RUST_LOG:-pocketmoe=info,pocketmoe::experts::offload::duel=debug}"
+      local v="GATED=auto GATED=0 GATED=1 GATED=0+PREFETCH_SCALE=0.5 GATED=auto"
+      SKEW=0 VARIANTS="$v" BUDGETS=12GiB,8GiB timeout 290 scripts/device-decode-ab.sh "$out/skew0" || rc=1
+      VARIANTS="$v" BUDGETS=12GiB,8GiB timeout 290 scripts/device-decode-ab.sh "$out/calibrated" || rc=1
+      grep -h "decode of\|^## \|tg128 " "$out"/*/ab.log "$out"/*/ab.md | grep -v "^|" 
+      return $rc
+    }
+    cmd=(auto "$@") ;;
   multi) cmd=(scripts/device-multi.sh "$@") ;;
   tests) cmd=(scripts/device-run.sh tests "$@") ;;
   verify) cmd=(scripts/device-verify.sh "$@") ;;

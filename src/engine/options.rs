@@ -111,8 +111,9 @@ pub struct EngineOptions {
     pub slack_control: bool,
     /// Offloading on one GPU: decode steps run gated (`experts::offload::gated`: the graph's
     /// pieces queued a stop ahead, behind a gate on the device, so a stop does not wait for the
-    /// next piece's launch). Default auto: on CUDA, whichever of gated and the eval-hook path
-    /// measures faster (`experts::offload::duel`); `POCKETMOE_GATED=1` always, `=0` never.
+    /// next piece's launch). Default auto: on CUDA, whichever of gated, the eval-hook path and
+    /// the hook path prefetching half its budget measures fastest (`experts::offload::duel`);
+    /// `POCKETMOE_GATED=1` always, `=0` never (both prefetching the whole budget).
     pub gated_decode: crate::experts::Gated,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,

@@ -36,9 +36,9 @@ pub struct OffloadOptions {
 }
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or
-/// (the default) on a device that queues compute ahead (CUDA), whichever of gated and the
-/// eval-hook path measures faster on the box (`offload::duel`: the two take turns for 48
-/// steps of a micro-batch size, then the faster runs 512).
+/// (the default) on a device that queues compute ahead (CUDA), whichever way measures fastest
+/// on the box (`offload::duel`: gated, the eval-hook path, and the hook path prefetching half
+/// its budget take turns for 72 steps of a micro-batch size, then the fastest runs 512).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gated {
     Off,

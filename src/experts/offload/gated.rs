@@ -51,7 +51,8 @@ impl Offload {
     /// experts (ggml-cuda's `mul_mat_id` then runs without synchronising the host: mat-vec
     /// kernels up to 8 tokens, MMQ beyond; of other types it may copy the ids to the host and
     /// wait, which behind a closed gate would never end). Under `Gated::Auto` a step that can
-    /// runs gated when the duel of the two paths says so (`duel`: both measured on the box).
+    /// runs as the duel of the ways to run it says (`duel`: gated or not, how much to prefetch;
+    /// measured on the box).
     pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize) -> bool {
         let Some(part) = self.parts.first().filter(|_| self.parts.len() == 1) else {
             return false;
@@ -69,7 +70,12 @@ impl Offload {
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
             && part.xfer.can_gate()
             && (!part.xfer.queues_ahead() || quantised());
-        can && (self.opts.gated != Gated::Auto || self.duels.choose(n_tokens))
+        if !can || self.opts.gated != Gated::Auto {
+            return can;
+        }
+        let arm = self.duels.choose(n_tokens);
+        self.step_prefetch = arm.prefetch;
+        arm.gated
     }
 
     /// Whether a gated graph could gain here: never with gating off; with it on always; auto

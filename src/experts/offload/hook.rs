@@ -12,6 +12,7 @@ impl Offload {
             let _ = cpu.finish();
         }
         self.duels.begin();
+        self.step_prefetch = 1.0;
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
