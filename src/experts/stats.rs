@@ -148,6 +148,10 @@ pub struct Stats {
     /// Of those steps, how many ran gated (`offload::gated`: no second stop for a CPU join).
     #[serde(default)]
     pub gated_steps: u64,
+    /// Of those steps, how many prefetched less than the miss balance's budget (`Gated::Auto`'s
+    /// arm of the hook path at half the budget, `offload::duel`).
+    #[serde(default)]
+    pub less_prefetch_steps: u64,
 }
 
 impl Stats {
@@ -246,7 +250,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated, {} at a reduced prefetch budget; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -260,6 +264,7 @@ impl Stats {
             self.stops,
             1e6 * self.hook_s / self.stops.max(1) as f64,
             self.gated_steps,
+            self.less_prefetch_steps,
             1e6 * self.compute_s / self.steps.max(1) as f64,
             self.prefetch_precision(),
             self.prefetch_recall(),
@@ -336,6 +341,7 @@ impl Stats {
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d.gated_steps -= earlier.gated_steps;
+        d.less_prefetch_steps -= earlier.less_prefetch_steps;
         d
     }
 }
