@@ -106,6 +106,7 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
+        self.miss.set_gated(true);
         let n_pieces = nodes.routing.len() + 1;
         let base = self.gate_next;
         self.gate_next += n_pieces as u64;

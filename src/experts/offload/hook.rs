@@ -13,6 +13,7 @@ impl Offload {
         }
         self.duels.begin();
         self.step_prefetch = 1.0;
+        self.miss.set_gated(false); // run_gated says otherwise
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
