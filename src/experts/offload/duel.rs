@@ -90,6 +90,12 @@ impl Duels {
         ARMS[arm]
     }
 
+    /// The share of the prefetch budget the step in flight takes: its arm's, 1 where no arm
+    /// was chosen (not `Gated::Auto`, or a step that cannot gate).
+    pub fn prefetch(&self) -> f64 {
+        self.pending.map_or(1.0, |(_, arm)| ARMS[arm].prefetch)
+    }
+
     /// A step begins: whatever was chosen for an earlier one that did not finish is dropped.
     pub fn begin(&mut self) {
         self.pending = None;
@@ -157,7 +163,13 @@ mod tests {
         (0..n)
             .map(|_| {
                 d.begin();
+                assert_eq!(d.prefetch(), 1.0, "no arm chosen yet: the whole budget");
                 let arm = d.choose(1);
+                assert_eq!(
+                    d.prefetch(),
+                    arm.prefetch,
+                    "the step in flight prefetches as its arm"
+                );
                 let i = ARMS.iter().position(|a| *a == arm).unwrap();
                 let duel = &d.by_tokens[1];
                 let new_block = duel.winner.is_none() && duel.steps.is_multiple_of(BLOCK);

@@ -74,7 +74,6 @@ impl Offload {
             return can;
         }
         let arm = self.duels.choose(n_tokens);
-        self.step_prefetch = arm.prefetch;
         if arm.prefetch < 1.0 {
             self.stats.less_prefetch_steps += 1;
         }

@@ -12,7 +12,6 @@ impl Offload {
             let _ = cpu.finish();
         }
         self.duels.begin();
-        self.step_prefetch = 1.0;
         self.miss.set_gated(false); // run_gated says otherwise
         self.step += 1;
         self.stats.steps += 1;

@@ -199,7 +199,6 @@ impl Offload {
             cpu_dirty: vec![false; n_layer],
             gate_ticket: None,
             duels: Default::default(),
-            step_prefetch: 1.0,
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),
             cpu_ok,

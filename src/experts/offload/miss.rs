@@ -149,10 +149,8 @@ impl MissModel {
     /// Seconds until device `dev`'s copy engine has landed what is queued (0 without the
     /// balance).
     pub(super) fn copy_backlog(&self, now: Instant, dev: usize) -> f64 {
-        match (self.balance, self.copy_idle_at.get(dev).copied().flatten()) {
-            (true, Some(t)) => t.saturating_duration_since(now).as_secs_f64(),
-            _ => 0.0,
-        }
+        self.copy_idle_at(dev)
+            .map_or(0.0, |t| t.saturating_duration_since(now).as_secs_f64())
     }
 
     /// When device `dev`'s copy engine should have landed what is queued (None: nothing

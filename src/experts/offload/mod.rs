@@ -182,10 +182,8 @@ pub struct Offload {
     /// batch, what was read where), oldest first.
     gate_ticket: Option<u64>,
     /// `Gated::Auto`'s choice between the eval-hook path and gated and of how much to
-    /// prefetch, measured (`duel`), and the share of the prefetch budget this step takes (1
-    /// unless the duel's arm says less).
+    /// prefetch, measured (`duel`), with the step in flight's arm.
     duels: duel::Duels,
-    step_prefetch: f64,
     gate_next: u64,
     gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
 }

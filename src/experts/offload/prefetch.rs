@@ -43,7 +43,7 @@ impl Offload {
             .filter(|&e| layer.slot(e).is_none())
             .collect();
         // The rest of the predicted misses are left to the CPU channel at `next`'s stop.
-        let scale = prefetch_scale() * self.step_prefetch;
+        let scale = prefetch_scale() * self.duels.prefetch();
         let budget = (self.prefetch_budget(next, &cands) as f64 * scale).round() as usize;
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let mut h2d = vec![0u64; shares];
