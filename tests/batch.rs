@@ -496,8 +496,17 @@ fn offloaded_batch_decode_matches_resident() {
             gated_decode: Gated::Always,
             ..opts(Some(budget), cpu)
         };
+        // Gated steps are in table form, at most 8 tokens (`experts::offload::table`): the 12
+        // requests' case compares its first 8 against a hook-path run of the same 8.
+        let m = want.len().min(8);
+        let got = if m < want.len() {
+            let mut hooked = Engine::load(&path, opts(Some(budget), cpu), &|_, _| {}).unwrap();
+            run(&mut hooked, &prompts[..m], Layout::Together)
+        } else {
+            got
+        };
         let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();
-        let got_gated = run(&mut gated, &prompts[..want.len()], Layout::Together);
+        let got_gated = run(&mut gated, &prompts[..m], Layout::Together);
         let n_gated = gated.offload_stats().unwrap().gated_steps;
         assert_eq!(st.gated_steps, 0, "{slots} slots: the hook path ran gated");
         assert!(n_gated > 0, "{slots} slots: no step ran gated");

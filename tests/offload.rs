@@ -416,6 +416,21 @@ fn gated_decode_equals_the_eval_hook_path() {
                     "{arch} {slots} slots: the CPU channel was not used"
                 );
             }
+            // Almost every expert cached: most stops' picks are all in the expert table, and
+            // the device passes them on its own (the table form's hit flag); with fewer slots
+            // than picks none can.
+            if slots == n_expert - 1 {
+                assert!(
+                    g.hit_stops > 0,
+                    "{arch} {slots} slots: no stop passed on the device ({} stops)",
+                    g.stops
+                );
+            } else if slots < k {
+                assert_eq!(
+                    g.hit_stops, 0,
+                    "{arch} {slots} slots: a stop passed unfilled"
+                );
+            }
         }
     }
 }

@@ -114,6 +114,10 @@ impl Drop for CopyStream {
 /// `cuStreamWaitValue64` and `cuStreamWriteValue64`.
 type StreamValueFn = unsafe extern "C" fn(Stream, u64, u64, u32) -> c_int;
 
+/// `CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int)`: the driver's
+/// `cuStreamWaitValue32` and `cuStreamWriteValue32`.
+type StreamValue32Fn = unsafe extern "C" fn(Stream, u64, u32, u32) -> c_int;
+
 /// `CU_STREAM_WAIT_VALUE_GEQ`.
 const WAIT_GEQ: u32 = 0;
 
@@ -132,6 +136,8 @@ pub struct Gate {
     opens: CopyStream,
     wait_value: StreamValueFn,
     write_value: StreamValueFn,
+    wait32: StreamValue32Fn,
+    write32: StreamValue32Fn,
 }
 
 // SAFETY: stream handles and a device address may be used from any host thread.
@@ -140,7 +146,7 @@ unsafe impl Send for Gate {}
 impl Gate {
     /// A gate on `device`, or an error when the driver lacks 64-bit stream memory operations.
     pub fn new(device: i32) -> Result<Self, CudaError> {
-        let (wait_value, write_value) = stream_value_fns()?;
+        let (wait_value, write_value, wait32, write32) = stream_value_fns()?;
         let waits = CopyStream::new(device)?;
         let opens = CopyStream::new(device)?;
         let mut flag = std::ptr::null_mut();
@@ -152,6 +158,8 @@ impl Gate {
             opens,
             wait_value,
             write_value,
+            wait32,
+            write32,
         };
         // SAFETY: our 8-byte allocation, our live stream.
         check("cudaMemsetAsync", unsafe {
@@ -195,6 +203,49 @@ impl Gate {
         self.open(ticket)
     }
 
+    /// Queues a wait, on the gate's own stream, until the 32-bit word at device address `addr`
+    /// is at least `value` (`(int32_t)(*addr - value) >= 0`), and records `event` after it, as
+    /// [`Gate::close`] does for the gate's counter. The word may be written by compute on the
+    /// device (a graph node's output) or by [`Gate::open_word_after`].
+    ///
+    /// # Safety
+    /// `addr` must be 4-aligned device memory of the gate's device that stays allocated until
+    /// the wait passed; `event` a live CUDA event of that device.
+    pub unsafe fn close_word(
+        &self,
+        addr: usize,
+        value: u32,
+        event: *mut c_void,
+    ) -> Result<(), CudaError> {
+        // SAFETY: per the contract above.
+        check("cuStreamWaitValue32", unsafe {
+            (self.wait32)(self.waits.stream, addr as u64, value, WAIT_GEQ)
+        })?;
+        // SAFETY: per the contract above.
+        unsafe { self.waits.record(event) }
+    }
+
+    /// Writes `value` to the 32-bit word at `addr` once the work recorded in `after` (if any)
+    /// has run (behind a memory fence, as [`Gate::open_after`]).
+    ///
+    /// # Safety
+    /// As [`Gate::close_word`]; `after` null or a live CUDA event of the gate's device.
+    pub unsafe fn open_word_after(
+        &self,
+        addr: usize,
+        value: u32,
+        after: *mut c_void,
+    ) -> Result<(), CudaError> {
+        if !after.is_null() {
+            // SAFETY: per the contract above.
+            unsafe { self.opens.wait_event(after) }?;
+        }
+        // SAFETY: per the contract above.
+        check("cuStreamWriteValue32", unsafe {
+            (self.write32)(self.opens.stream, addr as u64, value, 0)
+        })
+    }
+
     fn open(&self, ticket: u64) -> Result<(), CudaError> {
         // Flags 0 (`CU_STREAM_WRITE_VALUE_DEFAULT`): the write follows a memory fence, so the
         // work before it on the stream is visible to whatever the gate releases.
@@ -216,8 +267,16 @@ impl Drop for Gate {
     }
 }
 
-/// The driver's 64-bit stream wait and write, from the `libcuda` the runtime loaded.
-fn stream_value_fns() -> Result<(StreamValueFn, StreamValueFn), CudaError> {
+/// The driver's 64-bit and 32-bit stream waits and writes, from the `libcuda` the runtime loaded.
+fn stream_value_fns() -> Result<
+    (
+        StreamValueFn,
+        StreamValueFn,
+        StreamValue32Fn,
+        StreamValue32Fn,
+    ),
+    CudaError,
+> {
     let missing = |what: &str| CudaError {
         call: "dlsym",
         code: -1,
@@ -240,9 +299,15 @@ fn stream_value_fns() -> Result<(StreamValueFn, StreamValueFn), CudaError> {
             .ok_or_else(|| missing("cuStreamWaitValue64"))?;
         let write = sym(&[c"cuStreamWriteValue64_v2", c"cuStreamWriteValue64"])
             .ok_or_else(|| missing("cuStreamWriteValue64"))?;
+        let wait32 = sym(&[c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"])
+            .ok_or_else(|| missing("cuStreamWaitValue32"))?;
+        let write32 = sym(&[c"cuStreamWriteValue32_v2", c"cuStreamWriteValue32"])
+            .ok_or_else(|| missing("cuStreamWriteValue32"))?;
         Ok((
             std::mem::transmute::<*mut c_void, StreamValueFn>(wait),
             std::mem::transmute::<*mut c_void, StreamValueFn>(write),
+            std::mem::transmute::<*mut c_void, StreamValue32Fn>(wait32),
+            std::mem::transmute::<*mut c_void, StreamValue32Fn>(write32),
         ))
     }
 }

@@ -113,6 +113,7 @@ impl Engine {
                 keep.push(n.input.clone());
                 keep.extend(n.pred.clone());
                 keep.extend(n.gpu_out.clone());
+                keep.extend(n.hit.iter().flatten().cloned());
             }
             Ok::<_, EngineError>(keep)
         })?;
@@ -146,6 +147,7 @@ pub(crate) fn run_graph(
             if nodes.gateable && nodes.runs.get() > 2 && off.can_gate(nodes, n) {
                 off.run_gated(&g.graph(), nodes, n)?;
             } else if nodes.has_stops() {
+                off.begin_hooked(nodes)?;
                 let mut hook = StepHook {
                     off: &mut *off,
                     nodes,

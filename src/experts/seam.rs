@@ -71,6 +71,7 @@ impl RoutedExperts for OffloadedExperts<'_> {
             input: x.name(),
             pred: None,
             gpu_out: None,
+            hit: None,
             act: opts.act,
         };
         // FATE prefetch: the next offloaded layer's router on this layer's FFN input, computed
@@ -88,6 +89,26 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 let w = ExpertMat::ALL.map(|m| off.staging_tensor(il, m));
                 let t = ExpertTensors { w, biases };
                 g.expert_ffn(&t, x, il, [r.selected; 3], r.selected, weights, opts)
+            }
+            Mode::Slots if off.table_form(nt as usize) => {
+                // The picks copied out of the router's argsort and kept (an output, so the
+                // graph's later nodes never overwrite them: a gated stop reads them while the
+                // GPU may run on), the last routing node: the stop's anchor.
+                let kept = g.cb(ctx.cont(r.selected), "ffn_moe_topk_kept", il as i32);
+                ctx.set_output(kept);
+                g.graph.build_forward(kept);
+                node.anchor = kept.name();
+                node.selected = kept.name();
+                let hit = hit_nodes(g, off, il, kept);
+                node.hit = Some(hit.map(|t| t.name()));
+                let [ids, mask, _] = hit;
+                let ids = ctx.reshape(ids, &[k, nt]).expect("ids reshape"); // i32 [k, nt]
+                let weights = ctx.mul(weights, mask); // [1, k, nt]
+                let weights = g.cb(weights, "ffn_moe_weights_share", il as i32);
+                let w = ExpertMat::ALL.map(|m| off.slot_tensor(il, m, 0));
+                let t = ExpertTensors { w, biases };
+                let out = g.expert_ffn(&t, x, il, [ids; 3], r.selected, weights, opts);
+                with_cpu(g, off, il, out, &mut node)
             }
             Mode::Slots => {
                 // After the anchor (the graph's last node so far), so the ids live until the
@@ -124,21 +145,69 @@ impl RoutedExperts for OffloadedExperts<'_> {
                 } else {
                     share(0)
                 };
-                if off.cpu_enabled(il) {
-                    // The CPU channel's share, written by the step hook once the GPU's is done.
-                    let gpu = g.cb(out, "ffn_moe_out_gpu", il as i32);
-                    node.gpu_out = Some(gpu.name());
-                    let cpu = off.ctl_cpu(il);
-                    let cpu = ctx.view(cpu, &[g.hp.n_embd as i64, nt], &[cpu.nb()[1]], 0); // [n_embd, nt]
-                    g.cb(ctx.add(gpu, cpu), "ffn_moe_out", il as i32)
-                } else {
-                    out
-                }
+                with_cpu(g, off, il, out, &mut node)
             }
         };
         self.nodes.borrow_mut().push(node);
         out
     }
+}
+
+/// Adds the CPU channel's share of layer `il` to the GPU experts' sum `out` where the channel
+/// may serve the layer (written by the step hook once the GPU's share is done).
+fn with_cpu<'a>(
+    g: &GraphBuilder<'a>,
+    off: &'a Offload,
+    il: usize,
+    out: Tensor<'a>,
+    node: &mut MoeNode,
+) -> Tensor<'a> {
+    if !off.cpu_enabled(il) {
+        return out;
+    }
+    let gpu = g.cb(out, "ffn_moe_out_gpu", il as i32);
+    node.gpu_out = Some(gpu.name());
+    let cpu = off.ctl_cpu(il);
+    let nt = g.batch.n_tokens as i64;
+    let cpu = g
+        .ctx
+        .view(cpu, &[g.hp.n_embd as i64, nt], &[cpu.nb()[1]], 0); // [n_embd, nt]
+    g.cb(g.ctx.add(gpu, cpu), "ffn_moe_out", il as i32)
+}
+
+/// Table form (docs/design.md §4.4b): each pick's slot id and residency gathered from layer
+/// `il`'s expert table on the device (`selected`: the picks, contiguous), right after the routing
+/// stop's anchor, and the hit flag:
+/// the step's base plus the resident picks, which reaches the stop's target exactly when every
+/// pick is resident (a gated step then runs on without the host). Returns [slot ids i32
+/// [1, k, nt], mask f32 [1, k, nt], flag f32 [1]], outputs (the host reads them, and writes
+/// the first two where a stop had misses), computed in that order.
+fn hit_nodes<'a>(
+    g: &GraphBuilder<'a>,
+    off: &'a Offload,
+    il: usize,
+    selected: Tensor<'a>,
+) -> [Tensor<'a>; 3] {
+    let ctx = g.ctx;
+    let nt = g.batch.n_tokens as i64;
+    let (tab, on) = off.table(il);
+    let k = g.hp.n_expert_used as i64;
+    // Every token reads the same table: the (contiguous) picks as one row.
+    let picks = ctx.reshape(selected, &[k * nt]).expect("picks reshape");
+    let gather = |t: Tensor<'a>| {
+        ctx.reshape(ctx.get_rows(t, picks), &[1, k, nt])
+            .expect("gathered reshape")
+    };
+    let ids = g.cb(gather(tab), "ffn_moe_hit_ids", il as i32);
+    let mask = g.cb(gather(on), "ffn_moe_hit_mask", il as i32);
+    let picks = ctx.reshape(mask, &[k * nt]).expect("mask reshape");
+    let flag = ctx.add(ctx.sum_rows(picks), off.hit_base());
+    let flag = g.cb(flag, "ffn_moe_hit", il as i32);
+    for t in [ids, mask, flag] {
+        ctx.set_output(t);
+        g.graph.build_forward(t);
+    }
+    [ids, mask, flag]
 }
 
 /// FATE: layer `next`'s router on layer `il`'s FFN input `x`, named `name` (a graph node, so it

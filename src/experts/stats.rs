@@ -150,6 +150,10 @@ pub struct Stats {
     /// Of those steps, how many ran gated (`offload::gated`: no second stop for a CPU join).
     #[serde(default)]
     pub gated_steps: u64,
+    /// Of their stops, how many the GPU passed on its own, every pick resident in the expert
+    /// table (`offload::table`).
+    #[serde(default)]
+    pub hit_stops: u64,
     /// Of those steps, how many prefetched less than the miss balance's budget (`Gated::Auto`'s
     /// arm of the hook path at half the budget, `offload::duel`).
     #[serde(default)]
@@ -272,6 +276,7 @@ impl Stats {
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d.gated_steps -= earlier.gated_steps;
+        d.hit_stops -= earlier.hit_stops;
         d.less_prefetch_steps -= earlier.less_prefetch_steps;
         d
     }

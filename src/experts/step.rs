@@ -39,6 +39,9 @@ pub struct MoeNode {
     pub pred: Option<String>,
     /// Name of the GPU experts' sum when the CPU channel adds its share after it.
     pub gpu_out: Option<String>,
+    /// Table form (`offload::table`): names of the picks' slot ids, their mask and the hit
+    /// flag, computed after the anchor.
+    pub hit: Option<[String; 3]>,
     pub act: crate::graph::blocks::ExpertAct,
 }
 
@@ -47,6 +50,9 @@ pub struct GraphNodes {
     pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
     /// The routing stops in the order the graph computes them: (node index, layer).
     pub(super) routing: Vec<(usize, Resolved)>,
+    /// Table form: each routing stop's hit flag's node index, in the same order (empty when
+    /// the graph is not in table form; a gated step needs it).
+    pub(super) flags: Vec<usize>,
     /// Whether the graph may run gated (`offload::gated`): the engine allocated it with every
     /// input on the one GPU and the scheduler made no copies.
     pub gateable: bool,
@@ -63,6 +69,15 @@ pub(super) enum Stop {
     GpuOut,
 }
 
+/// A table-form stop's gathered slot ids (i32 [k, n_tokens]), mask (f32, as many) and hit flag
+/// (f32 [1]): device addresses of graph outputs.
+#[derive(Clone, Copy)]
+pub(super) struct HitAddrs {
+    pub(super) ids: usize,
+    pub(super) mask: usize,
+    pub(super) flag: usize,
+}
+
 /// A stopping layer's nodes, resolved to addresses.
 #[derive(Clone, Copy)]
 pub(super) struct Resolved {
@@ -76,6 +91,8 @@ pub(super) struct Resolved {
     pub(super) x_addr: usize,
     /// The prefetch prediction's address, when the graph computes one.
     pub(super) pred_addr: Option<usize>,
+    /// Table form: where the picks' slot ids, their mask and the hit flag lie.
+    pub(super) hit: Option<HitAddrs>,
     pub(super) act: crate::graph::blocks::ExpertAct,
 }
 
@@ -92,6 +109,11 @@ impl GraphNodes {
                 w_addr: g.tensor(&n.weights).data_addr(),
                 x_addr: g.tensor(&n.input).data_addr(),
                 pred_addr: n.pred.as_ref().map(|p| g.tensor(p).data_addr()),
+                hit: n.hit.as_ref().map(|[ids, mask, flag]| HitAddrs {
+                    ids: g.tensor(ids).data_addr(),
+                    mask: g.tensor(mask).data_addr(),
+                    flag: g.tensor(flag).data_addr(),
+                }),
                 act: n.act,
             };
             by_anchor.insert(g.tensor(&n.anchor).id(), (Stop::Routing, r));
@@ -106,8 +128,16 @@ impl GraphNodes {
                 _ => None,
             })
             .collect();
+        let flag_ids: HashMap<usize, ()> = nodes
+            .iter()
+            .filter_map(|n| Some((g.tensor(&n.hit.as_ref()?[2]).id(), ())))
+            .collect();
+        let flags: Vec<usize> = (0..graph.n_nodes())
+            .filter(|&i| flag_ids.contains_key(&graph.node(i).id()))
+            .collect();
         Self {
             by_anchor,
+            flags,
             routing,
             gateable: false,
             runs: std::cell::Cell::new(0),

@@ -53,6 +53,17 @@ pub trait Transfer {
     fn open_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
         Err(no_gate())
     }
+    /// Compute queued from now on runs only once the 32-bit word at device address `addr` is at
+    /// least `value` (cyclically: `(i32)(word - value) >= 0`); compute queued before may write
+    /// the word itself (the expert table's hit flag, `offload::table`).
+    fn close_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
+    /// Writes `value` to the word at `addr` once the copies of the last
+    /// [`Transfer::mark_copies`] have landed (on the device: the host returns at once).
+    fn open_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
+        Err(no_gate())
+    }
     /// Reads queued from now on wait (on the device) for everything queued on the compute
     /// stream so far.
     fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
@@ -123,6 +134,12 @@ impl Transfer for HostCopy {
         Ok(())
     }
     fn open_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn close_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
+        Ok(())
+    }
+    fn open_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
         Ok(())
     }
     fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
@@ -276,6 +293,21 @@ impl Transfer for CudaCopy {
         let g = self.gated.as_ref().ok_or_else(no_gate)?;
         // SAFETY: a live event of the gate's device.
         unsafe { g.gate.open_after(ticket, g.copied.cuda_event()) }.map_err(cuda_err)
+    }
+
+    fn close_word(&mut self, addr: usize, value: u32) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        // SAFETY: `addr` is a graph output's device address (allocated as long as the graph,
+        // which outlives the step), `closed` a live event of the gate's device.
+        unsafe { g.gate.close_word(addr, value, g.closed.cuda_event()) }.map_err(cuda_err)?;
+        g.closed.wait_on(&self.backend);
+        Ok(())
+    }
+
+    fn open_word(&mut self, addr: usize, value: u32) -> Result<(), GgmlError> {
+        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        // SAFETY: as `close_word`; `copied` a live event of the copy stream's device.
+        unsafe { g.gate.open_word_after(addr, value, g.copied.cuda_event()) }.map_err(cuda_err)
     }
 
     fn reads_after_compute(&mut self) -> Result<(), GgmlError> {

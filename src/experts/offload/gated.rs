@@ -4,29 +4,39 @@
 //! then lets the scheduler launch the graph's next piece: on the H200 the launch of a piece
 //! (a CUDA graph of ~30 nodes) costs ~40 us of host time, during which the GPU has nothing to
 //! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
-//! Here the host cuts the graph at the routing stops itself and queues each piece one stop
-//! ahead, behind a gate on the device ([`Transfer::close_gate`]): while the GPU computes piece
-//! `s`, the host launches piece `s + 1`, which waits. At stop `s` the host waits only for that
-//! stop's routing reads (queued on the read stream behind an event after piece `s`), plans,
-//! queues the miss copies and the control on the copy stream, and opens the gate to `s + 1`
-//! behind them; prefetches for the next layer follow the open and do not hold the GPU. A layer
-//! whose misses went to the CPU channel joins the CPU's share before it opens the gate (the
-//! piece behind it adds the share), so there is no second stop, and the GPU waits through the
-//! job: hence `Gated::Auto` gates only while jobs are rare (docs/design.md §4.4a).
+//! Here the host cuts the graph at the routing stops itself and queues each stop's pieces one
+//! stop ahead, behind gates on the device. The graph is in table form (`table`): after a
+//! stop's routing it gathers each pick's slot id and residency from the layer's expert table
+//! and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
+//! stop's flag, [`Transfer::close_word`]), then the gathers and the flag (behind ticket
+//! `base + c`, [`Transfer::close_gate`], which the previous stop opens once its prefetch left
+//! this layer's table consistent). Where every pick is resident the flag opens its own gate and
+//! the GPU runs on: the host reads the stop (routing reads queued on the read stream behind an
+//! event after the flag) only to count it and prefetch. Where one is not, the host plans the
+//! misses, queues their copies, the table and the slot ids and mask over the gathered ones on
+//! the copy stream, and opens the flag behind them; prefetches for the next layer follow and
+//! do not hold the GPU. A layer whose misses went to the CPU channel joins the CPU's share
+//! before it opens the flag (the piece behind it adds the share), so there is no second stop,
+//! and the GPU waits through the job: hence `Gated::Auto` measures whether to gate
+//! (docs/design.md §4.4a, §4.4b).
 //!
 //! Invariants:
-//! - Piece `c > 0` waits for ticket `base + c`; stop `s` opens ticket `base + s + 1`. Tickets
-//!   only grow, step after step. On any error every ticket of the step is opened before the
-//!   step waits for the device, so nothing queued waits for ever.
+//! - Stop `c`'s gathers wait for ticket `base + c`: the step's start opens `base`, stop `s`
+//!   opens `base + s + 1`. Tickets and flags only grow, step after step. On any error every
+//!   ticket and flag of the step is opened before the step waits for the device, so nothing
+//!   queued waits for ever.
 //! - Nothing a queued piece reads is written on the compute stream after the piece was queued
-//!   (the slot and control writes go on the copy stream, before the open).
+//!   (the slot, table and control writes go on the copy stream, before the open); what the
+//!   host reads back after a flag is a graph output, never overwritten by the nodes that may
+//!   run before the host has read it.
 //! - Used only where ggml-cuda computes a piece without synchronising the host (quantised
 //!   experts: its `mul_mat_id` runs as mat-vec or MMQ kernels; see [`Offload::can_gate`]), on
-//!   one device, for slot-mode micro-batches (decode: one token, or one per request), with
-//!   every input of the graph in device memory (the engine allocates it so and checks that the
-//!   scheduler made no copies), and from a graph's third step on (its first two go through the
-//!   eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool, whose
-//!   growth may synchronise the device).
+//!   one device, for table-form micro-batches (decode: one token, or one per request, up to 8),
+//!   with every input of the graph in device memory (the engine allocates it so and checks that
+//!   the scheduler made no copies), and from a graph's third step on (its first two go through
+//!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
+//!   whose growth may synchronise the device).
+use super::table::GateStop;
 use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
@@ -67,7 +77,11 @@ impl Offload {
         let can = self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
-            && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
+            && nodes.flags.len() == nodes.routing.len()
+            && nodes
+                .routing
+                .iter()
+                .all(|(_, r)| r.mode == Mode::Slots && r.hit.is_some())
             && part.xfer.can_gate()
             && (!part.xfer.queues_ahead() || quantised());
         if !can || self.opts.gated != Gated::Auto {
@@ -106,19 +120,26 @@ impl Offload {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
         self.miss.set_gated(true);
-        let n_pieces = nodes.routing.len() + 1;
+        let n_stops = nodes.routing.len();
         let base = self.gate_next;
-        self.gate_next += n_pieces as u64;
+        self.gate_next += n_stops as u64;
         self.gate_reads.clear();
-        let r = self.gated_pieces(&backend, graph, &nodes.routing, n_tokens, base);
+        let r = self.gated_pieces(&backend, graph, nodes, n_tokens, base);
         if r.is_err() {
+            // Nothing queued may wait for ever: every gate and flag opened.
+            let target = self.hit_target(self.k * n_tokens);
             let x = self.parts[0].xfer.as_mut();
             let _ = x.mark_copies();
-            let _ = x.open_gate(base + n_pieces as u64 - 1);
+            let _ = x.open_gate(base + n_stops as u64);
+            for (_, n) in &nodes.routing {
+                if let Some(h) = n.hit {
+                    let _ = x.open_word(h.flag, target);
+                }
+            }
         }
         backend.synchronize();
         self.gate_reads.clear();
-        self.gate_ticket = None;
+        self.gate_stop = None;
         r
     }
 
@@ -126,44 +147,51 @@ impl Offload {
         &mut self,
         backend: &Backend,
         graph: &Graph<'_>,
-        stops: &[(usize, Resolved)],
+        nodes: &GraphNodes,
         n_tokens: usize,
         base: u64,
     ) -> Result<(), GgmlError> {
-        let n_nodes = graph.n_nodes();
-        let n_pieces = stops.len() + 1;
-        // Piece c: the nodes after stop c - 1 up to and including stop c's node.
-        let piece = |c: usize| {
-            let i0 = if c == 0 { 0 } else { stops[c - 1].0 + 1 };
-            let i1 = if c + 1 == n_pieces {
-                n_nodes
-            } else {
-                stops[c].0 + 1
-            };
-            (i0, i1)
+        let stops = &nodes.routing;
+        let n_stops = stops.len();
+        let target = {
+            self.begin_table_step(nodes, true)?;
+            self.hit_target(self.k * n_tokens)
         };
+        let flag = |c: usize| stops[c].1.hit.expect("a table-form stop").flag;
+        // The first stop's flag waits for what the step's start queued.
+        let x = self.parts[0].xfer.as_mut();
+        x.mark_copies()?;
+        x.open_gate(base)?;
         let ahead = if self.parts[0].xfer.queues_ahead() {
             ahead()
         } else {
             0
         };
         let mut queued = 0;
-        for s in 0..=stops.len() {
-            while queued < n_pieces && queued <= s + ahead {
+        for s in 0..=n_stops {
+            // Stop c's pieces: after the previous flag (behind its word) up to its routing,
+            // then behind ticket `base + c` its slot ids, mask and flag; after the last, the
+            // rest of the graph (behind the last flag).
+            while queued <= n_stops && queued <= s + ahead {
                 let c = queued;
-                if c > 0 {
-                    self.parts[0].xfer.close_gate(base + c as u64)?;
-                }
-                let (i0, i1) = piece(c);
-                if i0 < i1 {
-                    backend.compute_nodes_async(graph, i0, i1)?;
-                }
-                if let Some((_, n)) = stops.get(c) {
-                    self.parts[0].xfer.reads_after_compute()?;
-                    let reads = self.queue_reads(n, n_tokens)?;
-                    let batch = self.parts[0].xfer.end_batch()?;
-                    self.gate_reads.push_back((n.il, batch, reads));
-                }
+                let from = if c == 0 {
+                    0
+                } else {
+                    self.parts[0].xfer.close_word(flag(c - 1), target)?;
+                    nodes.flags[c - 1] + 1
+                };
+                let Some((anchor, n)) = stops.get(c) else {
+                    backend.compute_nodes_async(graph, from, graph.n_nodes())?;
+                    queued += 1;
+                    continue;
+                };
+                backend.compute_nodes_async(graph, from, anchor + 1)?;
+                self.parts[0].xfer.close_gate(base + c as u64)?;
+                backend.compute_nodes_async(graph, anchor + 1, nodes.flags[c] + 1)?;
+                self.parts[0].xfer.reads_after_compute()?;
+                let reads = self.queue_reads(n, n_tokens, true)?;
+                let batch = self.parts[0].xfer.end_batch()?;
+                self.gate_reads.push_back((n.il, batch, reads));
                 queued += 1;
             }
             let Some((_, n)) = stops.get(s) else {
@@ -175,15 +203,25 @@ impl Offload {
             // own time, which counts from here as the hook path's does (from its callback).
             self.parts[0].xfer.wait_batch(batch)?;
             let t0 = Instant::now();
-            let routing = self.take_reads(n, n_tokens, &reads)?;
-            let ticket = base + s as u64 + 1;
-            self.gate_ticket = Some(ticket);
+            let routing = self.take_reads(n, n_tokens, &reads, Some(target))?;
+            if routing.fast {
+                self.stats.hit_stops += 1;
+            }
+            self.gate_stop = Some(GateStop {
+                pre: (s + 1 < n_stops).then_some(base + s as u64 + 1),
+                flag: flag(s),
+                target,
+                fast: routing.fast,
+            });
             self.routed(n, n_tokens, &routing)?;
-            if self.gate_ticket.take().is_some() {
-                // Slot mode opens the gate itself; should a stop not have, open it here.
+            if let Some(g) = self.gate_stop.take() {
+                // Slot mode opens the gates itself; should a stop not have, open them here.
                 let x = self.parts[0].xfer.as_mut();
                 x.mark_copies()?;
-                x.open_gate(ticket)?;
+                if let Some(t) = g.pre {
+                    x.open_gate(t)?;
+                }
+                x.open_word(g.flag, g.target)?;
             }
             self.count_stop(t0);
         }

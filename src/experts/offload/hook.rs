@@ -13,9 +13,19 @@ impl Offload {
         }
         self.duels.begin();
         self.miss.set_gated(false); // run_gated says otherwise
+        self.table_step = false; // begin_table_step says otherwise
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
+    }
+
+    /// Starts a step of `nodes` through the eval hook: a graph in table form first brings the
+    /// expert tables in step with the cache (`table`).
+    pub fn begin_hooked(&mut self, nodes: &GraphNodes) -> Result<(), GgmlError> {
+        if nodes.flags.is_empty() {
+            return Ok(());
+        }
+        self.begin_table_step(nodes, false)
     }
 
     /// Adds a step's graph compute time (stops included).

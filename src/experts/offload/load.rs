@@ -85,7 +85,8 @@ impl Offload {
         let scratch_len = 4
             * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
                 + (n_expert * t_max).next_multiple_of(64)
-                + 2 * shares * (k * t_max).next_multiple_of(64))
+                + (2 * shares + 1) * (k * t_max).next_multiple_of(64))
+            + 64
             + 4 * hp.n_embd as usize * t_max
             + 1024;
         let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
@@ -95,6 +96,15 @@ impl Offload {
         let sel_rows = store
             .new_buffer(backend, Memory::Host, sel_rows_len)?
             .base_addr();
+
+        // Table form's page-locked ring (`table`): zeros as long as a CPU result, then a
+        // step's table copies (at most three per layer: a prefetch's two and a stop's).
+        let n_moe = layers.iter().flatten().count();
+        let tab_zero = (4 * hp.n_embd as usize * t_max.max(1)).next_multiple_of(64);
+        let tab_ring_len = tab_zero + 4 * n_moe * (8 * n_expert).next_multiple_of(64) + 256;
+        let ring_buf = store.new_buffer(backend, Memory::Host, tab_ring_len)?;
+        ring_buf.clear(0);
+        let tab_ring = ring_buf.base_addr();
 
         // Per device: two staging areas as large as the largest of its layers' experts, and
         // the control tensors of its layers.
@@ -197,7 +207,14 @@ impl Offload {
             n_embd,
             cpu,
             cpu_dirty: vec![false; n_layer],
-            gate_ticket: None,
+            gate_stop: None,
+            tab_ring,
+            tab_ring_len,
+            tab_zero,
+            tab_at: tab_zero,
+            tab_last: vec![vec![0u8; 8 * n_expert]; n_layer],
+            hit_base: 0.0,
+            table_step: false,
             duels: Default::default(),
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),
@@ -226,7 +243,7 @@ impl DevPart {
         n_expert: usize,
     ) -> Result<Self, GgmlError> {
         let n_layer = layers.len();
-        let dev = Context::new(n_layer * 6 + 2, 0)?;
+        let dev = Context::new(n_layer * 8 + 3, 0)?;
         let own = || {
             layers
                 .iter()
@@ -256,7 +273,14 @@ impl DevPart {
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
         ];
-        let ctl_size = 2 * ctl_bytes * n_ctl + cpu_bytes * n_moe;
+        // The expert tables of table-form decode (`table`): per own layer each expert's slot
+        // (i32) and whether it is resident (f32), adjacent (one copy writes both); one share only.
+        let tab_bytes = if every_ctl {
+            0
+        } else {
+            (8 * n_expert).next_multiple_of(256)
+        };
+        let ctl_size = 2 * ctl_bytes * n_ctl + (cpu_bytes + tab_bytes) * n_moe + 256;
         let ctl_buf = dev.new_buffer(backend, Memory::Device, ctl_size)?;
         ctl_buf.clear(0);
         let mut ctl_off = 0;
@@ -295,7 +319,23 @@ impl DevPart {
                 ctl_buf.place(cpu, ctl_off)?;
                 ctl_off += cpu_bytes;
             }
+            if own && tab_bytes > 0 {
+                let tab = dev
+                    .new_tensor(GgmlType::I32, &[1, n_expert as i64])?
+                    .set_name(&name(il, "tab"));
+                ctl_buf.place(tab, ctl_off)?;
+                let on = dev
+                    .new_tensor(GgmlType::F32, &[1, n_expert as i64])?
+                    .set_name(&name(il, "on"));
+                ctl_buf.place(on, ctl_off + 4 * n_expert)?;
+                ctl_off += tab_bytes;
+            }
         }
+        // The hit flags' step base (`table`), written at each table-form step's start.
+        let base = dev
+            .new_tensor(GgmlType::F32, &[1])?
+            .set_name("off.hit_base");
+        ctl_buf.place(base, ctl_off)?;
         let dev_idx = dev.index();
         Ok(Self {
             backend: backend.clone(),

@@ -32,6 +32,7 @@ mod prefetch;
 mod readback;
 mod slots;
 mod staging;
+mod table;
 mod tensors;
 
 pub use super::mats::{ExpertMat, MATS};
@@ -177,10 +178,21 @@ pub struct Offload {
     cpu_dirty: Vec<bool>,
     /// Cost model of a miss on each channel (docs/design.md §4.5).
     miss: MissModel,
-    /// Gated decode (`gated`): the ticket the current stop opens the gate to, the next
-    /// ticket not yet handed out, and the stops whose routing reads are queued (layer, read
-    /// batch, what was read where), oldest first.
-    gate_ticket: Option<u64>,
+    /// Gated decode (`gated`): the gates the current stop opens, the next ticket not yet
+    /// handed out, and the stops whose routing reads are queued (layer, read batch, what was
+    /// read where), oldest first.
+    gate_stop: Option<table::GateStop>,
+    /// Table form (`table`): the page-locked ring its copies are made from (zeros first, as
+    /// many bytes as `tab_zero`), where this step's next copy goes in it, each layer's table as
+    /// last queued, and the hit flags' base.
+    tab_ring: usize,
+    tab_ring_len: usize,
+    tab_zero: usize,
+    tab_at: usize,
+    tab_last: Vec<Vec<u8>>,
+    hit_base: f32,
+    /// The step in flight is in table form (its graph gathers slot ids from the tables).
+    table_step: bool,
     /// `Gated::Auto`'s choice between the eval-hook path and gated and of how much to
     /// prefetch, measured (`duel`), with the step in flight's arm.
     duels: duel::Duels,

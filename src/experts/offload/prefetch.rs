@@ -26,9 +26,19 @@ impl Offload {
     /// and queues copies of the predicted experts that are not resident on the copy stream.
     /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
     /// attention; the next stop fences them before its slot writes and matmuls.
-    pub(super) fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
-        let Some(next) = self.next_offloaded(il) else {
-            return Ok(());
+    ///
+    /// Gated in table form (`table`), `pre` is the ticket that lets the next stop's hit flag be
+    /// computed: opened once the next layer's table no longer shows the victims or the experts
+    /// being copied, before their copies (which the flag then sees land, or not yet).
+    pub(super) fn prefetch_after(
+        &mut self,
+        il: usize,
+        pred: &[f32],
+        pre: Option<u64>,
+    ) -> Result<(), GgmlError> {
+        let next = self.next_offloaded(il).filter(|_| !pred.is_empty());
+        let Some(next) = next else {
+            return self.open_pre(il, pre);
         };
         let shares = self.shares;
         let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
@@ -63,13 +73,25 @@ impl Offload {
                 full[s] = true;
                 continue;
             };
+            fetched.push((s, slot, e));
+        }
+        let experts: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
+        if self.table_step {
+            self.flush_table(next, &experts, false)?;
+        }
+        self.open_pre(il, pre)?;
+        for &(s, slot, e) in &fetched {
             let xfer = self.parts[devs[s]].xfer.as_mut();
             for (_, a) in addrs[s].mats() {
                 xfer.copy(a.in_slot(slot), a.in_store(e), a.expert_bytes)?;
                 h2d[s] += a.expert_bytes as u64;
             }
-            fetched.push(e);
         }
+        if self.table_step {
+            self.flush_table(next, &[], false)?;
+        }
+        let fetched = experts;
+        let layer = self.layers[next].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[next];
         st.prefetched += fetched.len() as u64;
         st.copies += fetched.len() as u64;
@@ -82,6 +104,16 @@ impl Offload {
         layer.prefetched = fetched;
         layer.predicted = predicted;
         self.book_copies(next, &devs, &h2d, by);
+        Ok(())
+    }
+
+    /// Opens the gate to `pre` (if any) once the copies queued so far have landed.
+    fn open_pre(&mut self, il: usize, pre: Option<u64>) -> Result<(), GgmlError> {
+        if let Some(t) = pre {
+            let x = self.xfer(il);
+            x.mark_copies()?;
+            x.open_gate(t)?;
+        }
         Ok(())
     }
 }

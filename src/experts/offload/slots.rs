@@ -26,8 +26,9 @@ impl Offload {
                 used.push(e);
             }
         }
-        // Decode: split the misses between the copy engine and the CPU channel.
-        let on_cpu = if self.cpu_candidate(n, n_tokens) {
+        // Decode: split the misses between the copy engine and the CPU channel (a stop whose
+        // picks all hit on the device has none).
+        let on_cpu = if !routing.fast && self.cpu_candidate(n, n_tokens) {
             self.plan_cpu(il, &used, n.act)
         } else {
             Vec::new()
@@ -66,7 +67,7 @@ impl Offload {
         used: &[u32],
         on_cpu: &[u32],
     ) -> Result<(), GgmlError> {
-        let il = n.il;
+        let (il, hit) = (n.il, n.hit);
         let sel = &routing.sel;
         let addrs = self.addrs(il);
         if !on_cpu.is_empty() {
@@ -94,11 +95,13 @@ impl Offload {
         let shares = self.shares;
         let devs: Vec<usize> = (0..shares).map(|s| self.share_device(il, s)).collect();
         // Gated (the graph is queued ahead, behind the gate): everything below goes on the copy
-        // stream, after the previous layer's prefetches, and the gate opens after it. Else the
+        // stream, after the previous layer's prefetches, and the gate opens after it; where
+        // every pick hit on the device the GPU opened it itself and nothing is written. Else the
         // previous layer's prefetches into this layer's slots land before anything queued on
         // the compute stream from here: the miss copies below (which may reuse a slot a
         // prefetch is still filling) and the expert matmuls (on each share's device).
-        let gate = self.gate_ticket.take();
+        let gate = self.gate_stop.take();
+        let fast = gate.is_some_and(|g| g.fast);
         if gate.is_none() {
             for &d in &devs {
                 self.parts[d].xfer.fence()?;
@@ -120,6 +123,12 @@ impl Offload {
             }
             if hit || cpu {
                 continue;
+            }
+            if fast {
+                return Err(GgmlError::Tensor {
+                    name: format!("expert table of layer {il}"),
+                    msg: format!("the device found expert {e} resident, the cache does not"),
+                });
             }
             st.copies += 1;
             let cache = layer.cache_mut(e);
@@ -191,7 +200,7 @@ impl Offload {
         let n = sel.len();
         let lay = ScratchLayout::new(self.scratch, n, routing.pred.len(), shares);
         assert!(lay.end <= self.scratch + self.scratch_len);
-        for (s, (ids, mask)) in ctl.iter().enumerate() {
+        for (s, (ids, mask)) in ctl.iter().enumerate().filter(|_| !fast) {
             let at = lay.ctl_of(s);
             let c = self.ctl(il, s);
             let backend = self.parts[devs[s]].backend.clone();
@@ -204,35 +213,40 @@ impl Offload {
                 let p = at as *mut i32;
                 std::ptr::copy_nonoverlapping(ids.as_ptr(), p, n);
                 std::ptr::copy_nonoverlapping(mask.as_ptr(), p.add(n).cast::<f32>(), n);
-                if gate.is_none() {
+                if gate.is_none() && hit.is_none() {
                     c.ids.write_async(&backend, 0, at, 4 * n)?;
                     c.mask.write_async(&backend, 0, at + 4 * n, 4 * n)?;
                 }
             }
         }
-        if let Some(ticket) = gate {
-            // (Gated steps run on one device, one share: `gating_wanted`.)
-            let c = self.ctl(il, 0);
-            let (ids_at, mask_at) = (c.ids.data_addr(), c.mask.data_addr());
-            let at = lay.ctl_of(0);
-            let xfer = self.xfer(il);
-            xfer.copy(ids_at, at, 4 * n)?;
-            xfer.copy(mask_at, at + 4 * n, 4 * n)?;
-            xfer.mark_copies()?;
-            if on_cpu.is_empty() {
-                xfer.open_gate(ticket)?;
+        match (gate, hit) {
+            // The eval-hook path in table form: the graph gathers the picks' slots from the
+            // table after this stop.
+            (None, Some(_)) => self.flush_table(il, &[], true)?,
+            (Some(g), Some(h)) if !g.fast => {
+                // Gated, a pick missed: the table for later steps, and this stop's slot ids and
+                // mask over what the graph gathered before the host planned.
+                self.flush_table(il, &[], false)?;
+                let at = lay.ctl_of(0);
+                let xfer = self.xfer(il);
+                xfer.copy(h.ids, at, 4 * n)?;
+                xfer.copy(h.mask, at + 4 * n, 4 * n)?;
+                xfer.mark_copies()?;
+                if on_cpu.is_empty() {
+                    xfer.open_word(g.flag, g.target)?;
+                }
             }
+            (Some(_), None) => unreachable!("a gated step is in table form (`can_gate`)"),
+            _ => {}
         }
         // When this stop's copies should have landed (the gate waits for them, not for the
         // prefetches queued next): a gated join's slack is measured against it.
         let copies_land = gate.and_then(|_| self.miss.copy_idle_at(devs[0]));
-        if !routing.pred.is_empty() {
-            self.prefetch_after(il, &routing.pred)?;
-        }
-        if let (Some(ticket), false) = (gate, on_cpu.is_empty()) {
+        self.prefetch_after(il, &routing.pred, gate.and_then(|g| g.pre))?;
+        if let (Some(g), false) = (gate, on_cpu.is_empty()) {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
             self.join_cpu(il, n_tokens, copies_land)?;
-            self.xfer(il).open_gate(ticket)?;
+            self.xfer(il).open_word(g.flag, g.target)?;
         }
         Ok(())
     }

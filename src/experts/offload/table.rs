@@ -1,0 +1,201 @@
+//! Table form (docs/design.md §4.4b): a decode graph gathers each pick's slot id and residency
+//! from a per-layer table on the device instead of reading control the host wrote at the stop,
+//! and computes a hit flag: the step's base plus its resident picks. A gated step waits after
+//! that flag for the flag itself (`Transfer::close_word`): where every pick is resident the GPU
+//! opens its own gate and runs on while the host reads the stop; where one is not, the host
+//! plans the misses and opens the gate as before. The host keeps the tables in step with the
+//! cache: a layer's table is copied whole (slot ids, then residency) where it changed.
+//!
+//! Invariants:
+//! - Residency 1 in a table only for an expert whose bytes are in its slot: a prefetch's table
+//!   is copied twice on the copy stream, its experts not yet resident before their copies (and
+//!   the victims gone), resident after them; the stop that prefetches opens the next stop's
+//!   gate (which the next flag waits behind) between the two.
+//! - Flags only grow: the base rises by [`BASE_STEP`] (more than any micro-batch's picks) every
+//!   gated step, so a flag left from an earlier step never passes a later wait; near f32's
+//!   exact integers the base starts again at [`BASE_STEP`] with every flag zeroed.
+//! - The ring's snapshots are read by copies queued during one step: the copy stream is idle
+//!   before the next step reuses them.
+use super::*;
+use crate::experts::step::GraphNodes;
+
+/// Micro-batches of at most this many tokens decode in table form: every pick's slot id then
+/// feeds ggml-cuda's per-token mat-vec kernels (beyond 8 tokens its grouped kernels need a
+/// token's picks in distinct slots, which a table cannot give the CPU channel's picks).
+const TABLE_TOKENS: usize = 8;
+
+/// What a table-form step adds to the hit flags' base.
+const BASE_STEP: f32 = 256.0;
+
+/// f32 represents every integer up to this exactly.
+const F32_EXACT: f32 = 16_777_216.0;
+
+/// A gated table-form stop's gates: the ticket that lets the next stop's flag be computed
+/// (opened once this stop's prefetch left the next layer's table consistent), and the hit
+/// flag's address and target, and whether the flag had reached it (the GPU ran on).
+#[derive(Clone, Copy)]
+pub(super) struct GateStop {
+    pub(super) pre: Option<u64>,
+    pub(super) flag: usize,
+    pub(super) target: u32,
+    pub(super) fast: bool,
+}
+
+/// Whether a flag word read back has reached `target` (the device's comparison: cyclic).
+pub(super) fn reached(flag: u32, target: u32) -> bool {
+    flag.wrapping_sub(target) as i32 >= 0
+}
+
+impl Offload {
+    /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where it may run
+    /// gated (one device, one share, gating wanted) and a token's picks fit a table.
+    pub fn table_form(&self, n_tokens: usize) -> bool {
+        self.gating_wanted()
+            && self.parts.len() == 1
+            && self.shares == 1
+            && (1..=TABLE_TOKENS).contains(&n_tokens)
+            && ((n_tokens * self.k) as f32) < BASE_STEP
+            && self.n_slots() > 0
+            && self.mode(n_tokens) == Mode::Slots
+    }
+
+    /// Layer `il`'s expert table: slot ids (i32 [1, n_expert]) and residency (f32, 1 or 0).
+    pub fn table(&self, il: usize) -> (Tensor<'_>, Tensor<'_>) {
+        let p = self.part(il);
+        let get = |w: &str| {
+            p.dev
+                .get(&p.dev_idx, &name(il, w))
+                .unwrap_or_else(|| panic!("layer {il} has no expert table ({w})"))
+        };
+        (get("tab"), get("on"))
+    }
+
+    /// The hit flags' base this step, f32 [1].
+    pub fn hit_base(&self) -> Tensor<'_> {
+        let p = &self.parts[0];
+        p.dev
+            .get(&p.dev_idx, "off.hit_base")
+            .expect("the hit flags' base")
+    }
+
+    /// The flag a gated stop of `picks` picks reaches when all are resident, this step.
+    pub(super) fn hit_target(&self, picks: usize) -> u32 {
+        (self.hit_base + picks as f32).to_bits()
+    }
+
+    /// Layer `il`'s table as its cache holds it, `off` counted not resident: slot ids, then
+    /// residency (a non-resident expert points at slot 0, weight 0).
+    fn table_bytes(&self, il: usize, off: &[u32]) -> Vec<u8> {
+        let layer = self.layers[il].as_ref().expect("offloaded layer");
+        let cache = &layer.caches[0];
+        let slots: Vec<Option<u32>> = (0..self.n_expert as u32)
+            .map(|e| cache.slot(e).filter(|_| !off.contains(&e)))
+            .collect();
+        let mut b = Vec::with_capacity(8 * self.n_expert);
+        for s in &slots {
+            b.extend_from_slice(&(s.unwrap_or(0) as i32).to_ne_bytes());
+        }
+        for s in &slots {
+            b.extend_from_slice(&(if s.is_some() { 1.0f32 } else { 0.0 }).to_ne_bytes());
+        }
+        b
+    }
+
+    /// Queues a copy of layer `il`'s table (`off` not resident) where it differs from the last
+    /// one queued: on the copy stream, or (`compute`: the eval-hook path's stop, whose writes
+    /// go before the graph's next nodes) on the compute stream.
+    pub(super) fn flush_table(
+        &mut self,
+        il: usize,
+        off: &[u32],
+        compute: bool,
+    ) -> Result<(), GgmlError> {
+        let bytes = self.table_bytes(il, off);
+        if self.tab_last[il] == bytes {
+            return Ok(());
+        }
+        let at = self.ring_put(&bytes)?;
+        let half = bytes.len() / 2;
+        let (tab, on) = self.table(il);
+        let (tab_at, on_at) = (tab.data_addr(), on.data_addr());
+        if compute {
+            let backend = self.part(il).backend.clone();
+            // SAFETY: [at, at + 2 half) lies in the live page-locked ring, unchanged until the
+            // step ends (the module's invariant); each write lies inside its tensor.
+            unsafe {
+                tab.write_async(&backend, 0, at, half)?;
+                on.write_async(&backend, 0, at + half, half)?;
+            }
+        } else {
+            debug_assert_eq!(on_at, tab_at + half, "the table's halves are adjacent");
+            self.xfer(il).copy(tab_at, at, bytes.len())?;
+        }
+        self.tab_last[il] = bytes;
+        Ok(())
+    }
+
+    /// Copies `bytes` into the next free room of the page-locked ring; returns its address.
+    fn ring_put(&mut self, bytes: &[u8]) -> Result<usize, GgmlError> {
+        let at = self.tab_ring + self.tab_at;
+        let end = self.tab_at + bytes.len().next_multiple_of(64);
+        if end > self.tab_ring_len {
+            return Err(GgmlError::Tensor {
+                name: "expert table ring".into(),
+                msg: format!(
+                    "a step's table copies need more than its {} B",
+                    self.tab_ring_len
+                ),
+            });
+        }
+        // SAFETY: [at, at + len) lies in the live ring (checked), not read by a pending copy
+        // (the module's invariant).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
+        self.tab_at = end;
+        Ok(at)
+    }
+
+    /// Starts a table-form step: the ring reused (the copy stream idle), every layer's table
+    /// brought in step with its cache (steps of other forms change the cache without it), and
+    /// for a `gated` step the flags' base raised and the CPU results left by earlier steps
+    /// zeroed (a stop whose picks all hit adds its layer's without the host). All on the copy
+    /// stream: a gated step's first gate opens after them.
+    pub(super) fn begin_table_step(
+        &mut self,
+        nodes: &GraphNodes,
+        gated: bool,
+    ) -> Result<(), GgmlError> {
+        self.xfer(0).wait()?;
+        self.tab_at = self.tab_zero;
+        self.table_step = true;
+        let moe: Vec<usize> = (0..self.layers.len())
+            .filter(|&il| self.is_offloaded(il))
+            .collect();
+        if gated {
+            self.hit_base += BASE_STEP;
+            if self.hit_base + 2.0 * BASE_STEP >= F32_EXACT {
+                self.hit_base = BASE_STEP;
+                for (_, n) in &nodes.routing {
+                    if let Some(h) = n.hit {
+                        let zeros = self.tab_ring;
+                        self.xfer(0).copy(h.flag, zeros, 4)?;
+                    }
+                }
+            }
+            let at = self.ring_put(&self.hit_base.to_ne_bytes())?;
+            let base = self.hit_base().data_addr();
+            self.xfer(0).copy(base, at, 4)?;
+            for &il in &moe {
+                if std::mem::take(&mut self.cpu_dirty[il]) {
+                    let (dst, len) = (self.ctl_cpu(il).data_addr(), self.ctl_cpu(il).n_bytes());
+                    assert!(len <= self.tab_zero, "the ring's zeros cover a CPU result");
+                    let zeros = self.tab_ring;
+                    self.xfer(0).copy(dst, zeros, len)?;
+                }
+            }
+        }
+        for il in moe {
+            self.flush_table(il, &[], false)?;
+        }
+        Ok(())
+    }
+}
