@@ -640,6 +640,9 @@ fn auto_gating_leaves_the_cpu_on_the_hook_path() {
         run(&mut eng, &prompt, None);
         eng.offload_stats().unwrap().gated_steps
     };
-    assert_eq!(gated_steps(Gated::Auto), 0, "auto gated on the CPU");
+    // On a GPU build Auto measures instead (`experts::offload::duel`): only the CPU's case.
+    if !cfg!(feature = "cuda") {
+        assert_eq!(gated_steps(Gated::Auto), 0, "auto gated on the CPU");
+    }
     assert!(gated_steps(Gated::Always) >= 8, "always did not gate");
 }

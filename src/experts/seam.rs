@@ -181,7 +181,7 @@ fn with_cpu<'a>(
 /// the step's base plus the resident picks, which reaches the stop's target exactly when every
 /// pick is resident (a gated step then runs on without the host). Returns [slot ids i32
 /// [1, k, nt], mask f32 [1, k, nt], flag f32 [1]], outputs (the host reads them, and writes
-/// the first two where a stop had misses), computed in that order.
+/// the first two where a stop had misses), computed mask first, flag last.
 fn hit_nodes<'a>(
     g: &GraphBuilder<'a>,
     off: &'a Offload,
@@ -198,12 +198,14 @@ fn hit_nodes<'a>(
         ctx.reshape(ctx.get_rows(t, picks), &[1, k, nt])
             .expect("gathered reshape")
     };
-    let ids = g.cb(gather(tab), "ffn_moe_hit_ids", il as i32);
+    // Residency before slot ids: a prefetch's table lands slot ids first, residency after
+    // (`table`), so a pick read resident has its slot id in place when its id is read.
     let mask = g.cb(gather(on), "ffn_moe_hit_mask", il as i32);
+    let ids = g.cb(gather(tab), "ffn_moe_hit_ids", il as i32);
     let picks = ctx.reshape(mask, &[k * nt]).expect("mask reshape");
     let flag = ctx.add(ctx.sum_rows(picks), off.hit_base());
     let flag = g.cb(flag, "ffn_moe_hit", il as i32);
-    for t in [ids, mask, flag] {
+    for t in [mask, ids, flag] {
         ctx.set_output(t);
         g.graph.build_forward(t);
     }

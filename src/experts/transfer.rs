@@ -81,7 +81,7 @@ pub trait Transfer {
 }
 
 /// Read batches a gated step may have queued and not yet waited for.
-pub const READ_BATCHES: usize = 4;
+pub const READ_BATCHES: usize = 8;
 
 fn no_gate() -> GgmlError {
     GgmlError::Tensor {

@@ -42,8 +42,8 @@ use super::*;
 use std::time::Instant;
 
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
-/// 1, or `POCKETMOE_GATED_AHEAD` (1 to 3: the read batches in flight are at most
-/// [`READ_BATCHES`]), read once, for an A/B on the device.
+/// 1, or `POCKETMOE_GATED_AHEAD` (1 to 3: two read batches a stop, at most [`READ_BATCHES`]
+/// in flight), read once, for an A/B on the device.
 fn ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
@@ -51,7 +51,7 @@ fn ahead() -> usize {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(1)
-            .clamp(1, READ_BATCHES - 1)
+            .clamp(1, READ_BATCHES / 2 - 1)
     })
 }
 
@@ -138,6 +138,8 @@ impl Offload {
             }
         }
         backend.synchronize();
+        self.scratch_region = 0;
+        self.planned = None;
         self.gate_reads.clear();
         self.gate_stop = None;
         r
@@ -186,42 +188,57 @@ impl Offload {
                     continue;
                 };
                 backend.compute_nodes_async(graph, from, anchor + 1)?;
-                self.parts[0].xfer.close_gate(base + c as u64)?;
+                let x = self.parts[0].xfer.as_mut();
+                x.reads_after_compute()?;
+                self.scratch_region = c;
+                let reads = self.queue_reads(n, n_tokens)?;
+                let x = self.parts[0].xfer.as_mut();
+                let routed = x.end_batch()?;
+                x.close_gate(base + c as u64)?;
                 backend.compute_nodes_async(graph, anchor + 1, nodes.flags[c] + 1)?;
-                self.parts[0].xfer.reads_after_compute()?;
-                let reads = self.queue_reads(n, n_tokens, true)?;
-                let batch = self.parts[0].xfer.end_batch()?;
-                self.gate_reads.push_back((n.il, batch, reads));
+                let x = self.parts[0].xfer.as_mut();
+                x.reads_after_compute()?;
+                x.read(reads.flag_at(), flag(c), 4)?;
+                let flagged = x.end_batch()?;
+                self.gate_reads.push_back((n.il, [routed, flagged], reads));
                 queued += 1;
             }
             let Some((_, n)) = stops.get(s) else {
                 break;
             };
-            let (il, batch, reads) = self.gate_reads.pop_front().expect("queued above");
+            let (il, [routed, flagged], reads) = self.gate_reads.pop_front().expect("queued above");
             assert_eq!(il, n.il, "gated stops out of order");
             // Waits for the piece before the stop (the GPU's work) and its reads: not a stop's
             // own time, which counts from here as the hook path's does (from its callback).
-            self.parts[0].xfer.wait_batch(batch)?;
+            self.parts[0].xfer.wait_batch(routed)?;
             let t0 = Instant::now();
-            let routing = self.take_reads(n, n_tokens, &reads, Some(target))?;
+            self.scratch_region = s;
+            let mut routing = self.take_reads(n, n_tokens, &reads)?;
+            // The next layer's prefetch first: its gate (the next flag's) opens on it, while the
+            // GPU computes this stop's flag, experts and the next layer's attention.
+            let pre = (s + 1 < n_stops).then_some(base + s as u64 + 1);
+            self.planned = self.plan_prefetch(n.il, &routing.pred, pre)?;
+            self.parts[0].xfer.wait_batch(flagged)?;
+            // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.
+            let got = unsafe { *(reads.flag_at() as *const u32) };
+            routing.fast = super::table::reached(got, target);
             if routing.fast {
                 self.stats.hit_stops += 1;
             }
             self.gate_stop = Some(GateStop {
-                pre: (s + 1 < n_stops).then_some(base + s as u64 + 1),
                 flag: flag(s),
                 target,
                 fast: routing.fast,
             });
             self.routed(n, n_tokens, &routing)?;
             if let Some(g) = self.gate_stop.take() {
-                // Slot mode opens the gates itself; should a stop not have, open them here.
+                // Slot mode opens the flag itself; should a stop not have, open it here.
                 let x = self.parts[0].xfer.as_mut();
                 x.mark_copies()?;
-                if let Some(t) = g.pre {
-                    x.open_gate(t)?;
-                }
                 x.open_word(g.flag, g.target)?;
+            }
+            if let Some(p) = self.planned.take() {
+                self.queue_prefetch(p)?;
             }
             self.count_stop(t0);
         }

@@ -85,11 +85,15 @@ impl Offload {
         let scratch_len = 4
             * (2 * (k * opts.n_ubatch.max(t_max)).next_multiple_of(64)
                 + (n_expert * t_max).next_multiple_of(64)
-                + (2 * shares + 1) * (k * t_max).next_multiple_of(64))
+                + 2 * shares * (k * t_max).next_multiple_of(64))
             + 64
             + 4 * hp.n_embd as usize * t_max
             + 1024;
-        let scratch_buf = store.new_buffer(backend, Memory::Host, scratch_len)?;
+        let scratch_buf = store.new_buffer(
+            backend,
+            Memory::Host,
+            scratch_len * super::readback::SCRATCH_REGIONS,
+        )?;
         let scratch = scratch_buf.base_addr();
         // A micro-batch's rows of the router's argsort (its top-k ids are a view of them).
         let sel_rows_len = 4 * n_expert * opts.n_ubatch.max(t_max).max(1);
@@ -199,6 +203,7 @@ impl Offload {
             shares,
             scratch,
             scratch_len,
+            scratch_region: 0,
             sel_rows,
             sel_rows_len,
             stats,
@@ -215,6 +220,7 @@ impl Offload {
             tab_last: vec![vec![0u8; 8 * n_expert]; n_layer],
             hit_base: 0.0,
             table_step: false,
+            planned: None,
             duels: Default::default(),
             gate_next: 1,
             gate_reads: std::collections::VecDeque::new(),

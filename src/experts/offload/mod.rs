@@ -161,6 +161,8 @@ pub struct Offload {
     /// Host scratch for routing reads and control writes.
     scratch: usize,
     scratch_len: usize,
+    /// Which region of the scratch (each `scratch_len` bytes) is in use: see `scratch_base`.
+    scratch_region: usize,
     /// Page-locked room for a micro-batch's selected-id rows as the graph holds them (strided:
     /// see `step::Resolved::sel_row`), compacted on the host.
     sel_rows: usize,
@@ -193,11 +195,13 @@ pub struct Offload {
     hit_base: f32,
     /// The step in flight is in table form (its graph gathers slot ids from the tables).
     table_step: bool,
+    /// Gated: the next layer's prefetch, planned at this stop and not yet queued.
+    planned: Option<prefetch::Prefetch>,
     /// `Gated::Auto`'s choice between the eval-hook path and gated and of how much to
     /// prefetch, measured (`duel`), with the step in flight's arm.
     duels: duel::Duels,
     gate_next: u64,
-    gate_reads: std::collections::VecDeque<(usize, u64, readback::Reads)>,
+    gate_reads: std::collections::VecDeque<(usize, [u64; 2], readback::Reads)>,
 }
 
 impl Drop for Offload {

@@ -26,23 +26,30 @@ impl Offload {
     /// and queues copies of the predicted experts that are not resident on the copy stream.
     /// Not waited for: the copies overlap this layer's expert matmuls and the next layer's
     /// attention; the next stop fences them before its slot writes and matmuls.
-    ///
-    /// Gated in table form (`table`), `pre` is the ticket that lets the next stop's hit flag be
-    /// computed: opened once the next layer's table no longer shows the victims or the experts
-    /// being copied, before their copies (which the flag then sees land, or not yet).
-    pub(super) fn prefetch_after(
+    pub(super) fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
+        match self.plan_prefetch(il, pred, None)? {
+            Some(p) => self.queue_prefetch(p),
+            None => Ok(()),
+        }
+    }
+
+    /// The first half of [`Offload::prefetch_after`]: admits the predicted experts it will copy
+    /// (evicting others), and in table form (`table`) queues the next layer's table without the
+    /// victims and those experts; then opens the gate to `pre` (gated: the next stop's hit flag
+    /// may be computed from then on) behind it. Their copies wait for
+    /// [`Offload::queue_prefetch`], so that a gated stop queues its own misses' first.
+    pub(super) fn plan_prefetch(
         &mut self,
         il: usize,
         pred: &[f32],
         pre: Option<u64>,
-    ) -> Result<(), GgmlError> {
+    ) -> Result<Option<Prefetch>, GgmlError> {
         let next = self.next_offloaded(il).filter(|_| !pred.is_empty());
         let Some(next) = next else {
-            return self.open_pre(il, pre);
+            self.open_pre(il, pre)?;
+            return Ok(None);
         };
         let shares = self.shares;
-        let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
-        let devs: Vec<usize> = (0..shares).map(|s| self.share_device(next, s)).collect();
         let now = self.step;
         let k = self.k;
         let layer = self.layers[next].as_ref().expect("offloaded layer");
@@ -56,7 +63,6 @@ impl Offload {
         let scale = prefetch_scale() * self.duels.prefetch();
         let budget = (self.prefetch_budget(next, &cands) as f64 * scale).round() as usize;
         let layer = self.layers[next].as_mut().expect("offloaded layer");
-        let mut h2d = vec![0u64; shares];
         let mut fetched = Vec::new();
         let mut full = vec![false; shares];
         for &e in &cands {
@@ -75,11 +81,30 @@ impl Offload {
             };
             fetched.push((s, slot, e));
         }
-        let experts: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
         if self.table_step {
+            let experts: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
             self.flush_table(next, &experts, false)?;
         }
         self.open_pre(il, pre)?;
+        Ok(Some(Prefetch {
+            next,
+            fetched,
+            predicted,
+        }))
+    }
+
+    /// The second half of [`Offload::prefetch_after`]: queues the planned copies on the copy
+    /// stream and, in table form, the next layer's table with their experts after them.
+    pub(super) fn queue_prefetch(&mut self, p: Prefetch) -> Result<(), GgmlError> {
+        let Prefetch {
+            next,
+            fetched,
+            predicted,
+        } = p;
+        let shares = self.shares;
+        let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
+        let devs: Vec<usize> = (0..shares).map(|s| self.share_device(next, s)).collect();
+        let mut h2d = vec![0u64; shares];
         for &(s, slot, e) in &fetched {
             let xfer = self.parts[devs[s]].xfer.as_mut();
             for (_, a) in addrs[s].mats() {
@@ -90,7 +115,7 @@ impl Offload {
         if self.table_step {
             self.flush_table(next, &[], false)?;
         }
-        let fetched = experts;
+        let fetched: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[next];
         st.prefetched += fetched.len() as u64;
@@ -116,4 +141,12 @@ impl Offload {
         }
         Ok(())
     }
+}
+
+/// A prefetch planned ([`Offload::plan_prefetch`]) and not yet queued: layer `next`'s experts
+/// to copy (share, slot, expert) and every expert predicted for it.
+pub(super) struct Prefetch {
+    next: usize,
+    fetched: Vec<(usize, u32, u32)>,
+    predicted: Vec<u32>,
 }

@@ -11,20 +11,18 @@ impl Offload {
         n: &Resolved,
         n_tokens: usize,
     ) -> Result<Routing, GgmlError> {
-        let reads = self.queue_reads(n, n_tokens, false)?;
+        let reads = self.queue_reads(n, n_tokens)?;
         let t0 = std::time::Instant::now();
         self.xfer(n.il).wait_reads()?;
         self.stats.wait_copy_s += t0.elapsed().as_secs_f64();
-        self.take_reads(n, n_tokens, &reads, None)
+        self.take_reads(n, n_tokens, &reads)
     }
 
-    /// Queues the reads of [`Offload::read_routing`] without waiting for them; with `hit` (a
-    /// gated table-form stop, `table`) also the picks' slot ids and the hit flag.
+    /// Queues the reads of [`Offload::read_routing`] without waiting for them.
     pub(super) fn queue_reads(
         &mut self,
         n: &Resolved,
         n_tokens: usize,
-        hit: bool,
     ) -> Result<Reads, GgmlError> {
         let cnt = self.k * n_tokens;
         let n_pred = if n.pred_addr.is_some() {
@@ -37,9 +35,10 @@ impl Offload {
         } else {
             0
         };
-        let lay = ScratchLayout::new(self.scratch, cnt, n_pred, self.shares);
-        let x_at = self.scratch + self.scratch_len - 4 * x_len - 256;
-        // The reads, the control and the hit reads end below the FFN input (sized for slot steps).
+        let base = self.scratch_base();
+        let lay = ScratchLayout::new(base, cnt, n_pred, self.shares);
+        let x_at = base + self.scratch_len - 4 * x_len - 256;
+        // The reads, the control and the hit flag end below the FFN input (sized for slot steps).
         if lay.end > x_at {
             return Err(GgmlError::Tensor {
                 name: format!("offload scratch of layer {}", n.il),
@@ -47,7 +46,7 @@ impl Offload {
                     "{n_tokens} tokens x {} experts, {n_pred} predicted logits and {x_len} inputs \
                      need {} B, the scratch has {} B",
                     self.k,
-                    lay.end - self.scratch + 4 * x_len + 256,
+                    lay.end - base + 4 * x_len + 256,
                     self.scratch_len
                 ),
             });
@@ -79,10 +78,6 @@ impl Offload {
         if x_len > 0 {
             self.xfer(n.il).read(x_at, n.x_addr, 4 * x_len)?;
         }
-        if let Some(h) = n.hit.filter(|_| hit) {
-            self.xfer(n.il).read(lay.hit_ids, h.ids, 4 * cnt)?;
-            self.xfer(n.il).read(lay.flag, h.flag, 4)?;
-        }
         Ok(Reads {
             cnt,
             n_pred,
@@ -90,19 +85,15 @@ impl Offload {
             x_at,
             lay,
             strided,
-            hit: hit && n.hit.is_some(),
         })
     }
 
-    /// The routing of reads queued by [`Offload::queue_reads`] that have landed. A table-form
-    /// stop whose hit flag reached `target` ran on without the host: its picks are read off
-    /// their slot ids (the router's ids may already be overwritten by the graph's next nodes).
+    /// The routing of reads queued by [`Offload::queue_reads`] that have landed.
     pub(super) fn take_reads(
         &mut self,
         n: &Resolved,
         n_tokens: usize,
         r: &Reads,
-        target: Option<u32>,
     ) -> Result<Routing, GgmlError> {
         let Reads {
             cnt,
@@ -136,34 +127,6 @@ impl Offload {
                 std::slice::from_raw_parts(x_at as *const f32, x_len).to_vec(),
             )
         };
-        if let (true, Some(target)) = (r.hit, target) {
-            // SAFETY: as below; the flag and the slot ids lie in the scratch's hit reads.
-            let flag = unsafe { *(lay.flag as *const u32) };
-            if super::table::reached(flag, target) {
-                // SAFETY: `cnt` i32 in the scratch's hit reads, landed with the flag.
-                let slots = unsafe { std::slice::from_raw_parts(lay.hit_ids as *const i32, cnt) };
-                let cache = &self.layers[n.il].as_ref().expect("offloaded layer").caches[0];
-                let sel = slots
-                    .iter()
-                    .map(|&s| {
-                        u32::try_from(s)
-                            .ok()
-                            .and_then(|s| cache.expert_in(s))
-                            .ok_or_else(|| GgmlError::Tensor {
-                                name: format!("expert table of layer {}", n.il),
-                                msg: format!("a pick's slot {s} holds no expert"),
-                            })
-                    })
-                    .collect::<Result<_, _>>()?;
-                return Ok(Routing {
-                    sel,
-                    weights,
-                    pred,
-                    x,
-                    fast: true,
-                });
-            }
-        }
         let n_expert = self.n_expert as u32;
         let sel = ids
             .iter()
@@ -195,8 +158,24 @@ pub(super) struct Reads {
     x_at: usize,
     lay: ScratchLayout,
     strided: bool,
-    /// The hit reads were queued too.
-    hit: bool,
+}
+
+impl Offload {
+    /// The host scratch region reads and control writes go to now: the first, or (gated, a
+    /// stop's reads queued while earlier stops' are still read) one per stop in flight.
+    pub(super) fn scratch_base(&self) -> usize {
+        self.scratch + (self.scratch_region % SCRATCH_REGIONS) * self.scratch_len
+    }
+}
+
+/// Host scratch regions: one per gated stop in flight (at most [`READ_BATCHES`] / 2).
+pub(super) const SCRATCH_REGIONS: usize = super::transfer::READ_BATCHES / 2;
+
+impl Reads {
+    /// Where a table-form stop's hit flag is read to (a separate read, after the flag).
+    pub(super) fn flag_at(&self) -> usize {
+        self.lay.flag
+    }
 }
 
 /// Where a stop's reads and control writes go in the host scratch (byte addresses).
@@ -207,9 +186,8 @@ pub(super) struct ScratchLayout {
     pub(super) ctl: usize,
     /// Bytes of one share's control.
     ctl_len: usize,
-    /// Table form: the picks' slot ids and the hit flag, read back.
-    hit_ids: usize,
-    flag: usize,
+    /// Table form: the hit flag, read back.
+    pub(super) flag: usize,
     pub(super) end: usize,
 }
 
@@ -222,15 +200,13 @@ impl ScratchLayout {
         let w = sel + p;
         let pred = w + p;
         let ctl = pred + 4 * n_pred.next_multiple_of(64);
-        let hit_ids = ctl + 2 * p * shares.max(1);
-        let flag = hit_ids + p;
+        let flag = ctl + 2 * p * shares.max(1);
         Self {
             sel,
             w,
             pred,
             ctl,
             ctl_len: 2 * p,
-            hit_ids,
             flag,
             end: flag + 64,
         }
@@ -253,7 +229,8 @@ pub(super) struct Routing {
     pub(super) pred: Vec<f32>,
     /// FFN input [n_embd * n_tokens] (when the CPU channel may take misses).
     pub(super) x: Vec<f32>,
-    /// A gated table-form stop whose picks were all resident: the GPU ran on (`table`).
+    /// A gated table-form stop whose picks were all resident: the GPU ran on (`table`; set
+    /// once the flag is read).
     pub(super) fast: bool,
 }
 

@@ -198,8 +198,9 @@ impl Offload {
         }
         self.book_copies(il, &devs, &h2d, by);
         let n = sel.len();
-        let lay = ScratchLayout::new(self.scratch, n, routing.pred.len(), shares);
-        assert!(lay.end <= self.scratch + self.scratch_len);
+        let base = self.scratch_base();
+        let lay = ScratchLayout::new(base, n, routing.pred.len(), shares);
+        assert!(lay.end <= base + self.scratch_len);
         for (s, (ids, mask)) in ctl.iter().enumerate().filter(|_| !fast) {
             let at = lay.ctl_of(s);
             let c = self.ctl(il, s);
@@ -242,7 +243,13 @@ impl Offload {
         // When this stop's copies should have landed (the gate waits for them, not for the
         // prefetches queued next): a gated join's slack is measured against it.
         let copies_land = gate.and_then(|_| self.miss.copy_idle_at(devs[0]));
-        self.prefetch_after(il, &routing.pred, gate.and_then(|g| g.pre))?;
+        match self.planned.take() {
+            // Gated: the stop planned the next layer's prefetch as soon as it read the routing
+            // (opening the next flag's gate); its copies follow this stop's own.
+            Some(p) => self.queue_prefetch(p)?,
+            None if gate.is_none() => self.prefetch_after(il, &routing.pred)?,
+            None => {}
+        }
         if let (Some(g), false) = (gate, on_cpu.is_empty()) {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
             self.join_cpu(il, n_tokens, copies_land)?;

@@ -10,7 +10,8 @@
 //! - Residency 1 in a table only for an expert whose bytes are in its slot: a prefetch's table
 //!   is copied twice on the copy stream, its experts not yet resident before their copies (and
 //!   the victims gone), resident after them; the stop that prefetches opens the next stop's
-//!   gate (which the next flag waits behind) between the two.
+//!   gate (which the next flag waits behind) between the two. The second may land while the
+//!   graph gathers: slot ids land before residency, and the graph reads residency first.
 //! - Flags only grow: the base rises by [`BASE_STEP`] (more than any micro-batch's picks) every
 //!   gated step, so a flag left from an earlier step never passes a later wait; near f32's
 //!   exact integers the base starts again at [`BASE_STEP`] with every flag zeroed.
@@ -30,12 +31,10 @@ const BASE_STEP: f32 = 256.0;
 /// f32 represents every integer up to this exactly.
 const F32_EXACT: f32 = 16_777_216.0;
 
-/// A gated table-form stop's gates: the ticket that lets the next stop's flag be computed
-/// (opened once this stop's prefetch left the next layer's table consistent), and the hit
-/// flag's address and target, and whether the flag had reached it (the GPU ran on).
+/// A gated table-form stop's hit flag: its address and target, and whether it had reached it
+/// (the GPU ran on).
 #[derive(Clone, Copy)]
 pub(super) struct GateStop {
-    pub(super) pre: Option<u64>,
     pub(super) flag: usize,
     pub(super) target: u32,
     pub(super) fast: bool,
@@ -127,8 +126,12 @@ impl Offload {
                 on.write_async(&backend, 0, at + half, half)?;
             }
         } else {
-            debug_assert_eq!(on_at, tab_at + half, "the table's halves are adjacent");
-            self.xfer(il).copy(tab_at, at, bytes.len())?;
+            // Two copies, in this order: a graph may gather the table while they land (a
+            // prefetch's second copy), and reads residency first, so an expert it reads
+            // resident has its slot id in place.
+            let x = self.xfer(il);
+            x.copy(tab_at, at, half)?;
+            x.copy(on_at, at + half, half)?;
         }
         self.tab_last[il] = bytes;
         Ok(())
