@@ -492,37 +492,40 @@ fn offloaded_batch_decode_matches_resident() {
         // the CPU build bit for bit (the same kernels on the same inputs); on a GPU ggml-cuda may
         // fuse across the hook path's CPU-join stop, where the gated graph has no cut, and a
         // reordered sum can flip a near-tied choice, so the bound of the CPU-channel case above.
-        let gated_opts = EngineOptions {
-            gated_decode: Gated::Always,
-            ..opts(Some(budget), cpu)
-        };
-        // Gated steps are in table form, at most 8 tokens (`experts::offload::table`): the 12
-        // requests' case compares its first 8 against a hook-path run of the same 8.
-        let m = want.len().min(8);
-        let got = if m < want.len() {
-            let mut hooked = Engine::load(&path, opts(Some(budget), cpu), &|_, _| {}).unwrap();
-            run(&mut hooked, &prompts[..m], Layout::Together)
-        } else {
-            got
-        };
-        let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();
-        let got_gated = run(&mut gated, &prompts[..m], Layout::Together);
-        let n_gated = gated.offload_stats().unwrap().gated_steps;
-        assert_eq!(st.gated_steps, 0, "{slots} slots: the hook path ran gated");
-        assert!(n_gated > 0, "{slots} slots: no step ran gated");
-        let (gated_diff, same_tokens) = compare(&got, &got_gated);
-        eprintln!("{slots} slots, gated: {n_gated} steps gated, max |dlogit| {gated_diff:e} against the hook path");
-        if cfg!(feature = "cuda") {
-            let cos: Vec<f64> = got
-                .iter()
-                .zip(&got_gated)
-                .flat_map(|(a, b)| a.1.iter().zip(&b.1).map(|(x, y)| common::cosine(x, y)))
-                .collect();
-            let mean = cos.iter().sum::<f64>() / cos.len() as f64;
-            assert!(mean >= 0.98, "{slots} slots, gated: mean cosine {mean}");
-        } else {
-            assert_eq!(gated_diff, 0.0, "{slots} slots, gated: max |dlogit|");
-            assert!(same_tokens, "{slots} slots, gated: greedy tokens");
+        // Table form too (`experts::offload::table`, `table_decode`): up to 8 tokens a step, so
+        // the 4 requests' case.
+        for table in [false, true].into_iter().filter(|&t| !t || want.len() <= 8) {
+            let gated_opts = EngineOptions {
+                gated_decode: Gated::Always,
+                table_decode: table,
+                ..opts(Some(budget), cpu)
+            };
+            let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();
+            let got_gated = run(&mut gated, &prompts[..want.len()], Layout::Together);
+            let gst = gated.offload_stats().unwrap();
+            let n_gated = gst.gated_steps;
+            assert_eq!(
+                gst.hit_stops > 0,
+                table,
+                "{slots} slots, table {table}: {} stops passed on the device",
+                gst.hit_stops
+            );
+            assert_eq!(st.gated_steps, 0, "{slots} slots: the hook path ran gated");
+            assert!(n_gated > 0, "{slots} slots: no step ran gated");
+            let (gated_diff, same_tokens) = compare(&got, &got_gated);
+            eprintln!("{slots} slots, gated: {n_gated} steps gated, max |dlogit| {gated_diff:e} against the hook path");
+            if cfg!(feature = "cuda") {
+                let cos: Vec<f64> = got
+                    .iter()
+                    .zip(&got_gated)
+                    .flat_map(|(a, b)| a.1.iter().zip(&b.1).map(|(x, y)| common::cosine(x, y)))
+                    .collect();
+                let mean = cos.iter().sum::<f64>() / cos.len() as f64;
+                assert!(mean >= 0.98, "{slots} slots, gated: mean cosine {mean}");
+            } else {
+                assert_eq!(gated_diff, 0.0, "{slots} slots, gated: max |dlogit|");
+                assert!(same_tokens, "{slots} slots, gated: greedy tokens");
+            }
         }
     }
 }

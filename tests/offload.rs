@@ -354,11 +354,15 @@ fn gated_decode_equals_the_eval_hook_path() {
         // stale one would get wrong), the CPU far faster (every miss to its channel), and PCIe
         // far faster with almost every expert cached.
         let (pcie, cpu) = ((1e12, 1e6), (1e9, 1e12));
-        for (slots, bw) in [(k - 1, pcie), (k, cpu), (n_expert - 1, pcie)] {
+        // Gated in control form (slot ids and mask written by the host at every stop) and in
+        // table form (gathered on the device; `table_decode`).
+        let cases = [(k - 1, pcie), (k, cpu), (n_expert - 1, pcie)];
+        for ((slots, bw), table) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
             let load = |gated: bool| {
                 let opts = EngineOptions {
                     offload_bandwidths: Some(bw),
                     gated_decode: if gated { Gated::Always } else { Gated::Off },
+                    table_decode: gated && table,
                     ..small(Some(budget(slots as usize)))
                 };
                 Engine::load(&path, opts, &|_, _| {}).unwrap()
@@ -416,10 +420,15 @@ fn gated_decode_equals_the_eval_hook_path() {
                     "{arch} {slots} slots: the CPU channel was not used"
                 );
             }
-            // Almost every expert cached: most stops' picks are all in the expert table, and
-            // the device passes them on its own (the table form's hit flag); with fewer slots
-            // than picks none can.
-            if slots == n_expert - 1 {
+            // Table form, almost every expert cached: most stops' picks are all in the expert
+            // table, and the device passes them on its own (the hit flag); with fewer slots
+            // than picks none can, and control form never does.
+            if !table {
+                assert_eq!(
+                    g.hit_stops, 0,
+                    "{arch} {slots} slots: control form passed a stop"
+                );
+            } else if slots == n_expert - 1 {
                 assert!(
                     g.hit_stops > 0,
                     "{arch} {slots} slots: no stop passed on the device ({} stops)",

@@ -261,6 +261,7 @@ impl Engine {
                 cpu_spin: opts.cpu_spin,
                 slack_control: opts.slack_control,
                 gated: opts.gated_decode,
+                table: opts.table_decode,
                 expert_parallel: opts.expert_parallel && split.is_some(),
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {

@@ -115,6 +115,12 @@ pub struct EngineOptions {
     /// the hook path prefetching half its budget measures fastest (`experts::offload::duel`);
     /// `POCKETMOE_GATED=1` always, `=0` never (both prefetching the whole budget).
     pub gated_decode: crate::experts::Gated,
+    /// Gated decode in table form (`experts::offload::table`, docs/design.md §4.4b): a step of
+    /// up to 8 tokens gathers its picks' slots from expert tables on the device, and a stop
+    /// whose picks all hit opens its own gate. Off by default until its CUDA parity is shown
+    /// (2026-12-05: faster on the H100, its CUDA tests off their bounds, not yet traced);
+    /// `POCKETMOE_TABLE=1` turns it on in the default options.
+    pub table_decode: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
@@ -151,6 +157,7 @@ impl Default for EngineOptions {
             cpu_spin: switch_on("POCKETMOE_CPU_SPIN"),
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
             gated_decode: crate::experts::Gated::from_env(),
+            table_decode: std::env::var("POCKETMOE_TABLE").as_deref() == Ok("1"),
             repack: true,
         }
     }

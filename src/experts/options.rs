@@ -33,6 +33,9 @@ pub struct OffloadOptions {
     /// Whether decode steps on one device run gated where its copy engine can gate
     /// (`offload::gated`).
     pub gated: Gated,
+    /// Gated decode of up to 8 tokens in table form (`offload::table`): the device passes a
+    /// stop whose picks all hit on its own.
+    pub table: bool,
 }
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or

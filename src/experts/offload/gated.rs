@@ -36,7 +36,7 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::table::GateStop;
+use super::table::{GateStop, Open};
 use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
@@ -77,11 +77,8 @@ impl Offload {
         let can = self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
-            && nodes.flags.len() == nodes.routing.len()
-            && nodes
-                .routing
-                .iter()
-                .all(|(_, r)| r.mode == Mode::Slots && r.hit.is_some())
+            && (nodes.flags.is_empty() || nodes.flags.len() == nodes.routing.len())
+            && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
             && part.xfer.can_gate()
             && (!part.xfer.queues_ahead() || quantised());
         if !can || self.opts.gated != Gated::Auto {
@@ -122,7 +119,7 @@ impl Offload {
         self.miss.set_gated(true);
         let n_stops = nodes.routing.len();
         let base = self.gate_next;
-        self.gate_next += n_stops as u64;
+        self.gate_next += n_stops as u64 + 1;
         self.gate_reads.clear();
         let r = self.gated_pieces(&backend, graph, nodes, n_tokens, base);
         if r.is_err() {
@@ -155,15 +152,28 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let stops = &nodes.routing;
         let n_stops = stops.len();
-        let target = {
+        let table = !nodes.flags.is_empty();
+        let target = if table {
             self.begin_table_step(nodes, true)?;
+            // The first stop's gathers wait for what the step's start queued.
+            let x = self.parts[0].xfer.as_mut();
+            x.mark_copies()?;
+            x.open_gate(base)?;
             self.hit_target(self.k * n_tokens)
+        } else {
+            0
         };
-        let flag = |c: usize| stops[c].1.hit.expect("a table-form stop").flag;
-        // The first stop's flag waits for what the step's start queued.
-        let x = self.parts[0].xfer.as_mut();
-        x.mark_copies()?;
-        x.open_gate(base)?;
+        // The gate stop `c` opens to its experts: its hit flag, or (control form) ticket
+        // `base + c + 1`.
+        let gate = |c: usize| match stops[c].1.hit {
+            Some(h) => Open::Word {
+                flag: h.flag,
+                target,
+            },
+            None => Open::Ticket(base + c as u64 + 1),
+        };
+        // Where the nodes after stop `c` start: after its flag, or its routing.
+        let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
         let ahead = if self.parts[0].xfer.queues_ahead() {
             ahead()
         } else {
@@ -171,42 +181,44 @@ impl Offload {
         };
         let mut queued = 0;
         for s in 0..=n_stops {
-            // Stop c's pieces: after the previous flag (behind its word) up to its routing,
-            // then behind ticket `base + c` its slot ids, mask and flag; after the last, the
-            // rest of the graph (behind the last flag).
+            // Stop c's pieces: after the previous stop (behind its gate) up to its routing,
+            // then in table form, behind ticket `base + c`, its gathers and flag; after the
+            // last stop, the rest of the graph.
             while queued <= n_stops && queued <= s + ahead {
                 let c = queued;
+                queued += 1;
                 let from = if c == 0 {
                     0
                 } else {
-                    self.parts[0].xfer.close_word(flag(c - 1), target)?;
-                    nodes.flags[c - 1] + 1
+                    gate(c - 1).close(self.parts[0].xfer.as_mut())?;
+                    after(c - 1)
                 };
                 let Some((anchor, n)) = stops.get(c) else {
                     backend.compute_nodes_async(graph, from, graph.n_nodes())?;
-                    queued += 1;
                     continue;
                 };
                 backend.compute_nodes_async(graph, from, anchor + 1)?;
-                let x = self.parts[0].xfer.as_mut();
-                x.reads_after_compute()?;
+                self.parts[0].xfer.reads_after_compute()?;
                 self.scratch_region = c;
                 let reads = self.queue_reads(n, n_tokens)?;
                 let x = self.parts[0].xfer.as_mut();
                 let routed = x.end_batch()?;
-                x.close_gate(base + c as u64)?;
-                backend.compute_nodes_async(graph, anchor + 1, nodes.flags[c] + 1)?;
-                let x = self.parts[0].xfer.as_mut();
-                x.reads_after_compute()?;
-                x.read(reads.flag_at(), flag(c), 4)?;
-                let flagged = x.end_batch()?;
-                self.gate_reads.push_back((n.il, [routed, flagged], reads));
-                queued += 1;
+                let flagged = match n.hit {
+                    Some(h) => {
+                        x.close_gate(base + c as u64)?;
+                        backend.compute_nodes_async(graph, anchor + 1, after(c))?;
+                        x.reads_after_compute()?;
+                        x.read(reads.flag_at(), h.flag, 4)?;
+                        Some(x.end_batch()?)
+                    }
+                    None => None,
+                };
+                self.gate_reads.push_back((n.il, routed, flagged, reads));
             }
             let Some((_, n)) = stops.get(s) else {
                 break;
             };
-            let (il, [routed, flagged], reads) = self.gate_reads.pop_front().expect("queued above");
+            let (il, routed, flagged, reads) = self.gate_reads.pop_front().expect("queued above");
             assert_eq!(il, n.il, "gated stops out of order");
             // Waits for the piece before the stop (the GPU's work) and its reads: not a stop's
             // own time, which counts from here as the hook path's does (from its callback).
@@ -214,28 +226,27 @@ impl Offload {
             let t0 = Instant::now();
             self.scratch_region = s;
             let mut routing = self.take_reads(n, n_tokens, &reads)?;
-            // The next layer's prefetch first: its gate (the next flag's) opens on it, while the
-            // GPU computes this stop's flag, experts and the next layer's attention.
-            let pre = (s + 1 < n_stops).then_some(base + s as u64 + 1);
-            self.planned = self.plan_prefetch(n.il, &routing.pred, pre)?;
-            self.parts[0].xfer.wait_batch(flagged)?;
-            // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.
-            let got = unsafe { *(reads.flag_at() as *const u32) };
-            routing.fast = super::table::reached(got, target);
-            if routing.fast {
-                self.stats.hit_stops += 1;
+            if let Some(flagged) = flagged {
+                // The next layer's prefetch first: its gate (the next stop's gathers') opens on
+                // it while the GPU computes this stop's flag, experts and the next attention.
+                let pre = (s + 1 < n_stops).then_some(base + s as u64 + 1);
+                self.planned = self.plan_prefetch(n.il, &routing.pred, pre)?;
+                self.parts[0].xfer.wait_batch(flagged)?;
+                // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.
+                let got = unsafe { *(reads.flag_at() as *const u32) };
+                routing.fast = super::table::reached(got, target);
+                self.stats.hit_stops += u64::from(routing.fast);
             }
             self.gate_stop = Some(GateStop {
-                flag: flag(s),
-                target,
+                open: gate(s),
                 fast: routing.fast,
             });
             self.routed(n, n_tokens, &routing)?;
             if let Some(g) = self.gate_stop.take() {
-                // Slot mode opens the flag itself; should a stop not have, open it here.
+                // Slot mode opens the gate itself; should a stop not have, open it here.
                 let x = self.parts[0].xfer.as_mut();
                 x.mark_copies()?;
-                x.open_word(g.flag, g.target)?;
+                g.open.open(x)?;
             }
             if let Some(p) = self.planned.take() {
                 self.queue_prefetch(p)?;

@@ -13,7 +13,7 @@ impl Offload {
         }
         self.duels.begin();
         self.miss.set_gated(false); // run_gated says otherwise
-        self.table_step = false; // begin_table_step says otherwise
+        self.tab.step = false; // begin_table_step says otherwise
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;

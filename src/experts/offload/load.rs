@@ -101,14 +101,15 @@ impl Offload {
             .new_buffer(backend, Memory::Host, sel_rows_len)?
             .base_addr();
 
-        // Table form's page-locked ring (`table`): zeros as long as a CPU result, then a
-        // step's table copies (at most three per layer: a prefetch's two and a stop's).
         let n_moe = layers.iter().flatten().count();
-        let tab_zero = (4 * hp.n_embd as usize * t_max.max(1)).next_multiple_of(64);
-        let tab_ring_len = tab_zero + 4 * n_moe * (8 * n_expert).next_multiple_of(64) + 256;
-        let ring_buf = store.new_buffer(backend, Memory::Host, tab_ring_len)?;
-        ring_buf.clear(0);
-        let tab_ring = ring_buf.base_addr();
+        let tab = table::Tables::new(
+            &store,
+            backend,
+            n_layer,
+            n_moe,
+            hp.n_embd as usize * t_max,
+            n_expert,
+        )?;
 
         // Per device: two staging areas as large as the largest of its layers' experts, and
         // the control tensors of its layers.
@@ -213,13 +214,7 @@ impl Offload {
             cpu,
             cpu_dirty: vec![false; n_layer],
             gate_stop: None,
-            tab_ring,
-            tab_ring_len,
-            tab_zero,
-            tab_at: tab_zero,
-            tab_last: vec![vec![0u8; 8 * n_expert]; n_layer],
-            hit_base: 0.0,
-            table_step: false,
+            tab,
             planned: None,
             duels: Default::default(),
             gate_next: 1,
@@ -281,11 +276,7 @@ impl DevPart {
         ];
         // The expert tables of table-form decode (`table`): per own layer each expert's slot
         // (i32) and whether it is resident (f32), adjacent (one copy writes both); one share only.
-        let tab_bytes = if every_ctl {
-            0
-        } else {
-            (8 * n_expert).next_multiple_of(256)
-        };
+        let tab_bytes = (8 * n_expert).next_multiple_of(256) * usize::from(!every_ctl);
         let ctl_size = 2 * ctl_bytes * n_ctl + (cpu_bytes + tab_bytes) * n_moe + 256;
         let ctl_buf = dev.new_buffer(backend, Memory::Device, ctl_size)?;
         ctl_buf.clear(0);

@@ -184,24 +184,15 @@ pub struct Offload {
     /// handed out, and the stops whose routing reads are queued (layer, read batch, what was
     /// read where), oldest first.
     gate_stop: Option<table::GateStop>,
-    /// Table form (`table`): the page-locked ring its copies are made from (zeros first, as
-    /// many bytes as `tab_zero`), where this step's next copy goes in it, each layer's table as
-    /// last queued, and the hit flags' base.
-    tab_ring: usize,
-    tab_ring_len: usize,
-    tab_zero: usize,
-    tab_at: usize,
-    tab_last: Vec<Vec<u8>>,
-    hit_base: f32,
-    /// The step in flight is in table form (its graph gathers slot ids from the tables).
-    table_step: bool,
+    /// Table form's state (`table`).
+    tab: table::Tables,
     /// Gated: the next layer's prefetch, planned at this stop and not yet queued.
     planned: Option<prefetch::Prefetch>,
     /// `Gated::Auto`'s choice between the eval-hook path and gated and of how much to
     /// prefetch, measured (`duel`), with the step in flight's arm.
     duels: duel::Duels,
     gate_next: u64,
-    gate_reads: std::collections::VecDeque<(usize, [u64; 2], readback::Reads)>,
+    gate_reads: std::collections::VecDeque<(usize, u64, Option<u64>, readback::Reads)>,
 }
 
 impl Drop for Offload {

@@ -81,7 +81,7 @@ impl Offload {
             };
             fetched.push((s, slot, e));
         }
-        if self.table_step {
+        if self.tab.step {
             let experts: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
             self.flush_table(next, &experts, false)?;
         }
@@ -112,7 +112,7 @@ impl Offload {
                 h2d[s] += a.expert_bytes as u64;
             }
         }
-        if self.table_step {
+        if self.tab.step {
             self.flush_table(next, &[], false)?;
         }
         let fetched: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();

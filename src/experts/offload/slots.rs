@@ -220,25 +220,32 @@ impl Offload {
                 }
             }
         }
-        match (gate, hit) {
+        if let (None, Some(_)) = (gate, hit) {
             // The eval-hook path in table form: the graph gathers the picks' slots from the
             // table after this stop.
-            (None, Some(_)) => self.flush_table(il, &[], true)?,
-            (Some(g), Some(h)) if !g.fast => {
-                // Gated, a pick missed: the table for later steps, and this stop's slot ids and
-                // mask over what the graph gathered before the host planned.
-                self.flush_table(il, &[], false)?;
-                let at = lay.ctl_of(0);
-                let xfer = self.xfer(il);
-                xfer.copy(h.ids, at, 4 * n)?;
-                xfer.copy(h.mask, at + 4 * n, 4 * n)?;
-                xfer.mark_copies()?;
-                if on_cpu.is_empty() {
-                    xfer.open_word(g.flag, g.target)?;
+            self.flush_table(il, &[], true)?;
+        }
+        if let Some(g) = gate.filter(|g| !g.fast) {
+            // Gated, on the host's plan: the slot ids and mask on the copy stream (in table
+            // form over what the graph gathered, after the table for later steps), then the gate.
+            let (ids_at, mask_at) = match hit {
+                Some(h) => {
+                    self.flush_table(il, &[], false)?;
+                    (h.ids, h.mask)
                 }
+                None => {
+                    let c = self.ctl(il, 0);
+                    (c.ids.data_addr(), c.mask.data_addr())
+                }
+            };
+            let at = lay.ctl_of(0);
+            let xfer = self.xfer(il);
+            xfer.copy(ids_at, at, 4 * n)?;
+            xfer.copy(mask_at, at + 4 * n, 4 * n)?;
+            xfer.mark_copies()?;
+            if on_cpu.is_empty() {
+                g.open.open(xfer)?;
             }
-            (Some(_), None) => unreachable!("a gated step is in table form (`can_gate`)"),
-            _ => {}
         }
         // When this stop's copies should have landed (the gate waits for them, not for the
         // prefetches queued next): a gated join's slack is measured against it.
@@ -247,13 +254,13 @@ impl Offload {
             // Gated: the stop planned the next layer's prefetch as soon as it read the routing
             // (opening the next flag's gate); its copies follow this stop's own.
             Some(p) => self.queue_prefetch(p)?,
-            None if gate.is_none() => self.prefetch_after(il, &routing.pred)?,
+            None if gate.is_none() || hit.is_none() => self.prefetch_after(il, &routing.pred)?,
             None => {}
         }
         if let (Some(g), false) = (gate, on_cpu.is_empty()) {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
             self.join_cpu(il, n_tokens, copies_land)?;
-            self.xfer(il).open_word(g.flag, g.target)?;
+            g.open.open(self.xfer(il))?;
         }
         Ok(())
     }

@@ -19,6 +19,7 @@
 //!   before the next step reuses them.
 use super::*;
 use crate::experts::step::GraphNodes;
+use crate::experts::transfer::Transfer;
 
 /// Micro-batches of at most this many tokens decode in table form: every pick's slot id then
 /// feeds ggml-cuda's per-token mat-vec kernels (beyond 8 tokens its grouped kernels need a
@@ -31,12 +32,37 @@ const BASE_STEP: f32 = 256.0;
 /// f32 represents every integer up to this exactly.
 const F32_EXACT: f32 = 16_777_216.0;
 
-/// A gated table-form stop's hit flag: its address and target, and whether it had reached it
-/// (the GPU ran on).
+/// The gate a gated stop opens to its experts: in table form its hit flag (address and target),
+/// else a ticket of the gate's counter.
+#[derive(Clone, Copy)]
+pub(super) enum Open {
+    Word { flag: usize, target: u32 },
+    Ticket(u64),
+}
+
+impl Open {
+    /// Compute queued from now on waits for this gate.
+    pub(super) fn close(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
+        match self {
+            Open::Word { flag, target } => x.close_word(flag, target),
+            Open::Ticket(t) => x.close_gate(t),
+        }
+    }
+
+    /// Opens it once the copies of the last `mark_copies` have landed.
+    pub(super) fn open(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
+        match self {
+            Open::Word { flag, target } => x.open_word(flag, target),
+            Open::Ticket(t) => x.open_gate(t),
+        }
+    }
+}
+
+/// A gated stop's gate, and (table form) whether its hit flag had reached the target: the GPU
+/// ran on.
 #[derive(Clone, Copy)]
 pub(super) struct GateStop {
-    pub(super) flag: usize,
-    pub(super) target: u32,
+    pub(super) open: Open,
     pub(super) fast: bool,
 }
 
@@ -45,11 +71,55 @@ pub(super) fn reached(flag: u32, target: u32) -> bool {
     flag.wrapping_sub(target) as i32 >= 0
 }
 
+/// Table form's host state: the page-locked ring its copies are made from (`zero` bytes of
+/// zeros first, then this step's copies from `at` on), each layer's table as last queued, the
+/// hit flags' base, and whether the step in flight is in table form.
+pub(super) struct Tables {
+    ring: usize,
+    ring_len: usize,
+    zero: usize,
+    at: usize,
+    last: Vec<Vec<u8>>,
+    base: f32,
+    pub(super) step: bool,
+}
+
+impl Tables {
+    /// For `n_moe` offloaded layers of `n_layer` and `n_expert` experts, zeros as long as a CPU
+    /// result (`zero_floats`), and a step's copies: at most three per layer (a prefetch's two
+    /// and a stop's), each in one or two pieces.
+    pub(super) fn new(
+        store: &Context,
+        backend: &Rc<Backend>,
+        n_layer: usize,
+        n_moe: usize,
+        zero_floats: usize,
+        n_expert: usize,
+    ) -> Result<Self, GgmlError> {
+        let zero = (4 * zero_floats.max(1)).next_multiple_of(64);
+        let ring_len = zero + 4 * n_moe * (8 * n_expert).next_multiple_of(64) + 256;
+        let buf = store.new_buffer(backend, Memory::Host, ring_len)?;
+        buf.clear(0);
+        Ok(Self {
+            ring: buf.base_addr(),
+            ring_len,
+            zero,
+            at: zero,
+            // The device's tables start zeroed (every expert slot 0, not resident).
+            last: vec![vec![0u8; 8 * n_expert]; n_layer],
+            base: 0.0,
+            step: false,
+        })
+    }
+}
+
 impl Offload {
-    /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where it may run
-    /// gated (one device, one share, gating wanted) and a token's picks fit a table.
+    /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where it is asked
+    /// for (`OffloadOptions::table`) and may run gated (one device, one share, gating wanted),
+    /// up to 8 tokens.
     pub fn table_form(&self, n_tokens: usize) -> bool {
-        self.gating_wanted()
+        self.opts.table
+            && self.gating_wanted()
             && self.parts.len() == 1
             && self.shares == 1
             && (1..=TABLE_TOKENS).contains(&n_tokens)
@@ -79,7 +149,7 @@ impl Offload {
 
     /// The flag a gated stop of `picks` picks reaches when all are resident, this step.
     pub(super) fn hit_target(&self, picks: usize) -> u32 {
-        (self.hit_base + picks as f32).to_bits()
+        (self.tab.base + picks as f32).to_bits()
     }
 
     /// Layer `il`'s table as its cache holds it, `off` counted not resident: slot ids, then
@@ -110,7 +180,7 @@ impl Offload {
         compute: bool,
     ) -> Result<(), GgmlError> {
         let bytes = self.table_bytes(il, off);
-        if self.tab_last[il] == bytes {
+        if self.tab.last[il] == bytes {
             return Ok(());
         }
         let at = self.ring_put(&bytes)?;
@@ -133,27 +203,27 @@ impl Offload {
             x.copy(tab_at, at, half)?;
             x.copy(on_at, at + half, half)?;
         }
-        self.tab_last[il] = bytes;
+        self.tab.last[il] = bytes;
         Ok(())
     }
 
     /// Copies `bytes` into the next free room of the page-locked ring; returns its address.
     fn ring_put(&mut self, bytes: &[u8]) -> Result<usize, GgmlError> {
-        let at = self.tab_ring + self.tab_at;
-        let end = self.tab_at + bytes.len().next_multiple_of(64);
-        if end > self.tab_ring_len {
+        let at = self.tab.ring + self.tab.at;
+        let end = self.tab.at + bytes.len().next_multiple_of(64);
+        if end > self.tab.ring_len {
             return Err(GgmlError::Tensor {
                 name: "expert table ring".into(),
                 msg: format!(
                     "a step's table copies need more than its {} B",
-                    self.tab_ring_len
+                    self.tab.ring_len
                 ),
             });
         }
         // SAFETY: [at, at + len) lies in the live ring (checked), not read by a pending copy
         // (the module's invariant).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
-        self.tab_at = end;
+        self.tab.at = end;
         Ok(at)
     }
 
@@ -168,30 +238,30 @@ impl Offload {
         gated: bool,
     ) -> Result<(), GgmlError> {
         self.xfer(0).wait()?;
-        self.tab_at = self.tab_zero;
-        self.table_step = true;
+        self.tab.at = self.tab.zero;
+        self.tab.step = true;
         let moe: Vec<usize> = (0..self.layers.len())
             .filter(|&il| self.is_offloaded(il))
             .collect();
         if gated {
-            self.hit_base += BASE_STEP;
-            if self.hit_base + 2.0 * BASE_STEP >= F32_EXACT {
-                self.hit_base = BASE_STEP;
+            self.tab.base += BASE_STEP;
+            if self.tab.base + 2.0 * BASE_STEP >= F32_EXACT {
+                self.tab.base = BASE_STEP;
                 for (_, n) in &nodes.routing {
                     if let Some(h) = n.hit {
-                        let zeros = self.tab_ring;
+                        let zeros = self.tab.ring;
                         self.xfer(0).copy(h.flag, zeros, 4)?;
                     }
                 }
             }
-            let at = self.ring_put(&self.hit_base.to_ne_bytes())?;
+            let at = self.ring_put(&self.tab.base.to_ne_bytes())?;
             let base = self.hit_base().data_addr();
             self.xfer(0).copy(base, at, 4)?;
             for &il in &moe {
                 if std::mem::take(&mut self.cpu_dirty[il]) {
                     let (dst, len) = (self.ctl_cpu(il).data_addr(), self.ctl_cpu(il).n_bytes());
-                    assert!(len <= self.tab_zero, "the ring's zeros cover a CPU result");
-                    let zeros = self.tab_ring;
+                    assert!(len <= self.tab.zero, "the ring's zeros cover a CPU result");
+                    let zeros = self.tab.ring;
                     self.xfer(0).copy(dst, zeros, len)?;
                 }
             }
