@@ -20,7 +20,7 @@
 #   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
 #   gated OUT                    gated decode on CUDA: its tests under a timeout, then the A/B
 #   auto OUT                     Gated::Auto's duel against each of its arms, uniform and calibrated
-#   table OUT                    table form (POCKETMOE_TABLE=1): its CUDA tests with and without ggml fusion, then the A/B
+#   table OUT                    table form (POCKETMOE_TABLE=1): CUDA tests as built, in table form, without ggml fusion; the A/B
 #   multi OUT                    several GPUs: multi_device tests, -sm layer/tensor vs stock (device-multi.sh)
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
@@ -89,23 +89,27 @@ case "$sub" in
     cmd=(auto "$@") ;;
   table)
     # Table form (docs/design.md §4.4b, opt-in) in one device call (< 10 min, ours only): the
-    # gated and offload tests with POCKETMOE_TABLE=1 (gated decode and Auto then run in table
-    # form), first as built, then with ggml-cuda's fusion off on both sides
-    # (GGML_CUDA_DISABLE_FUSION=1: if only the first fails, the cosines are fused sums taken in
+    # offload and batch tests as built (the default path), then with POCKETMOE_TABLE=1 (Auto
+    # too runs in table form), then that with ggml-cuda's fusion off on both sides
+    # (GGML_CUDA_DISABLE_FUSION=1: if only the second fails, the cosines are fused sums taken in
     # another order, not a fault), each under a timeout; then gated in table form against
     # control form and the hook path, calibrated, 12 and 8 GiB.
     table() {
       local out="${1:?usage: scripts/device.sh table OUT}" start rc=0 t f
       mkdir -p "$out"; start=$(date +%s)
-      for f in 0 1; do
-        if [ "$f" = 1 ]; then export GGML_CUDA_DISABLE_FUSION=1; fi
-        POCKETMOE_TABLE=1 TESTS="offload batch" timeout 200 scripts/device-run.sh tests \
-          > "$out/tests-nofusion$f.log" 2>&1
+      # default: as built (control form unless a test asks for table form); table: Auto in
+      # table form too; nofusion: the same without ggml-cuda's fusion.
+      for f in default table nofusion; do
+        case "$f" in
+          table) export POCKETMOE_TABLE=1 ;;
+          nofusion) export GGML_CUDA_DISABLE_FUSION=1 ;;
+        esac
+        TESTS="offload batch" timeout 150 scripts/device-run.sh tests > "$out/tests-$f.log" 2>&1
         t=$?
-        [ "$t" = 0 ] || { rc=1; echo "table: tests (fusion off: $f) FAILED (exit $t; 124: timed out)"; }
-        grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-nofusion$f.log" | cut -c1-300
+        [ "$t" = 0 ] || { rc=1; echo "table: tests ($f) FAILED (exit $t; 124: timed out)"; }
+        grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-$f.log" | cut -c1-300
       done
-      unset GGML_CUDA_DISABLE_FUSION
+      unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE
       VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
         timeout $(( 585 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
       grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
