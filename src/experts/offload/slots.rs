@@ -151,7 +151,9 @@ impl Offload {
         }
         // Control per share: slot ids and the mask; a pick of another share or of the CPU
         // points at a free slot id with weight 0.
+        // None where the GPU ran on with what it gathered (nothing to write).
         let ctl: Vec<(Vec<i32>, Vec<f32>)> = (0..shares)
+            .filter(|_| !fast)
             .map(|s| {
                 let cache = &layer.caches[s];
                 let mine = |e: u32| layer.owner(e) == s;
@@ -201,7 +203,7 @@ impl Offload {
         let base = self.scratch_base();
         let lay = ScratchLayout::new(base, n, routing.pred.len(), shares);
         assert!(lay.end <= base + self.scratch_len);
-        for (s, (ids, mask)) in ctl.iter().enumerate().filter(|_| !fast) {
+        for (s, (ids, mask)) in ctl.iter().enumerate() {
             let at = lay.ctl_of(s);
             let c = self.ctl(il, s);
             let backend = self.parts[devs[s]].backend.clone();

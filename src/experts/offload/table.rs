@@ -18,8 +18,6 @@
 //! - The ring's snapshots are read by copies queued during one step: the copy stream is idle
 //!   before the next step reuses them.
 use super::*;
-use crate::experts::step::GraphNodes;
-use crate::experts::transfer::Transfer;
 
 /// Micro-batches of at most this many tokens decode in table form: every pick's slot id then
 /// feeds ggml-cuda's per-token mat-vec kernels (beyond 8 tokens its grouped kernels need a
