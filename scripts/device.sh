@@ -93,7 +93,8 @@ case "$sub" in
     # too runs in table form), then that with ggml-cuda's fusion off on both sides
     # (GGML_CUDA_DISABLE_FUSION=1: if only the second fails, the cosines are fused sums taken in
     # another order, not a fault), each under a timeout; then gated in table form against
-    # control form and the hook path, calibrated, 12 and 8 GiB.
+    # itself with prefetched experts counted resident only once landed (TABLE_PREFETCH=landed,
+    # the first build's way), control form and the hook path, calibrated, 12 and 8 GiB.
     table() {
       local out="${1:?usage: scripts/device.sh table OUT}" start rc=0 t f
       mkdir -p "$out"; start=$(date +%s)
@@ -110,7 +111,7 @@ case "$sub" in
         grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-$f.log" | cut -c1-300
       done
       unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE
-      VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
+      VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1+TABLE=1+TABLE_PREFETCH=landed GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
         timeout $(( 585 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
       grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
       return $rc

@@ -8,10 +8,11 @@
 //! stop ahead, behind gates on the device. The graph is in table form (`table`): after a
 //! stop's routing it gathers each pick's slot id and residency from the layer's expert table
 //! and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
-//! stop's flag, [`Transfer::close_word`]), then the gathers and the flag (behind ticket
-//! `base + c`, [`Transfer::close_gate`], which the previous stop opens once its prefetch left
-//! this layer's table consistent). Where every pick is resident the flag opens its own gate and
-//! the GPU runs on: the host reads the stop (routing reads queued on the read stream behind an
+//! stop's flag, [`Transfer::close_word`], and the ticket its prefetch's bytes open), then the
+//! gathers and the flag (behind a ticket, [`Transfer::close_gate`], which the previous stop
+//! opens once its prefetch left this layer's table consistent). Where every pick is resident
+//! (a prefetched expert counts once its slot is assigned) the flag opens its own gate and the
+//! GPU runs on: the host reads the stop (routing reads queued on the read stream behind an
 //! event after the flag) only to count it and prefetch. Where one is not, the host plans the
 //! misses, queues their copies, the table and the slot ids and mask over the gathered ones on
 //! the copy stream, and opens the flag behind them; prefetches for the next layer follow and
@@ -21,10 +22,13 @@
 //! (docs/design.md §4.4a, §4.4b).
 //!
 //! Invariants:
-//! - Stop `c`'s gathers wait for ticket `base + c`: the step's start opens `base`, stop `s`
-//!   opens `base + s + 1`. Tickets and flags only grow, step after step. On any error every
-//!   ticket and flag of the step is opened before the step waits for the device, so nothing
-//!   queued waits for ever.
+//! - Stop `c`'s gathers wait for ticket `Tickets::gathers(c)`, its experts for
+//!   `Tickets::experts(c)` (table form: and its flag): the step's start opens the first stop's
+//!   two, stop `s` opens stop `s + 1`'s gathers behind the next layer's table and its experts
+//!   behind the bytes prefetched into it (control form: its own experts' behind its copies).
+//!   Opened in that order, so opening one never opens another early. Tickets and flags only
+//!   grow, step after step. On any error every ticket and flag of the step is opened before the
+//!   step waits for the device, so nothing queued waits for ever.
 //! - Nothing a queued piece reads is written on the compute stream after the piece was queued
 //!   (the slot, table and control writes go on the copy stream, before the open); what the
 //!   host reads back after a flag is a graph output, never overwritten by the nodes that may
@@ -36,7 +40,8 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::table::{GateStop, Open};
+use super::prefetch::Pre;
+use super::table::{GateStop, Open, Tickets};
 use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
@@ -118,16 +123,16 @@ impl Offload {
         self.stats.gated_steps += 1;
         self.miss.set_gated(true);
         let n_stops = nodes.routing.len();
-        let base = self.gate_next;
-        self.gate_next += n_stops as u64 + 1;
+        let tickets = Tickets(self.gate_next);
+        self.gate_next += Tickets::count(n_stops);
         self.gate_reads.clear();
-        let r = self.gated_pieces(&backend, graph, nodes, n_tokens, base);
+        let r = self.gated_pieces(&backend, graph, nodes, n_tokens, tickets);
         if r.is_err() {
             // Nothing queued may wait for ever: every gate and flag opened.
             let target = self.hit_target(self.k * n_tokens);
             let x = self.parts[0].xfer.as_mut();
             let _ = x.mark_copies();
-            let _ = x.open_gate(base + n_stops as u64);
+            let _ = x.open_gate(tickets.end(n_stops));
             for (_, n) in &nodes.routing {
                 if let Some(h) = n.hit {
                     let _ = x.open_word(h.flag, target);
@@ -148,29 +153,30 @@ impl Offload {
         graph: &Graph<'_>,
         nodes: &GraphNodes,
         n_tokens: usize,
-        base: u64,
+        t: Tickets,
     ) -> Result<(), GgmlError> {
         let stops = &nodes.routing;
         let n_stops = stops.len();
         let table = !nodes.flags.is_empty();
         let target = if table {
             self.begin_table_step(nodes, true)?;
-            // The first stop's gathers wait for what the step's start queued.
+            // The first stop's gathers and experts wait for what the step's start queued.
             let x = self.parts[0].xfer.as_mut();
             x.mark_copies()?;
-            x.open_gate(base)?;
+            x.open_gate(t.experts(0))?;
             self.hit_target(self.k * n_tokens)
         } else {
             0
         };
-        // The gate stop `c` opens to its experts: its hit flag, or (control form) ticket
-        // `base + c + 1`.
+        // The gate stop `c` opens to its experts: its hit flag (behind the ticket the previous
+        // stop opens once its prefetch's bytes landed), or (control form) a ticket.
         let gate = |c: usize| match stops[c].1.hit {
             Some(h) => Open::Word {
                 flag: h.flag,
                 target,
+                landed: t.experts(c),
             },
-            None => Open::Ticket(base + c as u64 + 1),
+            None => Open::Ticket(t.experts(c)),
         };
         // Where the nodes after stop `c` start: after its flag, or its routing.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
@@ -182,7 +188,7 @@ impl Offload {
         let mut queued = 0;
         for s in 0..=n_stops {
             // Stop c's pieces: after the previous stop (behind its gate) up to its routing,
-            // then in table form, behind ticket `base + c`, its gathers and flag; after the
+            // then in table form, behind its gathers' ticket, its gathers and flag; after the
             // last stop, the rest of the graph.
             while queued <= n_stops && queued <= s + ahead {
                 let c = queued;
@@ -205,7 +211,7 @@ impl Offload {
                 let routed = x.end_batch()?;
                 let flagged = match n.hit {
                     Some(h) => {
-                        x.close_gate(base + c as u64)?;
+                        x.close_gate(t.gathers(c))?;
                         backend.compute_nodes_async(graph, anchor + 1, after(c))?;
                         x.reads_after_compute()?;
                         x.read(reads.flag_at(), h.flag, 4)?;
@@ -229,7 +235,10 @@ impl Offload {
             if let Some(flagged) = flagged {
                 // The next layer's prefetch first: its gate (the next stop's gathers') opens on
                 // it while the GPU computes this stop's flag, experts and the next attention.
-                let pre = (s + 1 < n_stops).then_some(base + s as u64 + 1);
+                let pre = (s + 1 < n_stops).then(|| Pre {
+                    gathers: t.gathers(s + 1),
+                    experts: t.experts(s + 1),
+                });
                 self.planned = self.plan_prefetch(n.il, &routing.pred, pre)?;
                 self.parts[0].xfer.wait_batch(flagged)?;
                 // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.

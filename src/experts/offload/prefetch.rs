@@ -35,18 +35,19 @@ impl Offload {
 
     /// The first half of [`Offload::prefetch_after`]: admits the predicted experts it will copy
     /// (evicting others), and in table form (`table`) queues the next layer's table without the
-    /// victims and those experts; then opens the gate to `pre` (gated: the next stop's hit flag
-    /// may be computed from then on) behind it. Their copies wait for
+    /// victims, those experts resident (or not: [`table::prefetched_resident`]); then, gated
+    /// (`pre`: the next stop's tickets), opens the next stop's gathers behind it (its experts
+    /// too where they need not wait for the bytes). Their copies wait for
     /// [`Offload::queue_prefetch`], so that a gated stop queues its own misses' first.
     pub(super) fn plan_prefetch(
         &mut self,
         il: usize,
         pred: &[f32],
-        pre: Option<u64>,
+        pre: Option<Pre>,
     ) -> Result<Option<Prefetch>, GgmlError> {
         let next = self.next_offloaded(il).filter(|_| !pred.is_empty());
         let Some(next) = next else {
-            self.open_pre(il, pre)?;
+            self.open_pre(il, pre.map(|p| p.experts))?;
             return Ok(None);
         };
         let shares = self.shares;
@@ -81,15 +82,21 @@ impl Offload {
             };
             fetched.push((s, slot, e));
         }
+        let early = table::prefetched_resident();
         if self.tab.step {
-            let experts: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
-            self.flush_table(next, &experts, false)?;
+            let coming: Vec<u32> = match early {
+                true => Vec::new(),
+                false => fetched.iter().map(|&(_, _, e)| e).collect(),
+            };
+            self.flush_table(next, &coming, false)?;
         }
-        self.open_pre(il, pre)?;
+        // Early, the next stop's experts wait for the bytes: their ticket opens after them.
+        self.open_pre(il, pre.map(|p| if early { p.gathers } else { p.experts }))?;
         Ok(Some(Prefetch {
             next,
             fetched,
             predicted,
+            landed: pre.filter(|_| early).map(|p| p.experts),
         }))
     }
 
@@ -100,6 +107,7 @@ impl Offload {
             next,
             fetched,
             predicted,
+            landed,
         } = p;
         let shares = self.shares;
         let addrs: Vec<LayerAddrs> = (0..shares).map(|s| self.addrs_of(next, s)).collect();
@@ -115,6 +123,7 @@ impl Offload {
         if self.tab.step {
             self.flush_table(next, &[], false)?;
         }
+        self.open_pre(next, landed)?;
         let fetched: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[next];
@@ -144,9 +153,18 @@ impl Offload {
 }
 
 /// A prefetch planned ([`Offload::plan_prefetch`]) and not yet queued: layer `next`'s experts
-/// to copy (share, slot, expert) and every expert predicted for it.
+/// to copy (share, slot, expert), every expert predicted for it, and the ticket to open once
+/// their bytes have landed (gated, where the table counts them resident before).
 pub(super) struct Prefetch {
     next: usize,
     fetched: Vec<(usize, u32, u32)>,
     predicted: Vec<u32>,
+    landed: Option<u64>,
+}
+
+/// A gated stop's tickets for the next stop, which its prefetch opens ([`table::Tickets`]).
+#[derive(Clone, Copy)]
+pub(super) struct Pre {
+    pub(super) gathers: u64,
+    pub(super) experts: u64,
 }

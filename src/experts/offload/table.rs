@@ -7,11 +7,16 @@
 //! cache: a layer's table is copied whole (slot ids, then residency) where it changed.
 //!
 //! Invariants:
-//! - Residency 1 in a table only for an expert whose bytes are in its slot: a prefetch's table
-//!   is copied twice on the copy stream, its experts not yet resident before their copies (and
-//!   the victims gone), resident after them; the stop that prefetches opens the next stop's
-//!   gate (which the next flag waits behind) between the two. The second may land while the
-//!   graph gathers: slot ids land before residency, and the graph reads residency first.
+//! - Residency 1 in a table only for an expert whose bytes are in its slot or on their way:
+//!   a prefetch copies the next layer's table (victims gone, its experts resident) before its
+//!   bytes, and the stop that prefetches opens the next stop's gathers behind the table and
+//!   that stop's experts (`Tickets::experts`, which its flag's gate also waits for) behind the
+//!   bytes. So a victim whose slot is being overwritten is never counted, and a stop whose
+//!   picks include a prefetched expert passes on the device and waits there for its bytes.
+//!   With `POCKETMOE_TABLE_PREFETCH=landed` ([`prefetched_resident`]) the table is copied
+//!   twice instead, its experts resident only in the second copy, after their bytes, and both
+//!   tickets open between the two; the second may land while the graph gathers: slot ids land
+//!   before residency, and the graph reads residency first.
 //! - Flags only grow: the base rises by [`BASE_STEP`] (more than any micro-batch's picks) every
 //!   gated step, so a flag left from an earlier step never passes a later wait; near f32's
 //!   exact integers the base starts again at [`BASE_STEP`] with every flag zeroed.
@@ -31,10 +36,16 @@ const BASE_STEP: f32 = 256.0;
 const F32_EXACT: f32 = 16_777_216.0;
 
 /// The gate a gated stop opens to its experts: in table form its hit flag (address and target),
-/// else a ticket of the gate's counter.
+/// behind ticket `landed` of the gate's counter (which the previous stop opens once the bytes it
+/// prefetched into this layer have landed: the table counts them resident before, see
+/// [`prefetched_resident`]); else a ticket of the gate's counter.
 #[derive(Clone, Copy)]
 pub(super) enum Open {
-    Word { flag: usize, target: u32 },
+    Word {
+        flag: usize,
+        target: u32,
+        landed: u64,
+    },
     Ticket(u64),
 }
 
@@ -42,18 +53,61 @@ impl Open {
     /// Compute queued from now on waits for this gate.
     pub(super) fn close(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
         match self {
-            Open::Word { flag, target } => x.close_word(flag, target),
+            Open::Word {
+                flag,
+                target,
+                landed,
+            } => {
+                x.close_gate(landed)?;
+                x.close_word(flag, target)
+            }
             Open::Ticket(t) => x.close_gate(t),
         }
     }
 
-    /// Opens it once the copies of the last `mark_copies` have landed.
+    /// Opens it once the copies of the last `mark_copies` have landed (in table form the flag:
+    /// its ticket is the previous stop's to open).
     pub(super) fn open(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
         match self {
-            Open::Word { flag, target } => x.open_word(flag, target),
+            Open::Word { flag, target, .. } => x.open_word(flag, target),
             Open::Ticket(t) => x.open_gate(t),
         }
     }
+}
+
+/// The tickets of a gated step from its first: stop `c`'s gathers (table form) wait for
+/// `gathers(c)`, its experts for `experts(c)` (in table form besides its flag); they open in
+/// that order, stop after stop, and `end` opens them all.
+#[derive(Clone, Copy)]
+pub(super) struct Tickets(pub(super) u64);
+
+impl Tickets {
+    /// Tickets a step of `n_stops` stops takes.
+    pub(super) fn count(n_stops: usize) -> u64 {
+        2 * n_stops as u64 + 1
+    }
+    pub(super) fn gathers(self, c: usize) -> u64 {
+        self.0 + 2 * c as u64
+    }
+    pub(super) fn experts(self, c: usize) -> u64 {
+        self.0 + 2 * c as u64 + 1
+    }
+    pub(super) fn end(self, n_stops: usize) -> u64 {
+        self.0 + 2 * n_stops as u64
+    }
+}
+
+/// Whether a table counts an expert being prefetched resident as soon as its slot is assigned
+/// (the default: the stop that uses it passes on the device, and its experts wait on the device
+/// for the bytes, `Open::Word`'s ticket), or only once its bytes landed
+/// (`POCKETMOE_TABLE_PREFETCH=landed`: a stop gathering before then takes the host's path, but
+/// the experts of a stop whose picks were all resident never wait for a prefetch); read once,
+/// for an A/B on the device.
+pub(super) fn prefetched_resident() -> bool {
+    static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EARLY.get_or_init(|| {
+        std::env::var("POCKETMOE_TABLE_PREFETCH").map_or(true, |v| v.trim() != "landed")
+    })
 }
 
 /// A gated stop's gate, and (table form) whether its hit flag had reached the target: the GPU
