@@ -1,6 +1,8 @@
 //! `pocketmoe bench` end to end on the CPU with a tiny synthetic Qwen3-MoE: both engines run
 //! (ours in the process, llama.cpp in its child), and the output has the promised shape — the
 //! markdown columns and one row per test, the JSON fields, a PNG plot. Speed is not checked.
+mod common;
+
 use pocketmoe::cli::bench::report::{COLUMNS, SETTING_COLUMNS};
 use pocketmoe::synth::{self, quantmix::QuantMix, SynthOptions};
 use serde_json::Value;
@@ -10,8 +12,7 @@ use std::process::Command;
 /// The tiny preset in a folder of its own per test (`tag`): each test removes its folder at the
 /// end, while the others run in parallel.
 fn tiny(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-bench-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir(&format!("pocketmoe-bench-{tag}"));
     let out = dir.join("qwen3moe.gguf");
     let opts = SynthOptions {
         arch: "qwen3moe".into(),

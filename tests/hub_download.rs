@@ -46,7 +46,7 @@ fn repo(token: Option<&str>) -> Repo {
 }
 
 fn cache(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pocketmoe-hub-{tag}-{}", std::process::id()));
+    let d = common::process_dir(&format!("pocketmoe-hub-{tag}"));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

@@ -26,8 +26,7 @@ fn args(model: &Path, gpu_mem: u64) -> InspectArgs {
 }
 
 fn tiny(arch: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-inspect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-inspect");
     let out = dir.join(format!("{arch}.gguf"));
     let opts = SynthOptions {
         arch: arch.into(),
@@ -128,8 +127,7 @@ fn byte_sizes_parse() {
 
 #[test]
 fn unsupported_and_broken_files_are_reported_not_panicked() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-inspect-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-inspect-bad");
     let junk = dir.join("junk.gguf");
     std::fs::write(&junk, b"GGUF\x03\x00\x00\x00garbage").unwrap();
     let e = format!("{:#}", report(&args(&junk, 1 << 30)).unwrap_err());

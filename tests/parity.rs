@@ -58,8 +58,7 @@ fn tiny(arch: &str) -> PathBuf {
 /// Synthesises `preset` of `arch` under `quant`; the name carries the mix and the KV type so
 /// that tests running in parallel threads never write a file another one is reading.
 fn synth_preset(arch: &str, preset: &str, quant: QuantMix, kv: GgmlType) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-parity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-parity");
     let out = dir.join(format!("{arch}-{preset}-{}-{kv:?}.gguf", quant.name()));
     let opts = SynthOptions {
         arch: arch.into(),

@@ -65,8 +65,7 @@ fn run_script(args: &[&str]) {
 }
 
 fn tiny_model(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-server-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-server");
     let out = dir.join(format!("{name}.gguf"));
     let opts = SynthOptions {
         arch: "qwen3moe".into(),

@@ -924,8 +924,7 @@ fn assistant_prefill_and_generation_prompt() {
 /// and chat requests are rendered with); `--chat-template chatml` names a built-in one.
 #[test]
 fn chat_template_from_the_command_line() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-tmpl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-tmpl");
     let file = dir.join("t.jinja");
     let src = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
     std::fs::write(&file, src).unwrap();

@@ -175,7 +175,7 @@ fn prefix_is_reused_and_output_equals_a_fresh_server() {
 
 #[test]
 fn save_erase_restore() {
-    let dir = std::env::temp_dir().join(format!("pmoe-slots-{}", std::process::id()));
+    let dir = common::process_dir("pmoe-slots");
     let _ = std::fs::remove_dir_all(&dir);
     let s = Server::start(&["--parallel", "1", "--slot-save-path", dir.to_str().unwrap()]);
     let (base, more) = prompts();
@@ -213,7 +213,7 @@ fn save_erase_restore() {
 
 #[test]
 fn slot_actions_refuse_bad_input() {
-    let dir = std::env::temp_dir().join(format!("pmoe-slots-bad-{}", std::process::id()));
+    let dir = common::process_dir("pmoe-slots-bad");
     let _ = std::fs::remove_dir_all(&dir);
     let inner = dir.join("inner");
     let s = Server::start(&["--slot-save-path", inner.to_str().unwrap()]);

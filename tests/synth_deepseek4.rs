@@ -2,6 +2,8 @@
 //! `inspect` plans its placement from a header-only file in the seed's mix (the data a sparse
 //! hole: 284B parameters are not written on a CI machine). The tiny deepseek4 that libllama
 //! runs is tested in `synth_llama.rs`.
+mod common;
+
 use clap::Parser as _;
 use pocketmoe::cli::inspect::{report, InspectArgs};
 use pocketmoe::model::hparams::{Gating, RopeScaling};
@@ -90,8 +92,7 @@ fn deepseek_v4_flash_preset_is_the_published_config() {
 /// and `inspect` validates it and plans its placement at 24 GiB and at 1 TiB.
 #[test]
 fn deepseek_v4_flash_header_inspects() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-dsv4");
     let out = dir.join("deepseek-v4-flash.gguf");
     let opts = SynthOptions {
         arch: "deepseek4".into(),
@@ -161,8 +162,7 @@ fn deepseek_v4_flash_header_inspects() {
 /// which prints the placement plan of the V4-Flash shape in the seed's mix.
 #[test]
 fn deepseek_v4_flash_header_from_the_command_line() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-dsv4-cli");
     let out = dir.join("v4.gguf");
     let run = |args: &[&str]| {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
@@ -211,8 +211,7 @@ fn deepseek_v4_flash_header_from_the_command_line() {
 #[test]
 fn an_expert_id_out_of_range_is_refused_at_load() {
     use std::io::{Seek, SeekFrom, Write};
-    let dir = std::env::temp_dir().join(format!("pocketmoe-dsv4-ids-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-dsv4-ids");
     let path = dir.join("tiny.gguf");
     synth::synth(
         &SynthOptions {

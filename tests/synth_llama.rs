@@ -3,6 +3,8 @@
 //! with us on the weight bytes and parameter count, and produce finite, peaked logits.
 //! deepseek4's tiny preset runs in libllama over prompts that reach every attention path (its
 //! graph's parity test, tests/parity_long.rs, compares against libllama on them).
+mod common;
+
 use pocketmoe::ggml::llama::{ContextOptions, LlamaContext, LlamaModel};
 use pocketmoe::ggml::GgmlType;
 use pocketmoe::gguf::GgufModel;
@@ -11,8 +13,7 @@ use pocketmoe::synth::{self, presets, quantmix::QuantMix, SynthOptions};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-test");
     dir.join(name)
 }
 

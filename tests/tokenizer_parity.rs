@@ -333,8 +333,7 @@ fn every_supported_fixture_vocab_matches_libllama() {
 
 #[test]
 fn synthetic_vocabularies_match_libllama() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-tok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-tok");
     let texts = corpus();
     let mut pres = Vec::new();
     // One architecture per pre-tokenizer family the synthetic vocabulary uses.
@@ -397,8 +396,7 @@ fn edited_gpt2(dir: &Path, tag: &str, key: &str, value: GgufValue) -> PathBuf {
 
 #[test]
 fn broken_tokenizer_metadata_is_reported_with_file_and_key() {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-tok-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-tok-bad");
     let gpt2 = GgufModel::open(&vocab_dir().join("ggml-vocab-gpt-2.gguf")).unwrap();
     let mut merges = gpt2
         .get_str_array("tokenizer.ggml.merges")
@@ -515,8 +513,7 @@ fn every_pre_tokenizer_family_matches_libllama() {
         "nemotron-3.5-embed",
         "domyn-small",
     ];
-    let dir = std::env::temp_dir().join(format!("pocketmoe-tok-pre-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-tok-pre");
     let texts = corpus();
     for pre in PRES {
         let path = if *pre == "sarvam-moe" || *pre == "domyn-small" {

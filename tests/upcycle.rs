@@ -32,8 +32,7 @@ impl Drop for Upcycled {
 
 /// The dense model upcycled to `n` experts, `k` used (`tag` keeps parallel tests' files apart).
 fn upcycled(tag: &str, n: u32, k: u32) -> Upcycled {
-    let dir = std::env::temp_dir().join(format!("pocketmoe-upcycle-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::process_dir("pocketmoe-upcycle");
     let opts = UpcycleOptions {
         src: common::smollm2(),
         out: dir.join(format!("{tag}-moe{n}-{k}.gguf")),

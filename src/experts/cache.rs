@@ -10,6 +10,9 @@ pub struct LayerCache {
     slot_of: Vec<Option<u32>>,
     expert_in: Vec<Option<u32>>,
     policy: Box<dyn Policy>,
+    /// A stamp of the residency, new at every admission and eviction, never repeated in the
+    /// process (by any cache, a new one included).
+    version: u64,
 }
 
 impl LayerCache {
@@ -18,7 +21,13 @@ impl LayerCache {
             slot_of: vec![None; n_expert],
             expert_in: vec![None; n_slots],
             policy: kind.make(il, n_expert),
+            version: next_version(),
         }
+    }
+
+    /// The residency's stamp: equal stamps, equal residency (the same cache, unchanged).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     pub fn n_slots(&self) -> usize {
@@ -88,6 +97,7 @@ impl LayerCache {
             .expect("a free slot") as u32;
         self.expert_in[slot as usize] = Some(e);
         self.slot_of[e as usize] = Some(slot);
+        self.version = next_version();
         Some((slot, evicted))
     }
 
@@ -95,8 +105,15 @@ impl LayerCache {
     pub fn evict(&mut self, e: u32) {
         if let Some(s) = self.slot_of[e as usize].take() {
             self.expert_in[s as usize] = None;
+            self.version = next_version();
         }
     }
+}
+
+/// A residency stamp no cache has had.
+fn next_version() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Hits and misses of one layer's cache over a trace of steps (each step: the distinct experts
@@ -191,6 +208,30 @@ mod tests {
         // Next step, 5 is unpinned and goes.
         assert_eq!(c.admit(6, &|r| r == 3, 1), Some((1, Some(5))));
         assert_eq!(c.slot(5), None);
+    }
+
+    /// The expert tables skip a copy when the stamp is the one they last copied
+    /// (`offload::table`): a residency change must give a new stamp, a use must not, and a new
+    /// cache (the slots reallocated) must not repeat an old one's.
+    #[test]
+    fn residency_stamps_change_with_residency_only() {
+        let mut c = LayerCache::new(0, 8, 1, &PolicyKind::Lru);
+        let mut seen = vec![c.version()];
+        c.admit(3, &|_| false, 0).unwrap();
+        seen.push(c.version());
+        c.touch(3, 1);
+        assert_eq!(c.version(), seen[1], "a use changed the stamp");
+        c.admit(4, &|_| false, 2).unwrap(); // evicts 3
+        seen.push(c.version());
+        c.evict(4);
+        seen.push(c.version());
+        c.evict(4); // not resident: nothing changes
+        assert_eq!(c.version(), seen[3]);
+        seen.push(LayerCache::new(0, 8, 1, &PolicyKind::Lru).version());
+        let n = seen.len();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), n, "a stamp repeated");
     }
 
     #[test]

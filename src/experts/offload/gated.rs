@@ -161,9 +161,7 @@ impl Offload {
         let target = if table {
             self.begin_table_step(nodes, true)?;
             // The first stop's gathers and experts wait for what the step's start queued.
-            let x = self.parts[0].xfer.as_mut();
-            x.mark_copies()?;
-            x.open_gate(t.experts(0))?;
+            Open::Ticket(t.experts(0)).open_behind_copies(self.parts[0].xfer.as_mut())?;
             self.hit_target(self.k * n_tokens)
         } else {
             0
@@ -253,9 +251,7 @@ impl Offload {
             self.routed(n, n_tokens, &routing)?;
             if let Some(g) = self.gate_stop.take() {
                 // Slot mode opens the gate itself; should a stop not have, open it here.
-                let x = self.parts[0].xfer.as_mut();
-                x.mark_copies()?;
-                g.open.open(x)?;
+                g.open.open_behind_copies(self.parts[0].xfer.as_mut())?;
             }
             if let Some(p) = self.planned.take() {
                 self.queue_prefetch(p)?;

@@ -143,12 +143,10 @@ impl Offload {
 
     /// Opens the gate to `pre` (if any) once the copies queued so far have landed.
     fn open_pre(&mut self, il: usize, pre: Option<u64>) -> Result<(), GgmlError> {
-        if let Some(t) = pre {
-            let x = self.xfer(il);
-            x.mark_copies()?;
-            x.open_gate(t)?;
+        match pre {
+            Some(t) => table::Open::Ticket(t).open_behind_copies(self.xfer(il)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

@@ -73,6 +73,12 @@ impl Open {
             Open::Ticket(t) => x.open_gate(t),
         }
     }
+
+    /// Marks the copies queued so far and opens it once they have landed.
+    pub(super) fn open_behind_copies(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
+        x.mark_copies()?;
+        self.open(x)
+    }
 }
 
 /// The tickets of a gated step from its first: stop `c`'s gathers (table form) wait for
@@ -124,7 +130,8 @@ pub(super) fn reached(flag: u32, target: u32) -> bool {
 }
 
 /// Table form's host state: the page-locked ring its copies are made from (`zero` bytes of
-/// zeros first, then this step's copies from `at` on), each layer's table as last queued, the
+/// zeros first, then this step's copies from `at` on), each layer's table as last queued (and
+/// its cache's residency stamp then, where it was queued as the cache held it), the
 /// hit flags' base, and whether the step in flight is in table form.
 pub(super) struct Tables {
     ring: usize,
@@ -132,6 +139,7 @@ pub(super) struct Tables {
     zero: usize,
     at: usize,
     last: Vec<Vec<u8>>,
+    last_version: Vec<Option<u64>>,
     base: f32,
     pub(super) step: bool,
 }
@@ -159,6 +167,7 @@ impl Tables {
             at: zero,
             // The device's tables start zeroed (every expert slot 0, not resident).
             last: vec![vec![0u8; 8 * n_expert]; n_layer],
+            last_version: vec![None; n_layer],
             base: 0.0,
             step: false,
         })
@@ -231,8 +240,15 @@ impl Offload {
         off: &[u32],
         compute: bool,
     ) -> Result<(), GgmlError> {
+        // Unchanged since the last copy of it as the cache held it: nothing to build.
+        let version = self.layers[il].as_ref().map(|l| l.caches[0].version());
+        let whole = off.is_empty().then_some(version).flatten();
+        if whole.is_some() && self.tab.last_version[il] == whole {
+            return Ok(());
+        }
         let bytes = self.table_bytes(il, off);
         if self.tab.last[il] == bytes {
+            self.tab.last_version[il] = whole;
             return Ok(());
         }
         let at = self.ring_put(&bytes)?;
@@ -256,6 +272,7 @@ impl Offload {
             x.copy(on_at, at + half, half)?;
         }
         self.tab.last[il] = bytes;
+        self.tab.last_version[il] = whole;
         Ok(())
     }
 
