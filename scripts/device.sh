@@ -20,7 +20,7 @@
 #   decode-ab OUT                A/B of the offloaded decode paths, ours only (device-decode-ab.sh)
 #   gated OUT                    gated decode on CUDA: its tests under a timeout, then the A/B
 #   auto OUT                     Gated::Auto's duel against each of its arms, uniform and calibrated
-#   table OUT                    table form (POCKETMOE_TABLE=1): CUDA tests as built, in table form, without ggml fusion; the A/B
+#   table OUT                    table form (POCKETMOE_TABLE=1): CUDA tests as built, in table form, without ggml fusion; the A/B (PARTS, FLAVOURS)
 #   multi OUT                    several GPUs: multi_device tests, -sm layer/tensor vs stock (device-multi.sh)
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
@@ -98,19 +98,27 @@ case "$sub" in
     table() {
       local out="${1:?usage: scripts/device.sh table OUT}" start rc=0 t f
       mkdir -p "$out"; start=$(date +%s)
-      # default: as built (control form unless a test asks for table form); table: Auto in
-      # table form too; nofusion: the same without ggml-cuda's fusion.
-      for f in default table nofusion; do
+      # PARTS (default "tests ab": both may not fit one call's 10 minutes on a fresh machine,
+      # whose first A/B synthesises the model; PARTS=tests then PARTS=ab splits them).
+      # FLAVOURS of the tests, each run in turn (default "default table nofusion"): default, as
+      # built (control form unless a test asks for table form); table, Auto in table form too;
+      # nofusion, the same without ggml-cuda's fusion; landed, table form with prefetched
+      # experts resident only once landed (POCKETMOE_TABLE_PREFETCH=landed).
+      local parts="${PARTS:-tests ab}"
+      for f in ${FLAVOURS:-default table nofusion}; do
+        [[ " $parts " == *" tests "* ]] || break
         case "$f" in
           table) export POCKETMOE_TABLE=1 ;;
-          nofusion) export GGML_CUDA_DISABLE_FUSION=1 ;;
+          nofusion) export POCKETMOE_TABLE=1 GGML_CUDA_DISABLE_FUSION=1 ;;
+          landed) export POCKETMOE_TABLE=1 POCKETMOE_TABLE_PREFETCH=landed ;;
         esac
         TESTS="offload batch" timeout 150 scripts/device-run.sh tests > "$out/tests-$f.log" 2>&1
         t=$?
+        unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE POCKETMOE_TABLE_PREFETCH
         [ "$t" = 0 ] || { rc=1; echo "table: tests ($f) FAILED (exit $t; 124: timed out)"; }
         grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-$f.log" | cut -c1-300
       done
-      unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE
+      [[ " $parts " == *" ab "* ]] || return $rc
       VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1+TABLE=1+TABLE_PREFETCH=landed GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
         timeout $(( 585 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
       grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
