@@ -231,6 +231,9 @@ impl Offload {
             self.scratch_region = s;
             let mut routing = self.take_reads(n, n_tokens, &reads)?;
             if let Some(flagged) = flagged {
+                // What the flag must have counted, before the prefetch (which may admit into this
+                // very layer where it is the only offloaded one).
+                let cached = self.cached_picks(n.il, &routing.sel);
                 // The next layer's prefetch first: its gate (the next stop's gathers') opens on
                 // it while the GPU computes this stop's flag, experts and the next attention.
                 let pre = (s + 1 < n_stops).then(|| Pre {
@@ -241,7 +244,8 @@ impl Offload {
                 self.parts[0].xfer.wait_batch(flagged)?;
                 // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.
                 let got = unsafe { *(reads.flag_at() as *const u32) };
-                routing.fast = super::table::reached(got, target);
+                let picks = routing.sel.len();
+                routing.fast = self.hit_read(n.il, got, target, cached, picks)?;
                 self.stats.hit_stops += u64::from(routing.fast);
             }
             self.gate_stop = Some(GateStop {

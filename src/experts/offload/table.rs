@@ -213,6 +213,43 @@ impl Offload {
         (self.tab.base + picks as f32).to_bits()
     }
 
+    /// How many of the picks `sel` layer `il`'s cache holds.
+    pub(super) fn cached_picks(&self, il: usize, sel: &[u32]) -> usize {
+        let layer = self.layers[il].as_ref().expect("offloaded layer");
+        sel.iter().filter(|&&e| layer.slot(e).is_some()).count()
+    }
+
+    /// Whether a gated stop's hit flag `got`, read back, reached `target` (the GPU ran on). The
+    /// flag counts the picks the table held when the stop gathered, which is what layer `il`'s
+    /// cache held then (`cached` of `picks`, counted before the stop changed it): all of them
+    /// where the table counts prefetched experts resident, at most them where it does not. Any
+    /// other count is a table out of step with the cache: an error naming the layer, rather
+    /// than experts computed from the wrong slots.
+    pub(super) fn hit_read(
+        &self,
+        il: usize,
+        got: u32,
+        target: u32,
+        cached: usize,
+        picks: usize,
+    ) -> Result<bool, GgmlError> {
+        let counted = f32::from_bits(got) - self.tab.base;
+        let cached = cached as f32;
+        let agrees = match prefetched_resident() {
+            true => counted == cached,
+            false => counted <= cached,
+        };
+        if !agrees {
+            return Err(GgmlError::Tensor {
+                name: format!("expert table of layer {il}"),
+                msg: format!(
+                    "the device counted {counted} of {picks} picks resident, the cache holds {cached}"
+                ),
+            });
+        }
+        Ok(reached(got, target))
+    }
+
     /// Layer `il`'s table as its cache holds it, `off` counted not resident: slot ids, then
     /// residency (a non-resident expert points at slot 0, weight 0).
     fn table_bytes(&self, il: usize, off: &[u32]) -> Vec<u8> {
