@@ -40,8 +40,8 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
+use super::gates::{GateStop, Open, Tickets};
 use super::prefetch::Pre;
-use super::table::{GateStop, Open, Tickets};
 use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;

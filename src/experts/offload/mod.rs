@@ -24,6 +24,7 @@ mod addrs;
 mod alloc;
 mod duel;
 mod gated;
+mod gates;
 mod hook;
 mod load;
 mod miss;
@@ -183,7 +184,7 @@ pub struct Offload {
     /// Gated decode (`gated`): the gates the current stop opens, the next ticket not yet
     /// handed out, and the stops whose routing reads are queued (layer, read batch, what was
     /// read where), oldest first.
-    gate_stop: Option<table::GateStop>,
+    gate_stop: Option<gates::GateStop>,
     /// Table form's state (`table`).
     tab: table::Tables,
     /// Gated: the next layer's prefetch, planned at this stop and not yet queued.

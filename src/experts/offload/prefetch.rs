@@ -144,7 +144,7 @@ impl Offload {
     /// Opens the gate to `pre` (if any) once the copies queued so far have landed.
     fn open_pre(&mut self, il: usize, pre: Option<u64>) -> Result<(), GgmlError> {
         match pre {
-            Some(t) => table::Open::Ticket(t).open_behind_copies(self.xfer(il)),
+            Some(t) => gates::Open::Ticket(t).open_behind_copies(self.xfer(il)),
             None => Ok(()),
         }
     }
@@ -160,7 +160,7 @@ pub(super) struct Prefetch {
     landed: Option<u64>,
 }
 
-/// A gated stop's tickets for the next stop, which its prefetch opens ([`table::Tickets`]).
+/// A gated stop's tickets for the next stop, which its prefetch opens ([`gates::Tickets`]).
 #[derive(Clone, Copy)]
 pub(super) struct Pre {
     pub(super) gathers: u64,

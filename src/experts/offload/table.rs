@@ -35,74 +35,6 @@ const BASE_STEP: f32 = 256.0;
 /// f32 represents every integer up to this exactly.
 const F32_EXACT: f32 = 16_777_216.0;
 
-/// The gate a gated stop opens to its experts: in table form its hit flag (address and target),
-/// behind ticket `landed` of the gate's counter (which the previous stop opens once the bytes it
-/// prefetched into this layer have landed: the table counts them resident before, see
-/// [`prefetched_resident`]); else a ticket of the gate's counter.
-#[derive(Clone, Copy)]
-pub(super) enum Open {
-    Word {
-        flag: usize,
-        target: u32,
-        landed: u64,
-    },
-    Ticket(u64),
-}
-
-impl Open {
-    /// Compute queued from now on waits for this gate.
-    pub(super) fn close(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
-        match self {
-            Open::Word {
-                flag,
-                target,
-                landed,
-            } => {
-                x.close_gate(landed)?;
-                x.close_word(flag, target)
-            }
-            Open::Ticket(t) => x.close_gate(t),
-        }
-    }
-
-    /// Opens it once the copies of the last `mark_copies` have landed (in table form the flag:
-    /// its ticket is the previous stop's to open).
-    pub(super) fn open(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
-        match self {
-            Open::Word { flag, target, .. } => x.open_word(flag, target),
-            Open::Ticket(t) => x.open_gate(t),
-        }
-    }
-
-    /// Marks the copies queued so far and opens it once they have landed.
-    pub(super) fn open_behind_copies(self, x: &mut dyn Transfer) -> Result<(), GgmlError> {
-        x.mark_copies()?;
-        self.open(x)
-    }
-}
-
-/// The tickets of a gated step from its first: stop `c`'s gathers (table form) wait for
-/// `gathers(c)`, its experts for `experts(c)` (in table form besides its flag); they open in
-/// that order, stop after stop, and `end` opens them all.
-#[derive(Clone, Copy)]
-pub(super) struct Tickets(pub(super) u64);
-
-impl Tickets {
-    /// Tickets a step of `n_stops` stops takes.
-    pub(super) fn count(n_stops: usize) -> u64 {
-        2 * n_stops as u64 + 1
-    }
-    pub(super) fn gathers(self, c: usize) -> u64 {
-        self.0 + 2 * c as u64
-    }
-    pub(super) fn experts(self, c: usize) -> u64 {
-        self.0 + 2 * c as u64 + 1
-    }
-    pub(super) fn end(self, n_stops: usize) -> u64 {
-        self.0 + 2 * n_stops as u64
-    }
-}
-
 /// Whether a table counts an expert being prefetched resident as soon as its slot is assigned
 /// (the default: the stop that uses it passes on the device, and its experts wait on the device
 /// for the bytes, `Open::Word`'s ticket), or only once its bytes landed
@@ -114,19 +46,6 @@ pub(super) fn prefetched_resident() -> bool {
     *EARLY.get_or_init(|| {
         std::env::var("POCKETMOE_TABLE_PREFETCH").map_or(true, |v| v.trim() != "landed")
     })
-}
-
-/// A gated stop's gate, and (table form) whether its hit flag had reached the target: the GPU
-/// ran on.
-#[derive(Clone, Copy)]
-pub(super) struct GateStop {
-    pub(super) open: Open,
-    pub(super) fast: bool,
-}
-
-/// Whether a flag word read back has reached `target` (the device's comparison: cyclic).
-pub(super) fn reached(flag: u32, target: u32) -> bool {
-    flag.wrapping_sub(target) as i32 >= 0
 }
 
 /// Table form's host state: the page-locked ring its copies are made from (`zero` bytes of
@@ -247,7 +166,7 @@ impl Offload {
                 ),
             });
         }
-        Ok(reached(got, target))
+        Ok(super::gates::reached(got, target))
     }
 
     /// Layer `il`'s table as its cache holds it, `off` counted not resident: slot ids, then
