@@ -258,7 +258,8 @@ impl Offload {
                 g.open.open_behind_copies(self.parts[0].xfer.as_mut())?;
             }
             if let Some(p) = self.planned.take() {
-                self.queue_prefetch(p)?;
+                let landed = self.queue_prefetch(p)?;
+                self.open_pre(n.il, landed)?;
             }
             self.count_stop(t0);
         }

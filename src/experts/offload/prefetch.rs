@@ -28,7 +28,8 @@ impl Offload {
     /// attention; the next stop fences them before its slot writes and matmuls.
     pub(super) fn prefetch_after(&mut self, il: usize, pred: &[f32]) -> Result<(), GgmlError> {
         match self.plan_prefetch(il, pred, None)? {
-            Some(p) => self.queue_prefetch(p),
+            // Not gated: no ticket to open.
+            Some(p) => self.queue_prefetch(p).map(|_| ()),
             None => Ok(()),
         }
     }
@@ -101,8 +102,11 @@ impl Offload {
     }
 
     /// The second half of [`Offload::prefetch_after`]: queues the planned copies on the copy
-    /// stream and, in table form, the next layer's table with their experts after them.
-    pub(super) fn queue_prefetch(&mut self, p: Prefetch) -> Result<(), GgmlError> {
+    /// stream and, in table form, the next layer's table with their experts after them. Returns
+    /// the ticket to open behind them (gated, where the table counted them resident before:
+    /// the next stop's experts'), which the stop opens once it has opened its own gate: one
+    /// opened behind these copies would wait for them.
+    pub(super) fn queue_prefetch(&mut self, p: Prefetch) -> Result<Option<u64>, GgmlError> {
         let Prefetch {
             next,
             fetched,
@@ -123,7 +127,6 @@ impl Offload {
         if self.tab.step {
             self.flush_table(next, &[], false)?;
         }
-        self.open_pre(next, landed)?;
         let fetched: Vec<u32> = fetched.iter().map(|&(_, _, e)| e).collect();
         let layer = self.layers[next].as_mut().expect("offloaded layer");
         let st = &mut self.stats.layers[next];
@@ -138,11 +141,11 @@ impl Offload {
         layer.prefetched = fetched;
         layer.predicted = predicted;
         self.book_copies(next, &devs, &h2d, by);
-        Ok(())
+        Ok(landed)
     }
 
     /// Opens the gate to `pre` (if any) once the copies queued so far have landed.
-    fn open_pre(&mut self, il: usize, pre: Option<u64>) -> Result<(), GgmlError> {
+    pub(super) fn open_pre(&mut self, il: usize, pre: Option<u64>) -> Result<(), GgmlError> {
         match pre {
             Some(t) => gates::Open::Ticket(t).open_behind_copies(self.xfer(il)),
             None => Ok(()),

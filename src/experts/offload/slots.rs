@@ -252,19 +252,24 @@ impl Offload {
         // When this stop's copies should have landed (the gate waits for them, not for the
         // prefetches queued next): a gated join's slack is measured against it.
         let copies_land = gate.and_then(|_| self.miss.copy_idle_at(devs[0]));
-        match self.planned.take() {
+        let landed = match self.planned.take() {
             // Gated: the stop planned the next layer's prefetch as soon as it read the routing
-            // (opening the next flag's gate); its copies follow this stop's own.
+            // (opening the next stop's gathers); its copies follow this stop's own.
             Some(p) => self.queue_prefetch(p)?,
-            None if gate.is_none() || hit.is_none() => self.prefetch_after(il, &routing.pred)?,
-            None => {}
-        }
+            None if gate.is_none() || hit.is_none() => {
+                self.prefetch_after(il, &routing.pred)?;
+                None
+            }
+            None => None,
+        };
         if let (Some(g), false) = (gate, on_cpu.is_empty()) {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
+            // Behind this stop's copies (the last marked before the prefetch's).
             self.join_cpu(il, n_tokens, copies_land)?;
             g.open.open(self.xfer(il))?;
         }
-        Ok(())
+        // The next stop's experts, behind the prefetch's copies.
+        self.open_pre(il, landed)
     }
 }
 
