@@ -78,6 +78,37 @@ pub trait Transfer {
     fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
         Err(no_gate())
     }
+    /// The highest tickets closed and opened so far, as the host queued them.
+    fn gate_tally(&self) -> GateTally {
+        GateTally::default()
+    }
+}
+
+/// The host's account of a gate's counter: the highest ticket closed and opened so far. Tickets
+/// open in order (the counter only grows, so a lower one opened later opens nothing, and the
+/// compute behind it had been let through early): an open below the highest is an error, on
+/// the host as on the device, so the CPU's tests check the order the device relies on.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GateTally {
+    pub closed: u64,
+    pub opened: u64,
+}
+
+impl GateTally {
+    fn close(&mut self, ticket: u64) {
+        self.closed = self.closed.max(ticket);
+    }
+
+    fn open(&mut self, ticket: u64) -> Result<(), GgmlError> {
+        if ticket < self.opened {
+            return Err(GgmlError::Tensor {
+                name: "copy engine gate".into(),
+                msg: format!("ticket {ticket} opened after ticket {}", self.opened),
+            });
+        }
+        self.opened = ticket;
+        Ok(())
+    }
 }
 
 /// Read batches a gated step may have queued and not yet waited for.
@@ -95,12 +126,13 @@ pub fn for_backend(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError
     if backend.is_cuda() {
         cuda(backend)
     } else {
-        Ok(Box::new(HostCopy))
+        Ok(Box::<HostCopy>::default())
     }
 }
 
-/// Plain memcpy between host addresses (the CPU backend's buffers).
-struct HostCopy;
+/// Plain memcpy between host addresses (the CPU backend's buffers), and the gate's tally.
+#[derive(Default)]
+struct HostCopy(GateTally);
 
 impl Transfer for HostCopy {
     fn copy(&mut self, dst: usize, src: usize, n: usize) -> Result<(), GgmlError> {
@@ -127,14 +159,15 @@ impl Transfer for HostCopy {
     fn can_gate(&self) -> bool {
         true
     }
-    fn close_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
+    fn close_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
+        self.0.close(ticket);
         Ok(())
     }
     fn mark_copies(&mut self) -> Result<(), GgmlError> {
         Ok(())
     }
-    fn open_gate(&mut self, _ticket: u64) -> Result<(), GgmlError> {
-        Ok(())
+    fn open_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
+        self.0.open(ticket)
     }
     fn close_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
         Ok(())
@@ -150,6 +183,9 @@ impl Transfer for HostCopy {
     }
     fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
         Ok(())
+    }
+    fn gate_tally(&self) -> GateTally {
+        self.0
     }
 }
 
@@ -216,6 +252,7 @@ struct Gated {
     /// One per read batch in flight, by batch id modulo their number.
     batches: Vec<Event>,
     next_batch: u64,
+    tally: GateTally,
 }
 
 #[cfg(feature = "cuda-api")]
@@ -230,6 +267,7 @@ impl Gated {
             copied: ev()?,
             batches: (0..READ_BATCHES).map(|_| ev()).collect::<Result<_, _>>()?,
             next_batch: 0,
+            tally: GateTally::default(),
         })
     }
 }
@@ -276,7 +314,8 @@ impl Transfer for CudaCopy {
     }
 
     fn close_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
-        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        let g = self.gated.as_mut().ok_or_else(no_gate)?;
+        g.tally.close(ticket);
         // SAFETY: `closed` is a live event of the gate's device (both from `backend`).
         unsafe { g.gate.close(ticket, g.closed.cuda_event()) }.map_err(cuda_err)?;
         g.closed.wait_on(&self.backend);
@@ -290,7 +329,8 @@ impl Transfer for CudaCopy {
     }
 
     fn open_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
-        let g = self.gated.as_ref().ok_or_else(no_gate)?;
+        let g = self.gated.as_mut().ok_or_else(no_gate)?;
+        g.tally.open(ticket)?;
         // SAFETY: a live event of the gate's device.
         unsafe { g.gate.open_after(ticket, g.copied.cuda_event()) }.map_err(cuda_err)
     }
@@ -331,5 +371,9 @@ impl Transfer for CudaCopy {
         let g = self.gated.as_ref().ok_or_else(no_gate)?;
         g.batches[id as usize % READ_BATCHES].synchronize();
         Ok(())
+    }
+
+    fn gate_tally(&self) -> GateTally {
+        self.gated.as_ref().map(|g| g.tally).unwrap_or_default()
     }
 }

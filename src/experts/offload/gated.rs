@@ -126,7 +126,9 @@ impl Offload {
         let tickets = Tickets(self.gate_next);
         self.gate_next += Tickets::count(n_stops);
         self.gate_reads.clear();
-        let r = self.gated_pieces(&backend, graph, nodes, n_tokens, tickets);
+        let r = self
+            .gated_pieces(&backend, graph, nodes, n_tokens, tickets)
+            .and_then(|()| self.gates_settled());
         if r.is_err() {
             // Nothing queued may wait for ever: every gate and flag opened.
             let target = self.hit_target(self.k * n_tokens);
@@ -145,6 +147,22 @@ impl Offload {
         self.gate_reads.clear();
         self.gate_stop = None;
         r
+    }
+
+    /// Whether every ticket the step closed has been opened: a closed one never opened would
+    /// hold the device's compute for ever (checked before the step waits for it).
+    fn gates_settled(&self) -> Result<(), GgmlError> {
+        let t = self.parts[0].xfer.gate_tally();
+        if t.closed > t.opened {
+            return Err(GgmlError::Tensor {
+                name: "gated step".into(),
+                msg: format!(
+                    "ticket {} closed, the highest opened {}",
+                    t.closed, t.opened
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn gated_pieces(
