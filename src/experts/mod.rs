@@ -4,6 +4,7 @@ pub mod stats;
 
 pub use stats::Stats;
 pub mod cache;
+mod gate;
 pub mod offload;
 pub mod policy;
 pub mod transfer;

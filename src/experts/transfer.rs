@@ -8,6 +8,9 @@
 //! [`Transfer::wait`] returns, or, on the device, until compute work queued after
 //! [`Transfer::fence`] runs. A range handed to [`Transfer::read`] likewise until
 //! [`Transfer::wait_reads`] returns.
+pub use super::gate::GateTally;
+#[cfg(feature = "cuda-api")]
+use super::gate::Gated;
 #[cfg(feature = "cuda-api")]
 use crate::ggml::Event;
 use crate::ggml::{Backend, GgmlError};
@@ -81,33 +84,6 @@ pub trait Transfer {
     /// The highest tickets closed and opened so far, as the host queued them.
     fn gate_tally(&self) -> GateTally {
         GateTally::default()
-    }
-}
-
-/// The host's account of a gate's counter: the highest ticket closed and opened so far. Tickets
-/// open in order (the counter only grows, so a lower one opened later opens nothing, and the
-/// compute behind it had been let through early): an open below the highest is an error, on
-/// the host as on the device, so the CPU's tests check the order the device relies on.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GateTally {
-    pub closed: u64,
-    pub opened: u64,
-}
-
-impl GateTally {
-    fn close(&mut self, ticket: u64) {
-        self.closed = self.closed.max(ticket);
-    }
-
-    fn open(&mut self, ticket: u64) -> Result<(), GgmlError> {
-        if ticket < self.opened {
-            return Err(GgmlError::Tensor {
-                name: "copy engine gate".into(),
-                msg: format!("ticket {ticket} opened after ticket {}", self.opened),
-            });
-        }
-        self.opened = ticket;
-        Ok(())
     }
 }
 
@@ -237,39 +213,6 @@ struct CudaCopy {
     unfenced: bool,
     /// The gate and its events, where the driver has stream memory operations.
     gated: Option<Gated>,
-}
-
-/// A copy engine's gate ([`Transfer::close_gate`]) and the events around it.
-#[cfg(feature = "cuda-api")]
-struct Gated {
-    gate: extra_kernels::Gate,
-    /// Recorded after each close on the gate's stream; the compute stream waits on it.
-    closed: Event,
-    /// Recorded on the compute stream; the read stream waits on it.
-    computed: Event,
-    /// Recorded on the copy stream by `mark_copies`; the gate's open waits on it.
-    copied: Event,
-    /// One per read batch in flight, by batch id modulo their number.
-    batches: Vec<Event>,
-    next_batch: u64,
-    tally: GateTally,
-}
-
-#[cfg(feature = "cuda-api")]
-impl Gated {
-    fn new(dev: i32, backend: &Rc<Backend>) -> Result<Self, String> {
-        let gate = extra_kernels::Gate::new(dev).map_err(|e| e.to_string())?;
-        let ev = || Event::new(backend).ok_or_else(|| "the device has no events".to_string());
-        Ok(Self {
-            gate,
-            closed: ev()?,
-            computed: ev()?,
-            copied: ev()?,
-            batches: (0..READ_BATCHES).map(|_| ev()).collect::<Result<_, _>>()?,
-            next_batch: 0,
-            tally: GateTally::default(),
-        })
-    }
 }
 
 #[cfg(feature = "cuda-api")]
