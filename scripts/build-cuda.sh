@@ -32,6 +32,9 @@
 # wheels have no libcuda.so stub to link the driver API against; the driver is found at run time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# cmake, C/C++, libclang (bindgen): a fresh machine has none of them (2026-12-06: the build died
+# in llama-cpp-sys-4's bindgen, "Unable to find libclang").
+scripts/setup.sh --build
 if [ -z "${CUDA_PATH:-}" ] || [ ! -x "${CUDA_PATH}/bin/nvcc" ]; then
   scripts/setup-cuda-pypi.sh >/dev/null
   # shellcheck disable=SC1090
