@@ -1166,6 +1166,9 @@ fn metrics_and_slots_text_is_pinned() {
         l[1].used,
     ) = (2, 1, 3, 12);
     (st.h2d_bytes, st.cpu_bytes, st.stops, st.hook_s) = (123_456_789, 4567, 12, 0.25);
+    (st.layers[0].copies, st.layers[1].copies) = (7, 4);
+    (st.steps, st.gated_steps, st.hit_stops) = (20, 14, 9);
+    (st.compute_s, st.wait_copy_s, st.wait_cpu_s) = (1.75, 0.5, 0.125);
     let stats = StatsSnapshot {
         queued: 1,
         active: 2,
@@ -1281,12 +1284,36 @@ pocketmoe_expert_h2d_bytes_total 123456789
 # HELP pocketmoe_expert_cpu_bytes_total Expert bytes read by the CPU.
 # TYPE pocketmoe_expert_cpu_bytes_total counter
 pocketmoe_expert_cpu_bytes_total 4567
+# HELP pocketmoe_expert_copies_total Experts copied host to GPU (miss copies, prefetches, prefill staging).
+# TYPE pocketmoe_expert_copies_total counter
+pocketmoe_expert_copies_total 11
+# HELP pocketmoe_expert_prefetched_total Of those, experts copied ahead of their layer on a prediction.
+# TYPE pocketmoe_expert_prefetched_total counter
+pocketmoe_expert_prefetched_total 10
 # HELP pocketmoe_expert_graph_stops_total Graph stops for expert routing (about one per offloaded layer per step).
 # TYPE pocketmoe_expert_graph_stops_total counter
 pocketmoe_expert_graph_stops_total 12
-# HELP pocketmoe_expert_stop_seconds_total Host seconds spent in those stops (the GPU idles meanwhile).
+# HELP pocketmoe_expert_stop_seconds_total Host seconds spent in those stops (the GPU idles meanwhile unless the step is gated).
 # TYPE pocketmoe_expert_stop_seconds_total counter
 pocketmoe_expert_stop_seconds_total 0.25
+# HELP pocketmoe_expert_steps_total Forward passes with offloaded experts.
+# TYPE pocketmoe_expert_steps_total counter
+pocketmoe_expert_steps_total 20
+# HELP pocketmoe_expert_gated_steps_total Of those, steps run gated (the graph queued a stop ahead, behind a gate on the GPU).
+# TYPE pocketmoe_expert_gated_steps_total counter
+pocketmoe_expert_gated_steps_total 14
+# HELP pocketmoe_expert_stops_passed_on_gpu_total Stops of gated steps the GPU passed on its own, every pick resident in its expert table.
+# TYPE pocketmoe_expert_stops_passed_on_gpu_total counter
+pocketmoe_expert_stops_passed_on_gpu_total 9
+# HELP pocketmoe_expert_step_seconds_total Wall seconds of the forward passes with offloaded experts (per step: divide by expert_steps_total).
+# TYPE pocketmoe_expert_step_seconds_total counter
+pocketmoe_expert_step_seconds_total 1.75
+# HELP pocketmoe_expert_wait_copy_seconds_total Host seconds those steps waited for expert copies to land.
+# TYPE pocketmoe_expert_wait_copy_seconds_total counter
+pocketmoe_expert_wait_copy_seconds_total 0.5
+# HELP pocketmoe_expert_wait_cpu_seconds_total Host seconds those steps waited for the experts computed on the CPU.
+# TYPE pocketmoe_expert_wait_cpu_seconds_total counter
+pocketmoe_expert_wait_cpu_seconds_total 0.125
 # HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
 llamacpp:prompt_tokens_total 100

@@ -90,9 +90,23 @@ pub struct ExpertsSnapshot {
     /// Expert bytes copied host to GPU, and read by the CPU.
     pub h2d_bytes: u64,
     pub cpu_bytes: u64,
+    /// Experts whose bytes crossed PCIe (miss copies, prefetches, prefill staging), and of
+    /// them those prefetched ahead of their layer.
+    pub copies: u64,
+    pub prefetched: u64,
     /// Graph stops for expert routing, and the host seconds spent in them.
     pub stops: u64,
     pub stop_s: f64,
+    /// Forward passes with offloaded experts; of them those run gated, and the stops of gated
+    /// steps the GPU passed on its own (table form: every pick resident).
+    pub steps: u64,
+    pub gated_steps: u64,
+    pub passed_stops: u64,
+    /// Wall seconds of those forward passes (the step's time: stops, waits and copies
+    /// within it), and the host's waits in them for copies and for the CPU's experts.
+    pub compute_s: f64,
+    pub wait_copy_s: f64,
+    pub wait_cpu_s: f64,
     /// The miss channels' rates (`None` without a CPU channel).
     pub channels: Option<ChannelRates>,
     /// Per device of a layer split (empty on one device).
@@ -150,8 +164,16 @@ impl ExpertsSnapshot {
             prefetch_recall: s.prefetch_recall(),
             h2d_bytes: s.h2d_bytes,
             cpu_bytes: s.cpu_bytes,
+            copies: sum(|l| l.copies),
+            prefetched: sum(|l| l.prefetched),
             stops: s.stops,
             stop_s: s.hook_s,
+            steps: s.steps,
+            gated_steps: s.gated_steps,
+            passed_stops: s.hit_stops,
+            compute_s: s.compute_s,
+            wait_copy_s: s.wait_copy_s,
+            wait_cpu_s: s.wait_cpu_s,
             channels: s.channels.map(|c| ChannelRates {
                 pcie_gb_s: c.pcie_gb_s,
                 cpu_gb_s: c.cpu_gb_s,
@@ -187,6 +209,9 @@ mod tests {
         (s.layers[0].prefetched, s.layers[0].prefetch_used) = (4, 2);
         (s.layers[1].predicted_used, s.layers[1].used) = (3, 4);
         (s.h2d_bytes, s.cpu_bytes, s.stops, s.hook_s) = (7, 11, 13, 0.5);
+        (s.layers[0].copies, s.layers[1].copies) = (5, 2);
+        (s.steps, s.gated_steps, s.hit_stops) = (17, 9, 19);
+        (s.compute_s, s.wait_copy_s, s.wait_cpu_s) = (1.5, 0.25, 0.125);
         s.channels = Some(Rates {
             pcie_gb_s: 25.0,
             cpu_gb_s: 40.0,
@@ -209,8 +234,16 @@ mod tests {
                 prefetch_recall: 0.75,
                 h2d_bytes: 7,
                 cpu_bytes: 11,
+                copies: 7,
+                prefetched: 4,
                 stops: 13,
                 stop_s: 0.5,
+                steps: 17,
+                gated_steps: 9,
+                passed_stops: 19,
+                compute_s: 1.5,
+                wait_copy_s: 0.25,
+                wait_cpu_s: 0.125,
                 channels: Some(ChannelRates {
                     pcie_gb_s: 25.0,
                     cpu_gb_s: 40.0,

@@ -260,6 +260,18 @@ impl HttpMetrics {
                     x.cpu_bytes as f64,
                 ),
                 (
+                    "expert_copies_total",
+                    COUNTER,
+                    "Experts copied host to GPU (miss copies, prefetches, prefill staging).",
+                    x.copies as f64,
+                ),
+                (
+                    "expert_prefetched_total",
+                    COUNTER,
+                    "Of those, experts copied ahead of their layer on a prediction.",
+                    x.prefetched as f64,
+                ),
+                (
                     "expert_graph_stops_total",
                     COUNTER,
                     "Graph stops for expert routing (about one per offloaded layer per step).",
@@ -268,8 +280,44 @@ impl HttpMetrics {
                 (
                     "expert_stop_seconds_total",
                     COUNTER,
-                    "Host seconds spent in those stops (the GPU idles meanwhile).",
+                    "Host seconds spent in those stops (the GPU idles meanwhile unless the step is gated).",
                     x.stop_s,
+                ),
+                (
+                    "expert_steps_total",
+                    COUNTER,
+                    "Forward passes with offloaded experts.",
+                    x.steps as f64,
+                ),
+                (
+                    "expert_gated_steps_total",
+                    COUNTER,
+                    "Of those, steps run gated (the graph queued a stop ahead, behind a gate on the GPU).",
+                    x.gated_steps as f64,
+                ),
+                (
+                    "expert_stops_passed_on_gpu_total",
+                    COUNTER,
+                    "Stops of gated steps the GPU passed on its own, every pick resident in its expert table.",
+                    x.passed_stops as f64,
+                ),
+                (
+                    "expert_step_seconds_total",
+                    COUNTER,
+                    "Wall seconds of the forward passes with offloaded experts (per step: divide by expert_steps_total).",
+                    x.compute_s,
+                ),
+                (
+                    "expert_wait_copy_seconds_total",
+                    COUNTER,
+                    "Host seconds those steps waited for expert copies to land.",
+                    x.wait_copy_s,
+                ),
+                (
+                    "expert_wait_cpu_seconds_total",
+                    COUNTER,
+                    "Host seconds those steps waited for the experts computed on the CPU.",
+                    x.wait_cpu_s,
                 ),
             ]);
         }
