@@ -61,6 +61,7 @@ fn counts_agree_with_the_servers_metrics() {
         String::from_utf8_lossy(&out.stderr)
     );
     let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
     let metrics = ureq_get(&addr, "/metrics");
     let _ = child.kill();
     let _ = child.wait();
