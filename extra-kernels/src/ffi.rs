@@ -13,6 +13,7 @@ extern "C" {
     fn cudaStreamDestroy(stream: Stream) -> c_int;
     fn cudaStreamSynchronize(stream: Stream) -> c_int;
     fn cudaEventRecord(event: *mut c_void, stream: Stream) -> c_int;
+    fn cudaEventQuery(event: *mut c_void) -> c_int;
     fn cudaStreamWaitEvent(stream: Stream, event: *mut c_void, flags: u32) -> c_int;
     fn cudaMalloc(ptr: *mut *mut c_void, size: usize) -> c_int;
     fn cudaFree(ptr: *mut c_void) -> c_int;
@@ -28,6 +29,34 @@ extern "C" {
 
 /// `cudaMemcpyDefault`: direction inferred from the addresses (unified addressing).
 const DEFAULT: c_int = 4;
+/// `cudaErrorNotReady`: what `cudaEventQuery` returns while the event's work is pending.
+const NOT_READY: c_int = 600;
+
+/// Whether the work recorded in `event` (a `cudaEvent_t`) has run (`cudaEventQuery`): the host
+/// can poll it with a deadline where `cudaEventSynchronize` would wait for ever.
+///
+/// # Safety
+/// `event` must be a live CUDA event.
+pub unsafe fn event_done(event: *mut c_void) -> Result<bool, CudaError> {
+    // SAFETY: per the contract above.
+    match unsafe { cudaEventQuery(event) } {
+        NOT_READY => Ok(false),
+        code => check("cudaEventQuery", code).map(|()| true),
+    }
+}
+
+/// Reads `out.len()` bytes at device address `src` now, on a stream of its own (non-blocking:
+/// it does not wait for the device's other streams, so it answers while they are stalled).
+/// For diagnostics: a stalled gate's counter or flag.
+///
+/// # Safety
+/// `[src, src + out.len())` must be live device memory of `device`.
+pub unsafe fn read_now(device: i32, src: usize, out: &mut [u8]) -> Result<(), CudaError> {
+    let s = CopyStream::new(device)?;
+    // SAFETY: per the contract above; `out` is ours until the sync returns.
+    unsafe { s.copy(out.as_mut_ptr() as usize, src, out.len()) }?;
+    s.sync()
+}
 /// `cudaStreamNonBlocking`.
 const NON_BLOCKING: u32 = 1;
 
@@ -244,6 +273,11 @@ impl Gate {
         check("cuStreamWriteValue32", unsafe {
             (self.write32)(self.opens.stream, addr as u64, value, 0)
         })
+    }
+
+    /// The device address of the gate's 64-bit counter (for [`read_now`]).
+    pub fn counter_addr(&self) -> usize {
+        self.flag as usize
     }
 
     fn open(&self, ticket: u64) -> Result<(), CudaError> {

@@ -14,4 +14,4 @@ pub const fn available() -> bool {
 pub mod ffi;
 
 #[cfg(feature = "cuda-api")]
-pub use ffi::{CopyStream, CudaError, Gate};
+pub use ffi::{event_done, read_now, CopyStream, CudaError, Gate};

@@ -145,8 +145,10 @@ pub(crate) fn run_graph(
             let t0 = std::time::Instant::now();
             nodes.runs.set(nodes.runs.get().saturating_add(1));
             if nodes.gateable && nodes.runs.get() > 2 && off.can_gate(nodes, n) {
+                tracing::trace!(tokens = n, "step: gated");
                 off.run_gated(&g.graph(), nodes, n)?;
             } else if nodes.has_stops() {
+                tracing::trace!(tokens = n, "step: through the eval hook");
                 off.begin_hooked(nodes)?;
                 let mut hook = StepHook {
                     off: &mut *off,
@@ -159,6 +161,7 @@ pub(crate) fn run_graph(
                 // as a CUDA graph).
                 sched.compute(&g.graph())?;
             }
+            tracing::trace!("step done");
             off.add_step_time(t0.elapsed().as_secs_f64());
         }
         None => sched.compute(&g.graph())?,

@@ -63,7 +63,7 @@ pub struct GraphNodes {
 }
 
 /// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(super) enum Stop {
     Routing,
     GpuOut,

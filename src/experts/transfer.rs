@@ -85,7 +85,18 @@ pub trait Transfer {
     fn gate_tally(&self) -> GateTally {
         GateTally::default()
     }
+    /// The 32-bit word at device address `addr` and the gate's counter as they are now, not
+    /// waiting for any stream (what a stalled step reports; `None` where it cannot be read).
+    fn peek(&mut self, _addr: Option<usize>) -> (Option<u32>, Option<u64>) {
+        (None, None)
+    }
 }
+
+/// How long [`Transfer::wait_batch`] waits on a device: a gated step is at most 8 tokens, whose
+/// pieces up to a stop run in milliseconds; a batch not done by then waits behind a gate that
+/// was never opened, and the step fails saying where instead of hanging.
+#[cfg(feature = "cuda-api")]
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Read batches a gated step may have queued and not yet waited for.
 pub const READ_BATCHES: usize = 8;
@@ -182,6 +193,7 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
     Ok(Box::new(CudaCopy {
         copies: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
         reads: extra_kernels::CopyStream::new(dev).map_err(cuda_err)?,
+        dev,
         landed: Event::new(backend),
         backend: backend.clone(),
         unfenced: false,
@@ -206,6 +218,8 @@ fn cuda_err(e: extra_kernels::CudaError) -> GgmlError {
 struct CudaCopy {
     copies: extra_kernels::CopyStream,
     reads: extra_kernels::CopyStream,
+    /// The CUDA device of the streams.
+    dev: i32,
     /// Recorded on `copies` by `fence`, waited for by the compute stream.
     landed: Option<Event>,
     backend: Rc<Backend>,
@@ -312,11 +326,47 @@ impl Transfer for CudaCopy {
 
     fn wait_batch(&mut self, id: u64) -> Result<(), GgmlError> {
         let g = self.gated.as_ref().ok_or_else(no_gate)?;
-        g.batches[id as usize % READ_BATCHES].synchronize();
-        Ok(())
+        let ev = g.batches[id as usize % READ_BATCHES].cuda_event();
+        let t0 = std::time::Instant::now();
+        for i in 0u64.. {
+            // SAFETY: a live event of the read stream's device.
+            if unsafe { extra_kernels::event_done(ev) }.map_err(cuda_err)? {
+                return Ok(());
+            }
+            if i % 1024 == 1023 && t0.elapsed() > STALL_LIMIT {
+                let t = g.tally;
+                return Err(GgmlError::Tensor {
+                    name: "gated step".into(),
+                    msg: format!(
+                        "read batch {id} not done after {:?} (gate tickets closed to {}, \
+                         opened to {})",
+                        STALL_LIMIT, t.closed, t.opened
+                    ),
+                });
+            }
+            std::hint::spin_loop();
+        }
+        unreachable!("the loop returns")
     }
 
     fn gate_tally(&self) -> GateTally {
         self.gated.as_ref().map(|g| g.tally).unwrap_or_default()
+    }
+
+    fn peek(&mut self, addr: Option<usize>) -> (Option<u32>, Option<u64>) {
+        let dev = self.dev;
+        let word = addr.and_then(|a| {
+            let mut b = [0u8; 4];
+            // SAFETY: a hit flag's device address (a graph output, live through the step).
+            unsafe { extra_kernels::read_now(dev, a, &mut b) }.ok()?;
+            Some(u32::from_ne_bytes(b))
+        });
+        let counter = self.gated.as_ref().and_then(|g| {
+            let mut b = [0u8; 8];
+            // SAFETY: the gate's own 8-byte counter, live as long as the gate.
+            unsafe { extra_kernels::read_now(dev, g.gate.counter_addr(), &mut b) }.ok()?;
+            Some(u64::from_ne_bytes(b))
+        });
+        (word, counter)
     }
 }

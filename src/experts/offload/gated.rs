@@ -129,7 +129,10 @@ impl Offload {
         let r = self
             .gated_pieces(&backend, graph, nodes, n_tokens, tickets)
             .and_then(|()| self.gates_settled());
-        if r.is_err() {
+        tracing::trace!(ok = r.is_ok(), "gated step queued, waiting for the device");
+        if let Err(e) = &r {
+            // Said before the wait below, which hangs should the device be stuck elsewhere.
+            tracing::warn!("gated step failed, opening every gate and waiting for the device: {e}");
             // Nothing queued may wait for ever: every gate and flag opened.
             let target = self.hit_target(self.k * n_tokens);
             let x = self.parts[0].xfer.as_mut();
@@ -142,6 +145,7 @@ impl Offload {
             }
         }
         backend.synchronize();
+        tracing::trace!("gated step: the device is done");
         self.scratch_region = 0;
         self.planned = None;
         self.gate_reads.clear();
@@ -163,6 +167,34 @@ impl Offload {
             });
         }
         Ok(())
+    }
+
+    /// Waits for read batch `id` of stop `s` (layer `il`; `what` it reads); one that stalls
+    /// (`Transfer::wait_batch`) errors naming the stop and what the device holds now: the gate's
+    /// counter and the hit flag `flag` its compute waits on (against `target`).
+    fn wait_stop(
+        &mut self,
+        id: u64,
+        s: usize,
+        il: usize,
+        what: &str,
+        flag: Option<usize>,
+        target: u32,
+    ) -> Result<(), GgmlError> {
+        let base = self.tab.base();
+        let x = self.parts[0].xfer.as_mut();
+        x.wait_batch(id).map_err(|e| {
+            let (word, counter) = x.peek(flag);
+            let counted = word.map(|w| f32::from_bits(w) - base);
+            let want = f32::from_bits(target) - base;
+            GgmlError::Tensor {
+                name: format!("gated stop {s} (layer {il})"),
+                msg: format!(
+                    "waiting for its {what}: {e}; now the gate's counter is {counter:?}, the flag \
+                     its compute waits on counts {counted:?} of {want} picks"
+                ),
+            }
+        })
     }
 
     fn gated_pieces(
@@ -244,7 +276,16 @@ impl Offload {
             assert_eq!(il, n.il, "gated stops out of order");
             // Waits for the piece before the stop (the GPU's work) and its reads: not a stop's
             // own time, which counts from here as the hook path's does (from its callback).
-            self.parts[0].xfer.wait_batch(routed)?;
+            let prev = s
+                .checked_sub(1)
+                .and_then(|p| stops[p].1.hit)
+                .map(|h| h.flag);
+            tracing::trace!(
+                stop = s,
+                layer = n.il,
+                "gated stop: waiting for the routing"
+            );
+            self.wait_stop(routed, s, n.il, "routing", prev, target)?;
             let t0 = Instant::now();
             self.scratch_region = s;
             let mut routing = self.take_reads(n, n_tokens, &reads)?;
@@ -259,7 +300,9 @@ impl Offload {
                     experts: t.experts(s + 1),
                 });
                 self.planned = self.plan_prefetch(n.il, &routing.pred, pre)?;
-                self.parts[0].xfer.wait_batch(flagged)?;
+                let flag = n.hit.map(|h| h.flag);
+                tracing::trace!(stop = s, "gated stop: waiting for the hit flag");
+                self.wait_stop(flagged, s, n.il, "hit flag", flag, target)?;
                 // SAFETY: the flag's read (4 bytes into the live scratch, 4-aligned) has landed.
                 let got = unsafe { *(reads.flag_at() as *const u32) };
                 let picks = routing.sel.len();
@@ -270,6 +313,7 @@ impl Offload {
                 open: gate(s),
                 fast: routing.fast,
             });
+            tracing::trace!(stop = s, fast = routing.fast, "gated stop: the protocol");
             self.routed(n, n_tokens, &routing)?;
             if let Some(g) = self.gate_stop.take() {
                 // Slot mode opens the gate itself; should a stop not have, open it here.

@@ -64,6 +64,7 @@ impl EvalHook for StepHook<'_> {
     fn computed(&mut self, id: usize) -> Result<(), GgmlError> {
         let t0 = std::time::Instant::now();
         let (stop, n) = self.nodes.by_anchor[&id];
+        tracing::trace!(layer = n.il, ?stop, "hook stop");
         let r = match stop {
             Stop::Routing => self.off.on_routing(&n, self.n_tokens),
             Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),

@@ -271,6 +271,7 @@ impl Offload {
         let Some(cpu) = self.cpu.as_mut().filter(|c| c.pending() == Some(il)) else {
             return Ok(()); // nothing of this layer's to join (waiting would never end)
         };
+        tracing::trace!(layer = il, "joining the CPU job");
         let t0 = std::time::Instant::now();
         let (out, times) = cpu.finish().map_err(|msg| GgmlError::Tensor {
             name: format!("CPU experts of layer {il}"),
@@ -290,6 +291,7 @@ impl Offload {
         self.miss.cpu_idle_at = None;
         self.cpu_dirty[il] = true;
         assert_eq!(out.len(), n, "CPU result size");
+        tracing::trace!(layer = il, "CPU job joined, writing its result");
         // Through ggml's own (synchronous) upload, not the copy engine: waiting on the copy
         // engine here would also wait for the next layer's prefetches.
         self.ctl_cpu(il)

@@ -93,6 +93,13 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// The hit flags' base this step.
+    pub(super) fn base(&self) -> f32 {
+        self.base
+    }
+}
+
 impl Offload {
     /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where it is asked
     /// for (`OffloadOptions::table`) and may run gated (one device, one share, gating wanted),
@@ -262,6 +269,7 @@ impl Offload {
         nodes: &GraphNodes,
         gated: bool,
     ) -> Result<(), GgmlError> {
+        tracing::trace!(gated, "table step: waiting for the copy stream");
         self.xfer(0).wait()?;
         self.tab.at = self.tab.zero;
         self.tab.step = true;
