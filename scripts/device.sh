@@ -25,6 +25,7 @@
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
+#   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -136,6 +137,7 @@ case "$sub" in
   floor-trace) cmd=(scripts/device-floor-trace.sh "$@") ;;
   profile) cmd=(scripts/device-decode-profile.sh "$@") ;;
   model) cmd=(scripts/device-model.sh "$@") ;;
+  hang-probe) cmd=(scripts/device-hang-probe.sh "$@") ;;
   run) cmd=(scripts/device-run.sh "$@") ;;
   -h|--help|help) usage ;;
   *) echo "device.sh: unknown subcommand '$sub'" >&2; usage ;;

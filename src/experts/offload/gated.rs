@@ -47,8 +47,9 @@ use super::*;
 use std::time::Instant;
 
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
-/// 1, or `POCKETMOE_GATED_AHEAD` (1 to 3: two read batches a stop, at most [`READ_BATCHES`]
-/// in flight), read once, for an A/B on the device.
+/// 1, or `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most [`READ_BATCHES`]
+/// in flight; 0 queues a stop's pieces only once the previous stop is served), read once, for
+/// an A/B on the device.
 fn ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
@@ -56,7 +57,7 @@ fn ahead() -> usize {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(1)
-            .clamp(1, READ_BATCHES / 2 - 1)
+            .clamp(0, READ_BATCHES / 2 - 1)
     })
 }
 
@@ -247,6 +248,7 @@ impl Offload {
                     gate(c - 1).close(self.parts[0].xfer.as_mut())?;
                     after(c - 1)
                 };
+                tracing::trace!(piece = c, "gated: queueing a stop's pieces");
                 let Some((anchor, n)) = stops.get(c) else {
                     backend.compute_nodes_async(graph, from, graph.n_nodes())?;
                     continue;
@@ -268,6 +270,7 @@ impl Offload {
                     None => None,
                 };
                 self.gate_reads.push_back((n.il, routed, flagged, reads));
+                tracing::trace!(piece = c, "gated: queued");
             }
             let Some((_, n)) = stops.get(s) else {
                 break;
@@ -324,6 +327,7 @@ impl Offload {
                 self.open_pre(n.il, landed)?;
             }
             self.count_stop(t0);
+            tracing::trace!(stop = s, "gated stop: opened");
         }
         Ok(())
     }

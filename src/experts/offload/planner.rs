@@ -295,7 +295,9 @@ impl Offload {
         // Through ggml's own (synchronous) upload, not the copy engine: waiting on the copy
         // engine here would also wait for the next layer's prefetches.
         self.ctl_cpu(il)
-            .write_bytes_at(0, bytemuck::cast_slice(&out))
+            .write_bytes_at(0, bytemuck::cast_slice(&out))?;
+        tracing::trace!(layer = il, "CPU result written");
+        Ok(())
     }
 }
 
