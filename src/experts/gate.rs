@@ -67,3 +67,59 @@ impl Gated {
         })
     }
 }
+
+/// How long [`Gated::wait_batch`] waits: a gated step is at most 8 tokens, whose pieces up to a
+/// stop run in milliseconds; a batch not done by then waits behind a gate that was never
+/// opened, and the step fails saying where instead of hanging.
+#[cfg(feature = "cuda-api")]
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[cfg(feature = "cuda-api")]
+impl Gated {
+    /// Waits until read batch `id`'s event has run, polling it ([`STALL_LIMIT`] at most).
+    pub(super) fn wait_batch(&self, id: u64) -> Result<(), GgmlError> {
+        let ev = self.batches[id as usize % READ_BATCHES].cuda_event();
+        let t0 = std::time::Instant::now();
+        for i in 0u64.. {
+            // SAFETY: a live event of the read stream's device.
+            let done =
+                unsafe { extra_kernels::event_done(ev) }.map_err(|e| GgmlError::Compute {
+                    backend: format!("read stream: {e}"),
+                    status: e.code,
+                })?;
+            if done {
+                return Ok(());
+            }
+            if i % 1024 == 1023 && t0.elapsed() > STALL_LIMIT {
+                let t = self.tally;
+                return Err(GgmlError::Tensor {
+                    name: "gated step".into(),
+                    msg: format!(
+                        "read batch {id} not done after {:?} (gate tickets closed to {}, \
+                         opened to {})",
+                        STALL_LIMIT, t.closed, t.opened
+                    ),
+                });
+            }
+            std::hint::spin_loop();
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// The 32-bit word at device address `addr` of device `dev` and the gate's counter, read now
+    /// without waiting for any stream (`None` where a read failed).
+    pub(super) fn peek(&self, dev: i32, addr: Option<usize>) -> (Option<u32>, Option<u64>) {
+        let word = addr.and_then(|a| {
+            let mut b = [0u8; 4];
+            // SAFETY: a hit flag's device address (a graph output, live through the step).
+            unsafe { extra_kernels::read_now(dev, a, &mut b) }.ok()?;
+            Some(u32::from_ne_bytes(b))
+        });
+        let mut b = [0u8; 8];
+        // SAFETY: the gate's own 8-byte counter, live as long as the gate.
+        let counter = unsafe { extra_kernels::read_now(dev, self.gate.counter_addr(), &mut b) }
+            .ok()
+            .map(|()| u64::from_ne_bytes(b));
+        (word, counter)
+    }
+}

@@ -92,12 +92,6 @@ pub trait Transfer {
     }
 }
 
-/// How long [`Transfer::wait_batch`] waits on a device: a gated step is at most 8 tokens, whose
-/// pieces up to a stop run in milliseconds; a batch not done by then waits behind a gate that
-/// was never opened, and the step fails saying where instead of hanging.
-#[cfg(feature = "cuda-api")]
-const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Read batches a gated step may have queued and not yet waited for.
 pub const READ_BATCHES: usize = 8;
 
@@ -326,27 +320,7 @@ impl Transfer for CudaCopy {
 
     fn wait_batch(&mut self, id: u64) -> Result<(), GgmlError> {
         let g = self.gated.as_ref().ok_or_else(no_gate)?;
-        let ev = g.batches[id as usize % READ_BATCHES].cuda_event();
-        let t0 = std::time::Instant::now();
-        for i in 0u64.. {
-            // SAFETY: a live event of the read stream's device.
-            if unsafe { extra_kernels::event_done(ev) }.map_err(cuda_err)? {
-                return Ok(());
-            }
-            if i % 1024 == 1023 && t0.elapsed() > STALL_LIMIT {
-                let t = g.tally;
-                return Err(GgmlError::Tensor {
-                    name: "gated step".into(),
-                    msg: format!(
-                        "read batch {id} not done after {:?} (gate tickets closed to {}, \
-                         opened to {})",
-                        STALL_LIMIT, t.closed, t.opened
-                    ),
-                });
-            }
-            std::hint::spin_loop();
-        }
-        unreachable!("the loop returns")
+        g.wait_batch(id)
     }
 
     fn gate_tally(&self) -> GateTally {
@@ -354,19 +328,9 @@ impl Transfer for CudaCopy {
     }
 
     fn peek(&mut self, addr: Option<usize>) -> (Option<u32>, Option<u64>) {
-        let dev = self.dev;
-        let word = addr.and_then(|a| {
-            let mut b = [0u8; 4];
-            // SAFETY: a hit flag's device address (a graph output, live through the step).
-            unsafe { extra_kernels::read_now(dev, a, &mut b) }.ok()?;
-            Some(u32::from_ne_bytes(b))
-        });
-        let counter = self.gated.as_ref().and_then(|g| {
-            let mut b = [0u8; 8];
-            // SAFETY: the gate's own 8-byte counter, live as long as the gate.
-            unsafe { extra_kernels::read_now(dev, g.gate.counter_addr(), &mut b) }.ok()?;
-            Some(u64::from_ne_bytes(b))
-        });
-        (word, counter)
+        match &self.gated {
+            Some(g) => g.peek(self.dev, addr),
+            None => (None, None),
+        }
     }
 }
