@@ -4,8 +4,10 @@
 # For a run that may hang (2026-12-06: a table-form bench at uniform routing printed nothing for
 # 250 s): runs CMD in the background; past LIMIT seconds (default 60) it records each thread's
 # name, state, kernel wait channel and current syscall (/proc), and, where gdb is installed,
-# every thread's backtrace, then kills the command (NAME: the process to look at, default
-# pocketmoe). From the repo root with dist/ carried:
+# every thread's backtrace; the command runs with POCKETMOE_STACK_DUMP=1 (src/stackdump.rs), so a
+# SIGUSR1 makes our binaries write every thread's stack into hang.log, gdb or not (the device has
+# none). Then it kills the command (NAME: the process to look at, default pocketmoe). From the repo
+# root with dist/ carried:
 #
 #   LIMIT=90 scripts/device-hang-probe.sh OUTDIR scripts/device-run.sh exec pocketmoe bench ...
 #
@@ -16,7 +18,7 @@ OUTDIR="${1:?usage: scripts/device-hang-probe.sh OUTDIR CMD ARGS...}"
 shift
 mkdir -p "$OUTDIR"
 limit="${LIMIT:-60}"
-"$@" > "$OUTDIR/hang.log" 2>&1 &
+POCKETMOE_STACK_DUMP=1 "$@" > "$OUTDIR/hang.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 "$limit"); do
   kill -0 "$pid" 2> /dev/null || { wait "$pid"; exit $?; }
@@ -36,6 +38,7 @@ fi
       "$(awk '{print $3}' "$t/stat")" "$(cat "$t/wchan" 2> /dev/null)" \
       "$(cut -d' ' -f1 "$t/syscall" 2> /dev/null)"
   done
+  kill -USR1 "$target" 2> /dev/null && sleep 5 && echo "(SIGUSR1 sent: every thread's stack is in hang.log)"
   if command -v gdb > /dev/null; then
     gdb -p "$target" -batch -ex 'thread apply all bt 25' 2>&1 | grep -v '^\[New LWP'
   else

@@ -26,6 +26,7 @@
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
+#   table-hang OUT               table form at uniform routing under the watchdog, as built and without PDL, queue-ahead, graphs
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -126,6 +127,32 @@ case "$sub" in
       return $rc
     }
     cmd=(table "$@") ;;
+  table-hang)
+    # Table form's uniform-routing hang (bench-h200 "2026-12-06 (later)") in one device call
+    # (< 10 min, ours only): Qwen3-30B-A3B q4_k_m at SKEW (default 0), 12 GiB, table form forced,
+    # tg32, each variant under device-hang-probe.sh (LIMIT s, default 60; every thread's stack
+    # into its hang.log on a hang, src/stackdump.rs): as built, then GGML_CUDA_PDL=0 (ggml-cuda's
+    # programmatic dependent launch off), then POCKETMOE_GATED_AHEAD=0 (no piece queued behind a
+    # gate not yet opened), then CUDA graphs off (known to finish). Whichever finishes, and the
+    # stack of the first, names the call that blocks.
+    table_hang() {
+      local out="${1:?usage: scripts/device.sh table-hang OUT}" m v rc=0 t
+      mkdir -p "$out"
+      m=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW:-0}") || return 1
+      for v in "" GGML_CUDA_PDL=0 POCKETMOE_GATED_AHEAD=0 POCKETMOE_CUDA_GRAPHS=0; do
+        echo "== table form, ${v:-as built}"
+        env POCKETMOE_GATED=1 POCKETMOE_TABLE=1 RUST_LOG="${RUST_LOG:-warn}" $v \
+          LIMIT="${LIMIT:-60}" scripts/device-hang-probe.sh "$out/${v:-built}" \
+          scripts/device-run.sh exec pocketmoe bench -m "$m" --gpu 0 --gpu-mem 12GiB -p 0 -n 32 \
+          --reps 1 --no-baseline
+        t=$?
+        [ "$t" = 0 ] || rc=1
+        echo "exit $t (124: hung)"
+        grep -E "tg32|hit|^== thread|ggml|cuda|pocketmoe::" "$out/${v:-built}/hang.log" | head -80
+      done
+      return $rc
+    }
+    cmd=(table_hang "$@") ;;
   multi) cmd=(scripts/device-multi.sh "$@") ;;
   tests) cmd=(scripts/device-run.sh tests "$@") ;;
   verify) cmd=(scripts/device-verify.sh "$@") ;;

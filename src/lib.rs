@@ -14,6 +14,7 @@ pub mod hub;
 pub mod model;
 pub mod selfcheck;
 pub mod server;
+pub mod stackdump;
 pub mod synth;
 pub mod tokenizer;
 pub mod util;

@@ -96,7 +96,18 @@ fn budget_floor(path: &Path, opts: EngineOptions) -> u64 {
 /// Prompt logits, then 16 greedy steps fed the resident engine's tokens: each step's argmax
 /// and logits.
 fn run(eng: &mut Engine, prompt: &[u32], forced: Option<&[u32]>) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut logits = eng.forward(prompt).unwrap().pop().unwrap();
+    let (_, toks, all) = run_with_prompt(eng, prompt, forced);
+    (toks, all)
+}
+
+/// [`run`], also returning every prompt position's logits (the last is step 0's).
+fn run_with_prompt(
+    eng: &mut Engine,
+    prompt: &[u32],
+    forced: Option<&[u32]>,
+) -> (Vec<Vec<f32>>, Vec<u32>, Vec<Vec<f32>>) {
+    let prompt_logits = eng.forward(prompt).unwrap();
+    let mut logits = prompt_logits.last().unwrap().clone();
     let (mut toks, mut all) = (Vec::new(), Vec::new());
     for i in 0..16 {
         let next = argmax(&logits);
@@ -105,7 +116,31 @@ fn run(eng: &mut Engine, prompt: &[u32], forced: Option<&[u32]>) -> (Vec<u32>, V
         let feed = forced.map_or(next, |f| f[i]);
         logits = eng.forward(&[feed]).unwrap().pop().unwrap();
     }
-    (toks, all)
+    (prompt_logits, toks, all)
+}
+
+/// CPU build, CPU-channel experts in the prompt: every position of `got` within
+/// CPU_CHANNEL_MAX_DIFF of `want`, except from one position on, where the channel's reordered
+/// sum tipped a near-tied routing choice (the tipped position and every later one, which attends
+/// to it), each still cosine >= TIP_MIN_COSINE. A wrong CPU result moves the positions that used
+/// the channel, the first of the micro-batch too, by far more. Returns the tipped position.
+fn cpu_prompt_tip(case: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> Option<usize> {
+    let off: Vec<(usize, f32, f64)> = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (max_abs_diff(g, w), cosine(g, w)))
+        .enumerate()
+        .map(|(i, (d, c))| (i, d, c))
+        .filter(|&(_, d, _)| d > CPU_CHANNEL_MAX_DIFF)
+        .collect();
+    let tip = off.first().map(|&(p, _, _)| p);
+    assert!(
+        off.iter().all(|&(_, _, c)| c >= TIP_MIN_COSINE)
+            && tip.is_none_or(|p| off.len() == want.len() - p),
+        "{case}: prompt max |dlogit| above {CPU_CHANNEL_MAX_DIFF:e} at (position, max |dlogit|, \
+         cosine) {off:?}"
+    );
+    tip
 }
 
 fn check_arch(arch: &str) {
@@ -198,44 +233,28 @@ fn check_arch(arch: &str) {
             // resident engine's: without CPU-channel experts the prompt is the same computation,
             // bit-exact (measured: 0 on every arch and case). With them, the channel computes
             // those experts itself and adds them in another order: every position within
-            // CPU_CHANNEL_MAX_DIFF, except at most one, which keeps this test's former bound
-            // (cosine >= 0.99999). Measured: deepseek4 with 3 slots moves position 34 by 1.6e-4
-            // (every other position of every case by 1e-5 at most, most by 0): a near-tied
-            // discrete choice of a
-            // later layer, tipped by the reordered sum. A wrong CPU result moves every position
+            // CPU_CHANNEL_MAX_DIFF, except from a tipped position on (`cpu_prompt_tip`).
+            // Measured: deepseek4 with 3 slots moves position 34 by 1.6e-4 (every other
+            // position of every case by 1e-5 at most, most by 0): a near-tied discrete choice of
+            // a later layer, tipped by the reordered sum. A wrong CPU result moves every position
             // that used the channel.
-            let per_pos: Vec<(usize, f32, f64)> = got_prompt
-                .iter()
-                .zip(&want_prompt)
-                .map(|(g, w)| (max_abs_diff(g, w), cosine(g, w)))
-                .enumerate()
-                .map(|(i, (d, c))| (i, d, c))
-                .collect();
             if prompt_cpu == 0 {
+                let moved: Vec<(usize, f32)> = got_prompt
+                    .iter()
+                    .zip(&want_prompt)
+                    .map(|(g, w)| max_abs_diff(g, w))
+                    .enumerate()
+                    .filter(|&(_, d)| d > 0.0)
+                    .collect();
                 assert_eq!(
-                    prompt_diff,
-                    0.0,
+                    prompt_diff, 0.0,
                     "{arch} {slots} slots {policy:?}: prompt not bit-exact without CPU-channel \
-                     experts: (position, max |dlogit|, cosine) {:?}",
-                    per_pos.iter().filter(|p| p.1 > 0.0).collect::<Vec<_>>()
+                     experts: (position, max |dlogit|) {moved:?}"
                 );
             } else {
-                let off: Vec<_> = per_pos
-                    .iter()
-                    .filter(|&&(_, d, _)| d > CPU_CHANNEL_MAX_DIFF)
-                    .collect();
-                // A tipped near-tie: beyond the bound only from one position on (the tipped
-                // choice, and every later position, which attends to it), each still cosine
-                // >= TIP_MIN_COSINE; a wrong CPU result moves the positions that used it.
-                let tip = off.first().map(|&&(p, _, _)| p);
-                tipped = off.len() > 1;
-                assert!(
-                    off.iter().all(|&&(_, _, c)| c >= TIP_MIN_COSINE)
-                        && tip.is_none_or(|p| off.len() == per_pos.len() - p),
-                    "{arch} {slots} slots {policy:?}: prompt max |dlogit| above \
-                     {CPU_CHANNEL_MAX_DIFF:e} at (position, max |dlogit|, cosine) {off:?} \
-                     ({prompt_cpu} CPU-channel experts)"
-                );
+                let case =
+                    format!("{arch} {slots} slots {policy:?} ({prompt_cpu} CPU-channel experts)");
+                tipped = cpu_prompt_tip(&case, &got_prompt, &want_prompt).is_some();
             }
         }
         eng.reset();
@@ -368,10 +387,10 @@ fn gated_decode_equals_the_eval_hook_path() {
                 Engine::load(&path, opts, &|_, _| {}).unwrap()
             };
             let mut hooked = load(false);
-            let (toks, want) = run(&mut hooked, &prompt, None);
+            let (want_prompt, toks, want) = run_with_prompt(&mut hooked, &prompt, None);
             let mut gated = load(true);
             assert_eq!(gated.expert_slots(), Some(slots as usize), "{arch}: slots");
-            let (_, got) = run(&mut gated, &prompt, Some(&toks));
+            let (got_prompt, _, got) = run_with_prompt(&mut gated, &prompt, Some(&toks));
             let (h, g) = (
                 hooked.offload_stats().unwrap(),
                 gated.offload_stats().unwrap(),
@@ -394,8 +413,22 @@ fn gated_decode_equals_the_eval_hook_path() {
             // On a GPU an expert one run computes on the CPU and the other on the GPU rounds
             // otherwise: there, as in `check_arch`, at most one step below cosine 0.999 (a flipped
             // near-tie), none below 0.9.
+            // On the CPU build the prompt (its last micro-batch runs from the slots) may also tip
+            // a near-tied choice where one run's channel took other experts than the other's
+            // (`cpu_prompt_tip`; CI, 2 loaded cores, AVX-512: deepseek4 with 2 slots, every step
+            // then max |dlogit| 0.06-0.15 at cosine >= 0.99996): the steps attend to the tipped
+            // rows (the tokens are the same, forced), so each is held to TIP_MIN_COSINE instead,
+            // and at most one further near-tie of a step to the GPU build's 0.999.
             let channel = h.layers.iter().chain(&g.layers).any(|l| l.cpu > 0);
-            let (cuda, mut over) = (cfg!(feature = "cuda"), Vec::new());
+            let cuda = cfg!(feature = "cuda");
+            let tipped = !cuda
+                && channel
+                && cpu_prompt_tip(&format!("{arch} {slots} slots"), &got_prompt, &want_prompt)
+                    .is_some();
+            if tipped {
+                eprintln!("{arch} {slots} slots: the prompt tipped a near-tied choice");
+            }
+            let mut over = Vec::new();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let (c, d) = (cosine(g, w), max_abs_diff(g, w));
                 if cuda && !channel {
@@ -404,15 +437,21 @@ fn gated_decode_equals_the_eval_hook_path() {
                     over.push((i, d, c));
                 } else if !cuda && !channel {
                     assert_eq!(d, 0.0, "{arch} {slots} slots: step {i}: max |dlogit| {d}");
-                } else if !cuda && d > CPU_CHANNEL_MAX_DIFF {
+                } else if tipped && c < TIP_MIN_COSINE {
+                    over.push((i, d, c));
+                } else if !cuda && !tipped && d > CPU_CHANNEL_MAX_DIFF {
                     over.push((i, d, c));
                 }
             }
-            let floor = if cuda { 0.9 } else { 0.99999 };
+            let floor = match (cuda, tipped) {
+                (true, _) => 0.9,
+                (false, true) => 0.999,
+                (false, false) => 0.99999,
+            };
             assert!(
                 over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= floor),
-                "{arch} {slots} slots: steps beyond {CPU_CHANNEL_MAX_DIFF} (step, max |dlogit|, \
-                 cosine): {over:?}"
+                "{arch} {slots} slots: steps beyond {CPU_CHANNEL_MAX_DIFF} (or, the prompt \
+                 tipped, below cosine {TIP_MIN_COSINE}) (step, max |dlogit|, cosine): {over:?}"
             );
             if bw == cpu || slots < k {
                 assert!(

@@ -477,6 +477,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    pocketmoe::stackdump::install_from_env();
     if let Err(e) = pocketmoe::ggml::cpu_isa::check_host() {
         eprintln!("error: {e}");
         std::process::exit(1);

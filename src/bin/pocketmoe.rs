@@ -51,6 +51,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    pocketmoe::stackdump::install_from_env();
     let version: &'static str = Box::leak(pocketmoe::version().into_boxed_str());
     // llama-cli's `-ngl N` (clap has no multi-letter short options).
     let argv = pocketmoe::cli::llama_flags(std::env::args_os(), pocketmoe::cli::CLI_LLAMA_FLAGS);
