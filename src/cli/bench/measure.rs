@@ -327,6 +327,33 @@ pub fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Host DRAM read bandwidth, bytes/s, with `threads` threads: each streams its share of a
+/// `bytes` buffer (written once first, so its pages are real), best of 5 passes. What a
+/// batch-1 CPU decode step can read at most: the CPU row's bound on this machine, not the
+/// H200 host's 68 GB/s at 16 threads (on the 2-core dev box, 33-34 GB/s at 2, that doubled it).
+pub fn host_read_bandwidth(threads: usize, bytes: usize) -> f64 {
+    let words = (bytes / 8).max(1);
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let chunk = words.div_ceil(threads.max(1));
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let sum = std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(chunk)
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (words * 8) as f64 / best
+}
+
 /// Physical CPU cores (distinct physical id / core id pairs), else the logical count.
 pub fn physical_cores() -> usize {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -352,6 +379,23 @@ pub fn physical_cores() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A byte rate a machine's DRAM can have: above 0.1 GB/s (a rate per word or per GB, or a
+    /// pass timed as nothing, lands outside by orders of magnitude) and below 10 TB/s (no host
+    /// reads faster; a 64 MiB buffer may sit partly in a large L3, hence not tighter). Timing
+    /// alone cannot be held tighter on a loaded CI machine. More threads than words, and none,
+    /// still measure.
+    #[test]
+    fn host_read_bandwidth_is_a_plausible_byte_rate() {
+        for (threads, bytes) in [(2, 64 << 20), (1, 64 << 20), (0, 4096), (1024, 64)] {
+            let bw = host_read_bandwidth(threads, bytes);
+            let min = if bytes >= 1 << 20 { 0.1e9 } else { 0.0 };
+            assert!(
+                bw.is_finite() && bw > min && (bytes < 1 << 20 || bw < 10e12),
+                "{threads} threads over {bytes} bytes: {bw} B/s"
+            );
+        }
+    }
 
     #[test]
     fn names_and_matrix_follow_llama_bench() {

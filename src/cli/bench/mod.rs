@@ -120,13 +120,16 @@ pub struct BenchArgs {
     /// Also draw tokens/s vs depth and vs budget, both engines, as a PNG here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Bandwidths for the bound column, GB/s (defaults: measured on the H200 box).
+    /// Bandwidths for the bound column, GB/s (HBM and PCIe default: measured on the H200 box).
     #[arg(long, default_value_t = 4470.0)]
     pub hbm_gbps: f64,
     #[arg(long, default_value_t = 50.7)]
     pub pcie_gbps: f64,
-    #[arg(long, default_value_t = 68.0)]
-    pub cpu_gbps: f64,
+    /// Host DRAM read bandwidth for the bound, GB/s (default: measured at start with --threads
+    /// threads, a 1 GiB streaming read, best of 5; the H200 host reads 68 at 16 threads, the 2-core
+    /// dev box 33-34 at 2).
+    #[arg(long)]
+    pub cpu_gbps: Option<f64>,
     /// Internal: run only the llama.cpp baseline for the one budget given and print its
     /// settings as JSON (the parent runs it in a child process, see `Backend::cuda`).
     #[arg(long, hide = true)]
@@ -421,10 +424,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             budgets.push(b.0);
         }
     }
+    let cpu_bw = match args.cpu_gbps {
+        Some(g) => g * 1e9,
+        None => {
+            let b = measure::host_read_bandwidth(args.threads(), 1 << 30);
+            eprintln!(
+                "host DRAM read: {:.1} GB/s with {} threads (measured; the bound's CPU rate, \
+                 --cpu-gbps to set it)",
+                b / 1e9,
+                args.threads()
+            );
+            b
+        }
+    };
     let bw = Bandwidths {
         hbm: args.hbm_gbps * 1e9,
         pcie: args.pcie_gbps * 1e9,
-        cpu: args.cpu_gbps * 1e9,
+        cpu: cpu_bw,
     };
     let on_gpu = args.gpu().is_some();
     let ub = EngineOptions::default().n_ubatch;
@@ -456,6 +472,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         cpu_variant: crate::ggml::cpu_isa::cpu_variant().to_string(),
         reps: args.reps,
         bandwidths: bw,
+        cpu_bw_measured: args.cpu_gbps.is_none(),
         settings: settings.to_vec(),
         rows: report::rows(settings, &budgets, &tests, &bound_of),
     };

@@ -283,6 +283,7 @@ mod tests {
             cpu_variant: "haswell".into(),
             reps: 3,
             bandwidths: Bandwidths::default(),
+            cpu_bw_measured: false,
             settings: Vec::new(),
             rows,
         };

@@ -113,6 +113,9 @@ pub struct Report {
     pub cpu_variant: String,
     pub reps: usize,
     pub bandwidths: Bandwidths,
+    /// Whether the CPU rate in `bandwidths` was measured on this machine (else given).
+    #[serde(default)]
+    pub cpu_bw_measured: bool,
     pub settings: Vec<Setting>,
     pub rows: Vec<Row>,
 }
@@ -293,7 +296,7 @@ pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "pocketmoe bench: {} ({}) on {}, {} threads, CPU kernels {}, {} reps; t/s = mean ± sd; bound from HBM {:.0} / PCIe {:.1} / CPU {:.0} GB/s\n",
+        "pocketmoe bench: {} ({}) on {}, {} threads, CPU kernels {}, {} reps; t/s = mean ± sd; bound from HBM {:.0} / PCIe {:.1} / CPU {:.1} GB/s{}\n",
         r.model,
         human_bytes(r.file_bytes),
         r.device,
@@ -302,7 +305,12 @@ pub fn markdown(r: &Report) -> String {
         r.reps,
         r.bandwidths.hbm / 1e9,
         r.bandwidths.pcie / 1e9,
-        r.bandwidths.cpu / 1e9
+        r.bandwidths.cpu / 1e9,
+        if r.cpu_bw_measured {
+            " (CPU measured here)"
+        } else {
+            ""
+        }
     );
     s += &table_row(&COLUMNS.map(String::from));
     s += &table_row(&COLUMNS.map(|_| "---".to_string()));
