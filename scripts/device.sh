@@ -131,15 +131,18 @@ case "$sub" in
     # Table form's uniform-routing hang (bench-h200 "2026-12-06 (later)") in one device call
     # (< 10 min, ours only): Qwen3-30B-A3B q4_k_m at SKEW (default 0), 12 GiB, table form forced,
     # tg32, each variant under device-hang-probe.sh (LIMIT s, default 60; every thread's stack
-    # into its hang.log on a hang, src/stackdump.rs): as built, then GGML_CUDA_PDL=0 (ggml-cuda's
-    # programmatic dependent launch off), then POCKETMOE_GATED_AHEAD=0 (no piece queued behind a
-    # gate not yet opened), then CUDA graphs off (known to finish). Whichever finishes, and the
-    # stack of the first, names the call that blocks.
+    # into its hang.log on a hang, src/stackdump.rs): as built; CUDA_MODULE_LOADING=EAGER (with
+    # lazy loading, a kernel's first launch or capture may synchronise the context, which the
+    # CUDA guide warns deadlocks where a kernel waits on work the host has yet to issue: our
+    # gates); GGML_CUDA_PDL=0 (ggml-cuda's programmatic dependent launch off);
+    # POCKETMOE_GATED_AHEAD=0 (no piece queued behind a gate not yet opened); CUDA graphs off
+    # (known to finish). Whichever finishes, and the stack of the first, names the call that
+    # blocks.
     table_hang() {
       local out="${1:?usage: scripts/device.sh table-hang OUT}" m v rc=0 t
       mkdir -p "$out"
       m=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW:-0}") || return 1
-      for v in "" GGML_CUDA_PDL=0 POCKETMOE_GATED_AHEAD=0 POCKETMOE_CUDA_GRAPHS=0; do
+      for v in "" CUDA_MODULE_LOADING=EAGER GGML_CUDA_PDL=0 POCKETMOE_GATED_AHEAD=0 POCKETMOE_CUDA_GRAPHS=0; do
         echo "== table form, ${v:-as built}"
         env POCKETMOE_GATED=1 POCKETMOE_TABLE=1 RUST_LOG="${RUST_LOG:-warn}" $v \
           LIMIT="${LIMIT:-60}" scripts/device-hang-probe.sh "$out/${v:-built}" \
