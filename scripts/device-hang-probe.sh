@@ -38,7 +38,7 @@ fi
       "$(awk '{print $3}' "$t/stat")" "$(cat "$t/wchan" 2> /dev/null)" \
       "$(cut -d' ' -f1 "$t/syscall" 2> /dev/null)"
   done
-  kill -USR1 "$target" 2> /dev/null && sleep 5 && echo "(SIGUSR1 sent: every thread's stack is in hang.log)"
+  kill -USR1 "$target" 2> /dev/null && sleep 15 && echo "(SIGUSR1 sent: every thread's stack is in hang.log)"
   if command -v gdb > /dev/null; then
     gdb -p "$target" -batch -ex 'thread apply all bt 25' 2>&1 | grep -v '^\[New LWP'
   else
