@@ -143,6 +143,16 @@ fn cpu_prompt_tip(case: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> Option<usi
     tip
 }
 
+/// An arch's tiny model, the 40-token prompt of the gated and late-copy tests, the budget that
+/// leaves no expert slots, and an engine loaded at it (its hyper-parameters and cache sizes).
+fn arch_setup(arch: &str) -> (PathBuf, Vec<u32>, u64, Engine) {
+    let path = tiny(arch);
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
+    let fixed = budget_floor(&path, small(None));
+    let probe = engine(&path, Some(fixed), PolicyKind::default());
+    (path, prompt, fixed, probe)
+}
+
 fn check_arch(arch: &str) {
     let path = tiny(arch);
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
@@ -362,10 +372,7 @@ fn offloaded_equals_resident_on_every_built_arch() {
 fn gated_decode_equals_the_eval_hook_path() {
     for arch in pocketmoe::arch::built() {
         let arch = arch.spec.name;
-        let path = tiny(arch);
-        let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
-        let fixed = budget_floor(&path, small(None));
-        let probe = engine(&path, Some(fixed), PolicyKind::default());
+        let (path, prompt, fixed, probe) = arch_setup(arch);
         let (k, n_expert) = (probe.hp.n_expert_used, probe.hp.n_expert);
         let budget = |slots: usize| fixed + probe.expert_cache_bytes(slots).unwrap();
         // (slots, cost model): fewer slots than a token's experts with PCIe far faster (the excess
@@ -694,4 +701,63 @@ fn auto_gating_leaves_the_cpu_on_the_hook_path() {
         assert_eq!(gated_steps(Gated::Auto), 0, "auto gated on the CPU");
     }
     assert!(gated_steps(Gated::Always) >= 8, "always did not gate");
+}
+
+/// The copy engine's contract held in host order (`EngineOptions::late_copies`): with every
+/// copy's and read's destination NaN from when it is queued until the latest moment the
+/// contract lets it land (the next wait, fence or gate opening), every built arch computes the
+/// same logits as with copies landing at once, bit for bit, prompt (staging) and 16 decode
+/// steps, at no slots, one token's worth and almost every expert, prefetching, through the
+/// eval-hook path and gated. Compute that read a slot, a staging area or a routing read before
+/// the protocol let it would compute NaN there (on a GPU it would race the copy engine). The
+/// CPU channel off: which misses it takes follows timing, and without it both runs choose alike.
+#[test]
+fn late_copies_change_nothing() {
+    if cfg!(feature = "cuda") {
+        return; // the option is the CPU stand-in's; a GPU's copies are late by nature
+    }
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for arch in pocketmoe::arch::built() {
+        let arch = arch.spec.name;
+        let (path, prompt, fixed, probe) = arch_setup(arch);
+        let (k, n_expert) = (probe.hp.n_expert_used, probe.hp.n_expert);
+        for slots in [0, k, n_expert - 1] {
+            let budget = fixed + probe.expert_cache_bytes(slots as usize).unwrap();
+            for gated in [Gated::Off, Gated::Always] {
+                let load = |late_copies: bool| {
+                    let opts = EngineOptions {
+                        gated_decode: gated,
+                        cpu_experts: false,
+                        late_copies,
+                        ..small(Some(budget))
+                    };
+                    Engine::load(&path, opts, &|_, _| {}).unwrap()
+                };
+                let (want_prompt, toks, want) = run_with_prompt(&mut load(false), &prompt, None);
+                let mut late = load(true);
+                let (got_prompt, _, got) = run_with_prompt(&mut late, &prompt, Some(&toks));
+                let pairs = got_prompt
+                    .iter()
+                    .chain(&got)
+                    .zip(want_prompt.iter().chain(&want));
+                let off: Vec<(usize, usize)> = pairs
+                    .enumerate()
+                    .filter(|(_, (g, w))| !same(g, w))
+                    .map(|(i, (g, _))| (i, g.iter().filter(|x| x.is_nan()).count()))
+                    .collect();
+                assert!(
+                    off.is_empty(),
+                    "{arch} {slots} slots {gated:?}: late copies changed the logits at (index: \
+                     prompt positions then steps, NaN logits) {off:?}"
+                );
+                if gated == Gated::Always && slots > 0 {
+                    let st = late.offload_stats().unwrap();
+                    assert!(
+                        st.gated_steps > 0,
+                        "{arch} {slots} slots: no step ran gated"
+                    );
+                }
+            }
+        }
+    }
 }

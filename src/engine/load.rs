@@ -262,6 +262,7 @@ impl Engine {
                 slack_control: opts.slack_control,
                 gated: opts.gated_decode,
                 table: opts.table_decode,
+                late_copies: opts.late_copies,
                 expert_parallel: opts.expert_parallel && split.is_some(),
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {

@@ -121,6 +121,12 @@ pub struct EngineOptions {
     /// (2026-12-05: faster on the H100, its CUDA tests off their bounds, not yet traced);
     /// `POCKETMOE_TABLE=1` turns it on in the default options.
     pub table_decode: bool,
+    /// Tests, on the CPU standing in for the GPU: a copy into "device" memory fills its
+    /// destination with NaN bytes when queued and lands only at the latest moment the copy
+    /// engine's contract allows (the next wait, fence or gate opening), as a GPU copy may; a
+    /// read before then computes NaN (`experts::transfer`). Ignored on a GPU.
+    /// `POCKETMOE_LATE_COPIES=1` turns it on in the default options (every CPU test at once).
+    pub late_copies: bool,
     /// Expert-cache policy when offloading.
     pub policy: crate::experts::policy::PolicyKind,
     /// Sequences served at once (`engine::batch`, the server's `--parallel`): the per-sequence
@@ -158,6 +164,7 @@ impl Default for EngineOptions {
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
             gated_decode: crate::experts::Gated::from_env(),
             table_decode: std::env::var("POCKETMOE_TABLE").as_deref() == Ok("1"),
+            late_copies: std::env::var("POCKETMOE_LATE_COPIES").as_deref() == Ok("1"),
             repack: true,
         }
     }

@@ -81,6 +81,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         slack_control: false,
         gated: crate::experts::Gated::Off,
         table: false,
+        late_copies: false,
     };
     let mut off = Offload::load(
         &file,

@@ -5,6 +5,7 @@ pub mod stats;
 pub use stats::Stats;
 pub mod cache;
 mod gate;
+mod host_copy;
 pub mod offload;
 pub mod policy;
 pub mod transfer;

@@ -36,6 +36,9 @@ pub struct OffloadOptions {
     /// Gated decode of up to 8 tokens in table form (`offload::table`): the device passes a
     /// stop whose picks all hit on its own.
     pub table: bool,
+    /// The CPU standing in for the GPU only (tests): copies land as late as the copy engine's
+    /// contract allows and their destinations hold NaN bytes until then (`transfer::late`).
+    pub late_copies: bool,
 }
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or

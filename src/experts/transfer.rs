@@ -11,6 +11,7 @@
 pub use super::gate::GateTally;
 #[cfg(feature = "cuda-api")]
 use super::gate::Gated;
+use super::host_copy::HostCopy;
 #[cfg(feature = "cuda-api")]
 use crate::ggml::Event;
 use crate::ggml::{Backend, GgmlError};
@@ -102,71 +103,13 @@ fn no_gate() -> GgmlError {
     }
 }
 
-/// The copy engine for `backend`.
-pub fn for_backend(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
+/// The copy engine for `backend`; on the CPU, with `late` (tests), one whose copies land late
+/// (`host_copy`).
+pub fn for_backend(backend: &Rc<Backend>, late: bool) -> Result<Box<dyn Transfer>, GgmlError> {
     if backend.is_cuda() {
         cuda(backend)
     } else {
-        Ok(Box::<HostCopy>::default())
-    }
-}
-
-/// Plain memcpy between host addresses (the CPU backend's buffers), and the gate's tally.
-#[derive(Default)]
-struct HostCopy(GateTally);
-
-impl Transfer for HostCopy {
-    fn copy(&mut self, dst: usize, src: usize, n: usize) -> Result<(), GgmlError> {
-        // SAFETY: both are host addresses inside live ggml CPU buffers (the caller's contract),
-        // the ranges belong to different tensors (slot vs store, or scratch vs graph) so they
-        // do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
-        Ok(())
-    }
-    fn wait(&mut self) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn read(&mut self, dst: usize, src: usize, n: usize) -> Result<(), GgmlError> {
-        self.copy(dst, src, n)
-    }
-    fn wait_reads(&mut self) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn fence(&mut self) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    // Gating on the host: compute runs as it is queued (`queues_ahead` false), every copy and
-    // read is done when its call returns, so there is nothing to wait for.
-    fn can_gate(&self) -> bool {
-        true
-    }
-    fn close_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
-        self.0.close(ticket);
-        Ok(())
-    }
-    fn mark_copies(&mut self) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn open_gate(&mut self, ticket: u64) -> Result<(), GgmlError> {
-        self.0.open(ticket)
-    }
-    fn close_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn open_word(&mut self, _addr: usize, _value: u32) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn reads_after_compute(&mut self) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn end_batch(&mut self) -> Result<u64, GgmlError> {
-        Ok(0)
-    }
-    fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
-        Ok(())
-    }
-    fn gate_tally(&self) -> GateTally {
-        self.0
+        Ok(Box::new(HostCopy::new(late)))
     }
 }
 

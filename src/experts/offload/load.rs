@@ -126,6 +126,7 @@ impl Offload {
                 t_max,
                 n_embd,
                 n_expert,
+                opts.late_copies,
             )?);
         }
         // The CPU channel reads the expert matrices from the store in place and keeps a copy of
@@ -242,6 +243,7 @@ impl DevPart {
         t_max: usize,
         n_embd: usize,
         n_expert: usize,
+        late_copies: bool,
     ) -> Result<Self, GgmlError> {
         let n_layer = layers.len();
         let dev = Context::new(n_layer * 8 + 3, 0)?;
@@ -336,7 +338,7 @@ impl DevPart {
         let dev_idx = dev.index();
         Ok(Self {
             backend: backend.clone(),
-            xfer: transfer::for_backend(backend)?,
+            xfer: transfer::for_backend(backend, late_copies)?,
             dev,
             dev_idx,
             slots: None,
