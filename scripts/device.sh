@@ -26,7 +26,7 @@
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
-#   table-hang OUT               table form at uniform routing under the watchdog, as built and without PDL, queue-ahead, graphs
+#   table-hang OUT               table form at uniform routing under the watchdog: as built, eager module loading, no PDL, no queue-ahead, no graphs
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

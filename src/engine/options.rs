@@ -124,7 +124,7 @@ pub struct EngineOptions {
     /// Tests, on the CPU standing in for the GPU: a copy into "device" memory fills its
     /// destination with NaN bytes when queued and lands only at the latest moment the copy
     /// engine's contract allows (the next wait, fence or gate opening), as a GPU copy may; a
-    /// read before then computes NaN (`experts::transfer`). Ignored on a GPU.
+    /// read before then computes NaN (`experts::host_copy`). Ignored on a GPU.
     /// `POCKETMOE_LATE_COPIES=1` turns it on in the default options (every CPU test at once).
     pub late_copies: bool,
     /// Expert-cache policy when offloading.

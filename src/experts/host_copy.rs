@@ -102,8 +102,9 @@ impl Transfer for HostCopy {
         self.land_copies(true);
         Ok(())
     }
-    // Gating on the host: compute runs as it is queued (`queues_ahead` false), every copy and
-    // read is done when its call returns, so there is nothing to wait for.
+    // Gating on the host: compute runs as it is queued (`queues_ahead` false); a copy or read
+    // is done when its call returns, or with late copies when a gate opens (the marked copies)
+    // or a batch is waited for (every read).
     fn can_gate(&self) -> bool {
         true
     }

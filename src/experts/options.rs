@@ -37,7 +37,7 @@ pub struct OffloadOptions {
     /// stop whose picks all hit on its own.
     pub table: bool,
     /// The CPU standing in for the GPU only (tests): copies land as late as the copy engine's
-    /// contract allows and their destinations hold NaN bytes until then (`transfer::late`).
+    /// contract allows and their destinations hold NaN bytes until then (`host_copy`).
     pub late_copies: bool,
 }
 
