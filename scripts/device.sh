@@ -26,7 +26,7 @@
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
-#   table-hang OUT               table form at uniform routing under the watchdog: as built, eager module loading, no PDL, no queue-ahead, no graphs
+#   table-hang OUT               table form at uniform routing under the watchdog: as built, capture guard off, with eager loading, with no PDL
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -105,7 +105,9 @@ case "$sub" in
       # FLAVOURS of the tests, each run in turn (default "default table nofusion"): default, as
       # built (control form unless a test asks for table form); table, Auto in table form too;
       # nofusion, the same without ggml-cuda's fusion; landed, table form with prefetched
-      # experts resident only once landed (POCKETMOE_TABLE_PREFETCH=landed).
+      # experts resident only once landed (POCKETMOE_TABLE_PREFETCH=landed); ahead0, table form
+      # with no piece queued ahead of its stop (POCKETMOE_GATED_AHEAD=0: if only this passes,
+      # device-side order, not the kernels); graphs0, table form without ggml-cuda's CUDA graphs.
       local parts="${PARTS:-tests ab}"
       for f in ${FLAVOURS:-default table nofusion}; do
         [[ " $parts " == *" tests "* ]] || break
@@ -113,10 +115,12 @@ case "$sub" in
           table) export POCKETMOE_TABLE=1 ;;
           nofusion) export POCKETMOE_TABLE=1 GGML_CUDA_DISABLE_FUSION=1 ;;
           landed) export POCKETMOE_TABLE=1 POCKETMOE_TABLE_PREFETCH=landed ;;
+          ahead0) export POCKETMOE_TABLE=1 POCKETMOE_GATED_AHEAD=0 ;;
+          graphs0) export POCKETMOE_TABLE=1 POCKETMOE_CUDA_GRAPHS=0 ;;
         esac
         TESTS="offload batch" timeout 150 scripts/device-run.sh tests > "$out/tests-$f.log" 2>&1
         t=$?
-        unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE POCKETMOE_TABLE_PREFETCH
+        unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE POCKETMOE_TABLE_PREFETCH POCKETMOE_GATED_AHEAD POCKETMOE_CUDA_GRAPHS
         [ "$t" = 0 ] || { rc=1; echo "table: tests ($f) FAILED (exit $t; 124: timed out)"; }
         grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-$f.log" | cut -c1-300
       done
@@ -131,27 +135,33 @@ case "$sub" in
     # Table form's uniform-routing hang (bench-h200 "2026-12-06 (later)") in one device call
     # (< 10 min, ours only): Qwen3-30B-A3B q4_k_m at SKEW (default 0), 12 GiB, table form forced,
     # tg32, each variant under device-hang-probe.sh (LIMIT s, default 60; every thread's stack
-    # into its hang.log on a hang, src/stackdump.rs): as built; CUDA_MODULE_LOADING=EAGER (with
-    # lazy loading, a kernel's first launch or capture may synchronise the context, which the
-    # CUDA guide warns deadlocks where a kernel waits on work the host has yet to issue: our
-    # gates); GGML_CUDA_PDL=0 (ggml-cuda's programmatic dependent launch off);
-    # POCKETMOE_GATED_AHEAD=0 (no piece queued behind a gate not yet opened); CUDA graphs off
-    # (known to finish). Whichever finishes, and the stack of the first, names the call that
-    # blocks.
+    # into its hang.log on a hang, src/stackdump.rs). Variants (HANG_VARIANTS, ';'-separated
+    # environment settings, empty: as built): as built (the capture guard on: no piece queued
+    # ahead while ggml-cuda may capture); the guard off (POCKETMOE_CAPTURE_GUARD=0: the build
+    # that hung); the guard off with CUDA_MODULE_LOADING=EAGER (with lazy loading a kernel's
+    # first load may synchronise the context, which the CUDA guide warns deadlocks where a
+    # kernel waits on work the host has yet to issue: our gates); the guard off with
+    # GGML_CUDA_PDL=0. Whichever finishes, and the stack of the first that hangs, names the call.
     table_hang() {
-      local out="${1:?usage: scripts/device.sh table-hang OUT}" m v rc=0 t
+      local out="${1:?usage: scripts/device.sh table-hang OUT}" m v d rc=0 t
       mkdir -p "$out"
       m=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW:-0}") || return 1
-      for v in "" CUDA_MODULE_LOADING=EAGER GGML_CUDA_PDL=0 POCKETMOE_GATED_AHEAD=0 POCKETMOE_CUDA_GRAPHS=0; do
+      local variants="${HANG_VARIANTS-;POCKETMOE_CAPTURE_GUARD=0;POCKETMOE_CAPTURE_GUARD=0 CUDA_MODULE_LOADING=EAGER;POCKETMOE_CAPTURE_GUARD=0 GGML_CUDA_PDL=0}"
+      local IFS=';'
+      for v in $variants; do
+        d=$(tr -c 'A-Za-z0-9_\n' '-' <<<"${v:-built}")
         echo "== table form, ${v:-as built}"
+        IFS=' '
+        # shellcheck disable=SC2086
         env POCKETMOE_GATED=1 POCKETMOE_TABLE=1 RUST_LOG="${RUST_LOG:-warn}" $v \
-          LIMIT="${LIMIT:-60}" scripts/device-hang-probe.sh "$out/${v:-built}" \
+          LIMIT="${LIMIT:-60}" scripts/device-hang-probe.sh "$out/$d" \
           scripts/device-run.sh exec pocketmoe bench -m "$m" --gpu 0 --gpu-mem 12GiB -p 0 -n 32 \
           --reps 1 --no-baseline
         t=$?
+        IFS=';'
         [ "$t" = 0 ] || rc=1
         echo "exit $t (124: hung)"
-        grep -E "tg32|hit|^== thread|ggml|cuda|pocketmoe::" "$out/${v:-built}/hang.log" | head -80
+        grep -E "tg32|hit|^== thread|ggml|cuda|pocketmoe::" "$out/$d/hang.log" | head -80
       done
       return $rc
     }

@@ -146,8 +146,16 @@ pub(crate) fn run_graph(
             nodes.runs.set(nodes.runs.get().saturating_add(1));
             if nodes.gateable && nodes.runs.get() > 2 && off.can_gate(nodes, n) {
                 tracing::trace!(tokens = n, "step: gated");
-                off.run_gated(&g.graph(), nodes, n)?;
+                let in_a_row = nodes.gated_in_a_row.get();
+                nodes.gated_in_a_row.set(in_a_row.saturating_add(1));
+                off.run_gated(
+                    &g.graph(),
+                    nodes,
+                    n,
+                    in_a_row < crate::experts::step::CAPTURE_STEPS,
+                )?;
             } else if nodes.has_stops() {
+                nodes.gated_in_a_row.set(0);
                 tracing::trace!(tokens = n, "step: through the eval hook");
                 off.begin_hooked(nodes)?;
                 let mut hook = StepHook {

@@ -60,7 +60,19 @@ pub struct GraphNodes {
     /// two through the eval hook have let ggml-cuda warm up and capture its pieces and grow its
     /// memory pool (whose growth may synchronise the device, which a gated step must not).
     pub runs: std::cell::Cell<u32>,
+    /// Gated steps of this graph in a row (since its last step through the eval hook): while
+    /// below [`CAPTURE_STEPS`], a gated step queues nothing ahead of the stop it serves
+    /// (`offload::gated`): those are the steps in which ggml-cuda may capture the gated pieces as
+    /// CUDA graphs (a piece runs directly at its first call with changed properties and is
+    /// captured at the next), and a capture must not find compute queued behind a closed gate.
+    pub gated_in_a_row: std::cell::Cell<u32>,
 }
+
+/// Gated steps in a row after which ggml-cuda has captured every gated piece: its warm-up runs
+/// a piece directly once (its properties new or changed: the eval hook's pieces of the same graph
+/// are cut elsewhere) and captures it at the next unchanged call
+/// (`ggml_backend_cuda_graph_compute`, llama-cpp-sys-4 0.11.0).
+pub const CAPTURE_STEPS: u32 = 2;
 
 /// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
 #[derive(Clone, Copy, Debug)]
@@ -141,6 +153,7 @@ impl GraphNodes {
             routing,
             gateable: false,
             runs: std::cell::Cell::new(0),
+            gated_in_a_row: std::cell::Cell::new(0),
         }
     }
 

@@ -61,6 +61,12 @@ fn ahead() -> usize {
     })
 }
 
+/// Whether the capture guard is on (`run_gated`): yes, unless `POCKETMOE_CAPTURE_GUARD=0`.
+fn capture_guard() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("POCKETMOE_CAPTURE_GUARD").map_or(true, |v| v != "0"))
+}
+
 impl Offload {
     /// Whether a step of `n_tokens` over `nodes` can run gated: a slot-mode micro-batch on one
     /// device whose copy engine can gate; on a device that queues ahead, only with quantised
@@ -113,12 +119,17 @@ impl Offload {
     }
 
     /// Computes an allocated step graph gated (see the module's doc); returns once the device
-    /// has run all of it.
+    /// has run all of it. `capturing`: ggml-cuda may capture this step's pieces as CUDA graphs
+    /// (the graph's first gated steps in a row, [`crate::experts::step::CAPTURE_STEPS`]): then
+    /// nothing is queued ahead of the stop being served, so no compute waits behind a closed
+    /// gate while ggml-cuda captures, instantiates or updates a graph (which may wait for the
+    /// device; `POCKETMOE_CAPTURE_GUARD=0` queues ahead there too, to see it hang).
     pub fn run_gated(
         &mut self,
         graph: &Graph<'_>,
         nodes: &GraphNodes,
         n_tokens: usize,
+        capturing: bool,
     ) -> Result<(), GgmlError> {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
@@ -127,8 +138,14 @@ impl Offload {
         let tickets = Tickets(self.gate_next);
         self.gate_next += Tickets::count(n_stops);
         self.gate_reads.clear();
+        let ahead = if !self.parts[0].xfer.queues_ahead() || (capturing && capture_guard()) {
+            0
+        } else {
+            ahead()
+        };
+        tracing::trace!(capturing, ahead, "gated step");
         let r = self
-            .gated_pieces(&backend, graph, nodes, n_tokens, tickets)
+            .gated_pieces(&backend, graph, nodes, n_tokens, tickets, ahead)
             .and_then(|()| self.gates_settled());
         tracing::trace!(ok = r.is_ok(), "gated step queued, waiting for the device");
         if let Err(e) = &r {
@@ -205,6 +222,7 @@ impl Offload {
         nodes: &GraphNodes,
         n_tokens: usize,
         t: Tickets,
+        ahead: usize,
     ) -> Result<(), GgmlError> {
         let stops = &nodes.routing;
         let n_stops = stops.len();
@@ -229,11 +247,6 @@ impl Offload {
         };
         // Where the nodes after stop `c` start: after its flag, or its routing.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
-        let ahead = if self.parts[0].xfer.queues_ahead() {
-            ahead()
-        } else {
-            0
-        };
         let mut queued = 0;
         for s in 0..=n_stops {
             // Stop c's pieces: after the previous stop (behind its gate) up to its routing,
