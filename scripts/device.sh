@@ -26,6 +26,7 @@
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
+#   sitting OUT                  stock built beside the offload tests, then the decode A/B and the floor beside stock
 #   table-hang OUT               table form at uniform routing under the watchdog: as built, capture guard off, with eager loading, with no PDL
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
@@ -131,6 +132,36 @@ case "$sub" in
       return $rc
     }
     cmd=(table "$@") ;;
+  sitting)
+    # One device call (< 10 min) for a change to the gated step: stock llama-bench built in the
+    # background (scripts/device-stock-llama.sh) while the offload tests run (TEST_ENV: their
+    # switches, e.g. POCKETMOE_TABLE=1) and the model is synthesised; then, the build done and
+    # the CPUs quiet, the decode A/B (VARIANTS, BUDGETS, SKEW as device-decode-ab.sh takes them;
+    # default table form against control form at 12 GiB, uniform routing) and the resident floor
+    # beside stock (tg128, 3 reps, device-bench.sh's floor check).
+    sitting() {
+      local out="${1:?usage: scripts/device.sh sitting OUT}" start rc=0 bpid t
+      mkdir -p "$out"; start=$(date +%s)
+      scripts/device-stock-llama.sh > "$out/stock-build.log" 2>&1 &
+      bpid=$!
+      # shellcheck disable=SC2086
+      env ${TEST_ENV:-} TESTS="${TESTS:-offload}" timeout "${TEST_LIMIT:-200}" scripts/device-run.sh tests \
+        > "$out/tests.log" 2>&1
+      t=$?
+      [ "$t" = 0 ] || { rc=1; echo "sitting: tests FAILED (exit $t; 124: timed out)"; }
+      grep -E "^test |^test result|form\)|panicked" "$out/tests.log" | cut -c1-500
+      scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW-0}" > /dev/null 2>> "$out/model.log"
+      wait "$bpid" || { rc=1; echo "sitting: stock build FAILED"; tail -5 "$out/stock-build.log"; }
+      echo "tests, model and stock ready at $(( $(date +%s) - start )) s"
+      VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1}" BUDGETS="${BUDGETS:-12GiB}" SKEW="${SKEW-0}" \
+        REPS="${REPS:-3}" timeout $(( 470 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
+      grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
+      SKEW="${SKEW-0}" BUDGETS=resident PROMPTS=0 DEPTHS=0 REPS=3 \
+        timeout $(( 585 - ($(date +%s) - start) )) scripts/device-bench.sh "$out/floor" || rc=1
+      grep -h "^floor\|tg128" "$out/floor/bench.log" "$out/floor/bench.md" | cut -c1-300
+      return $rc
+    }
+    cmd=(sitting "$@") ;;
   table-hang)
     # Table form's uniform-routing hang (bench-h200 "2026-12-06 (later)") in one device call
     # (< 10 min, ours only): Qwen3-30B-A3B q4_k_m at SKEW (default 0), 12 GiB, table form forced,
