@@ -420,6 +420,14 @@ fn gated_decode_equals_the_eval_hook_path() {
                 h.gated_steps == 0,
                 "{arch} {slots} slots: the hook path ran gated"
             );
+            // A graph's first two gated steps in a row queue nothing ahead (ggml-cuda may
+            // capture their pieces); the decode steps here are one graph.
+            check!(
+                g.capture_steps == u64::from(pocketmoe::experts::step::CAPTURE_STEPS),
+                "{arch} {slots} slots: {} of {} gated steps guarded for ggml-cuda's capture",
+                g.capture_steps,
+                g.gated_steps
+            );
             // 16 decode steps; a graph runs gated from its third step on.
             check!(
                 g.gated_steps >= 8,

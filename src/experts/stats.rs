@@ -150,6 +150,10 @@ pub struct Stats {
     /// Of those steps, how many ran gated (`offload::gated`: no second stop for a CPU join).
     #[serde(default)]
     pub gated_steps: u64,
+    /// Of those, how many were a graph's first gated steps in a row, in which ggml-cuda may
+    /// capture the pieces and nothing was queued ahead (`run_gated`'s capture guard).
+    #[serde(default)]
+    pub capture_steps: u64,
     /// Of their stops, how many the GPU passed on its own, every pick resident in the expert
     /// table (`offload::table`).
     #[serde(default)]
@@ -276,6 +280,7 @@ impl Stats {
         d.tokens -= earlier.tokens;
         d.steps -= earlier.steps;
         d.gated_steps -= earlier.gated_steps;
+        d.capture_steps -= earlier.capture_steps;
         d.hit_stops -= earlier.hit_stops;
         d.less_prefetch_steps -= earlier.less_prefetch_steps;
         d

@@ -133,6 +133,7 @@ impl Offload {
     ) -> Result<(), GgmlError> {
         let backend = self.parts[0].backend.clone();
         self.stats.gated_steps += 1;
+        self.stats.capture_steps += u64::from(capturing);
         self.miss.set_gated(true);
         let n_stops = nodes.routing.len();
         let tickets = Tickets(self.gate_next);
