@@ -40,37 +40,10 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::gates::{GateStop, Open, Tickets};
+use super::gates::{ahead, capture_guard, GateStop, Open, Tickets};
 use super::prefetch::Pre;
-use super::transfer::READ_BATCHES;
 use super::*;
 use std::time::Instant;
-
-/// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
-/// `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most [`READ_BATCHES`] in
-/// flight; 0 queues a stop's pieces only once the previous stop is served), read once, for an A/B
-/// on the device; unset, 1 in control form and 0 in table form (`table`). Table form queued
-/// ahead computes otherwise on CUDA than the hook path (H100, 2026-12-06: the gated test off in
-/// 19 table-form cases, cosines down to 0.89 with the CPU channel, 0.9997 without; with
-/// `POCKETMOE_GATED_AHEAD=0` every case of every form passes, with CUDA graphs off or PDL off
-/// they do not): a device-order hazard of queueing table-form pieces ahead, not yet found, while
-/// on the CPU, which runs a piece as it is queued, it is bit-exact.
-fn ahead(table: bool) -> usize {
-    static AHEAD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = *AHEAD.get_or_init(|| {
-        std::env::var("POCKETMOE_GATED_AHEAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(|a: usize| a.clamp(0, READ_BATCHES / 2 - 1))
-    });
-    set.unwrap_or(if table { 0 } else { 1 })
-}
-
-/// Whether the capture guard is on (`run_gated`): yes, unless `POCKETMOE_CAPTURE_GUARD=0`.
-fn capture_guard() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("POCKETMOE_CAPTURE_GUARD").map_or(true, |v| v != "0"))
-}
 
 impl Offload {
     /// Whether a step of `n_tokens` over `nodes` can run gated: a slot-mode micro-batch on one
