@@ -5,7 +5,9 @@
 //! (a CUDA graph of ~30 nodes) costs ~40 us of host time, during which the GPU has nothing to
 //! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
 //! Here the host cuts the graph at the routing stops itself and queues each stop's pieces one
-//! stop ahead, behind gates on the device. The graph is in table form (`table`): after a
+//! stop ahead (`gates::ahead`: in table form none, until its device-order hazard is found;
+//! none either in a graph's first gated steps, which ggml-cuda may capture), behind gates on
+//! the device. The graph is in table form (`table`): after a
 //! stop's routing it gathers each pick's slot id and residency from the layer's expert table
 //! and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
 //! stop's flag, [`Transfer::close_word`], and the ticket its prefetch's bytes open), then the
