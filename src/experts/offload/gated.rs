@@ -7,9 +7,8 @@
 //! Here the host cuts the graph at the routing stops itself and queues each stop's pieces one
 //! stop ahead (`gates::ahead`: in table form none, until its device-order hazard is found;
 //! none either in a graph's first gated steps, which ggml-cuda may capture), behind gates on
-//! the device. The graph is in table form (`table`): after a
-//! stop's routing it gathers each pick's slot id and residency from the layer's expert table
-//! and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
+//! the device. The graph is in table form (`table`): after a stop's routing it gathers each
+//! pick's slot id and residency from the layer's expert table and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
 //! stop's flag, [`Transfer::close_word`], and the ticket its prefetch's bytes open), then the
 //! gathers and the flag (behind a ticket, [`Transfer::close_gate`], which the previous stop
 //! opens once its prefetch left this layer's table consistent). Where every pick is resident

@@ -84,9 +84,10 @@ pub(super) fn reached(flag: u32, target: u32) -> bool {
 }
 
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
-/// `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most [`super::transfer::READ_BATCHES`] in
-/// flight; 0 queues a stop's pieces only once the previous stop is served), read once, for an A/B
-/// on the device; unset, 1 in control form and 0 in table form (`table`). Table form queued
+/// `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most
+/// [`super::transfer::READ_BATCHES`] in flight; 0 queues a stop's pieces only once the previous
+/// stop is served), read once, for an A/B on the device; unset, 1 in control form and 0 in table
+/// form (`table`). Table form queued
 /// ahead computes otherwise on CUDA than the hook path (H100, 2026-12-06: the gated test off in
 /// 19 table-form cases, cosines down to 0.89 with the CPU channel, 0.9997 without; with
 /// `POCKETMOE_GATED_AHEAD=0` every case of every form passes, with CUDA graphs off or PDL off
@@ -98,7 +99,7 @@ pub(super) fn ahead(table: bool) -> usize {
         std::env::var("POCKETMOE_GATED_AHEAD")
             .ok()
             .and_then(|v| v.parse().ok())
-            .map(|a: usize| a.clamp(0, super::transfer::READ_BATCHES / 2 - 1))
+            .map(|a: usize| a.min(super::transfer::READ_BATCHES / 2 - 1))
     });
     set.unwrap_or(if table { 0 } else { 1 })
 }
