@@ -202,8 +202,10 @@ impl Engine {
             let mut nodes = GraphNodes::resolve(&nodes, &g);
             if gated.is_some() {
                 let (splits, copies) = (self.sched.n_splits(), !no_copies(&g));
-                nodes.gateable = splits == 1 && !copies;
-                if !nodes.gateable {
+                nodes.gateable = splits == 1 && !copies && nodes.shared_flag.is_none();
+                if let Some(why) = &nodes.shared_flag {
+                    tracing::error!("gated decode off for the {n}-token graph: {why}");
+                } else if !nodes.gateable {
                     tracing::info!(
                         "gated decode off for the {n}-token graph: {splits} scheduler pieces{}",
                         if copies { ", inputs copied" } else { "" }

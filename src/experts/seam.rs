@@ -180,8 +180,9 @@ fn with_cpu<'a>(
 /// stop's anchor, and the hit flag:
 /// the step's base plus the resident picks, which reaches the stop's target exactly when every
 /// pick is resident (a gated step then runs on without the host). Returns [slot ids i32
-/// [1, k, nt], mask f32 [1, k, nt], flag f32 [1]], outputs (the host reads them, and writes
-/// the first two where a stop had misses), computed mask first, flag last.
+/// [1, k, nt], mask f32 [1, k, nt], flag f32 [1]]: the first two outputs (the host reads them,
+/// and writes them where a stop had misses), the flag a copy into the layer's flag word;
+/// computed mask first, flag last.
 fn hit_nodes<'a>(
     g: &GraphBuilder<'a>,
     off: &'a Offload,
@@ -203,12 +204,16 @@ fn hit_nodes<'a>(
     let mask = g.cb(gather(on), "ffn_moe_hit_mask", il as i32);
     let ids = g.cb(gather(tab), "ffn_moe_hit_ids", il as i32);
     let picks = ctx.reshape(mask, &[k * nt]).expect("mask reshape");
-    let flag = ctx.add(ctx.sum_rows(picks), off.hit_base());
-    let flag = g.cb(flag, "ffn_moe_hit", il as i32);
-    for t in [mask, ids, flag] {
+    // Into the layer's own flag word, never a graph output's memory: a gated step queues the
+    // wait for it ahead, while the nodes before it may still be writing memory the allocator
+    // shares between them and an output (`Offload::hit_flag`).
+    let count = ctx.add(ctx.sum_rows(picks), off.hit_base());
+    let flag = g.cb(ctx.cpy(count, off.hit_flag(il)), "ffn_moe_hit", il as i32);
+    for t in [mask, ids] {
         ctx.set_output(t);
         g.graph.build_forward(t);
     }
+    g.graph.build_forward(flag);
     [ids, mask, flag]
 }
 

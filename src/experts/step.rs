@@ -66,6 +66,9 @@ pub struct GraphNodes {
     /// CUDA graphs (a piece runs directly at its first call with changed properties and is
     /// captured at the next), and a capture must not find compute queued behind a closed gate.
     pub gated_in_a_row: std::cell::Cell<u32>,
+    /// Table form: a node other than its flag's that writes a hit flag's word, if any (see
+    /// [`flag_sharer`]); the engine then runs the graph through the eval hook.
+    pub shared_flag: Option<String>,
 }
 
 /// Gated steps in a row after which ggml-cuda has captured every gated piece: its warm-up runs
@@ -73,6 +76,27 @@ pub struct GraphNodes {
 /// are cut elsewhere) and captures it at the next unchanged call
 /// (`ggml_backend_cuda_graph_compute`, llama-cpp-sys-4 0.11.0).
 pub const CAPTURE_STEPS: u32 = 2;
+
+/// The first node of `g` other than a hit flag's own that writes memory overlapping the flag's
+/// word (flags: the flags' node indices), named with the flag's. A gated step queues the wait
+/// for a flag ahead of the node that computes it (`offload::gated`), so the word must hold
+/// nothing but flags until then: a node that shares it (as the allocator may make a graph output
+/// share memory earlier nodes used) could pass the wait early, and the experts behind it would
+/// run before the host's copies landed.
+fn flag_sharer(g: &OwnedGraph, flags: &[usize]) -> Option<String> {
+    let graph = g.graph();
+    let n = graph.n_nodes();
+    flags.iter().find_map(|&f| {
+        let flag = graph.node(f);
+        let at = flag.data_addr();
+        (0..n).filter(|&i| i != f).find_map(|i| {
+            let t = graph.node(i);
+            let (from, to) = (t.data_addr(), t.data_addr() + t.n_bytes());
+            (from < at + 4 && at < to && from != 0)
+                .then(|| format!("{} shares the word of {}", t.name(), flag.name()))
+        })
+    })
+}
 
 /// Where a layer stops: after its routing, or (CPU channel) after its GPU experts' sum.
 #[derive(Clone, Copy, Debug)]
@@ -147,10 +171,12 @@ impl GraphNodes {
         let flags: Vec<usize> = (0..graph.n_nodes())
             .filter(|&i| flag_ids.contains_key(&graph.node(i).id()))
             .collect();
+        let shared_flag = flag_sharer(g, &flags);
         Self {
             by_anchor,
             flags,
             routing,
+            shared_flag,
             gateable: false,
             runs: std::cell::Cell::new(0),
             gated_in_a_row: std::cell::Cell::new(0),

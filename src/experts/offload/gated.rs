@@ -5,9 +5,8 @@
 //! (a CUDA graph of ~30 nodes) costs ~40 us of host time, during which the GPU has nothing to
 //! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
 //! Here the host cuts the graph at the routing stops itself and queues each stop's pieces one
-//! stop ahead (`gates::ahead`: in table form none, until its device-order hazard is found;
-//! none either in a graph's first gated steps, which ggml-cuda may capture), behind gates on
-//! the device. The graph is in table form (`table`): after a stop's routing it gathers each
+//! stop ahead (`gates::ahead`; none in a graph's first gated steps, which ggml-cuda may
+//! capture), behind gates on the device. The graph is in table form (`table`): after a stop's routing it gathers each
 //! pick's slot id and residency from the layer's expert table and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
 //! stop's flag, [`Transfer::close_word`], and the ticket its prefetch's bytes open), then the
 //! gathers and the flag (behind a ticket, [`Transfer::close_gate`], which the previous stop
@@ -30,6 +29,10 @@
 //!   Opened in that order, so opening one never opens another early. Tickets and flags only
 //!   grow, step after step. On any error every ticket and flag of the step is opened before the
 //!   step waits for the device, so nothing queued waits for ever.
+//! - A hit flag is its layer's own word (`Offload::hit_flag`), which only its flag node and the
+//!   gate's open write: the wait for it is queued ahead of the node that computes it, so a word
+//!   other nodes of the step share (a graph output's memory may be) could pass it early
+//!   (`step::GraphNodes::shared_flag` turns gating off for such a graph).
 //! - Nothing a queued piece reads is written on the compute stream after the piece was queued
 //!   (the slot, table and control writes go on the copy stream, before the open); what the
 //!   host reads back after a flag is a graph output, never overwritten by the nodes that may
@@ -121,7 +124,7 @@ impl Offload {
         let ahead = if !self.parts[0].xfer.queues_ahead() || (capturing && capture_guard()) {
             0
         } else {
-            ahead(!nodes.flags.is_empty())
+            ahead()
         };
         tracing::trace!(capturing, ahead, "gated step");
         let r = self

@@ -86,22 +86,18 @@ pub(super) fn reached(flag: u32, target: u32) -> bool {
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
 /// `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most
 /// [`super::transfer::READ_BATCHES`] in flight; 0 queues a stop's pieces only once the previous
-/// stop is served), read once, for an A/B on the device; unset, 1 in control form and 0 in table
-/// form (`table`). Table form queued
-/// ahead computes otherwise on CUDA than the hook path (H100, 2026-12-06: the gated test off in
-/// 19 table-form cases, cosines down to 0.89 with the CPU channel, 0.9997 without; with
-/// `POCKETMOE_GATED_AHEAD=0` every case of every form passes, with CUDA graphs off or PDL off
-/// they do not): a device-order hazard of queueing table-form pieces ahead, not yet found, while
-/// on the CPU, which runs a piece as it is queued, it is bit-exact.
-pub(super) fn ahead(table: bool) -> usize {
-    static AHEAD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = *AHEAD.get_or_init(|| {
+/// stop is served), read once, for an A/B on the device; unset, 1. (Builds 27f9065 to this one's
+/// parent queued nothing ahead in table form: its flag was then a graph output, whose memory
+/// earlier nodes of the step could hold values in that passed the wait queued ahead for it;
+/// H100, 2026-12-06: 19 table-form cases of the gated test off; see [`Offload::hit_flag`].)
+pub(super) fn ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
         std::env::var("POCKETMOE_GATED_AHEAD")
             .ok()
             .and_then(|v| v.parse().ok())
-            .map(|a: usize| a.min(super::transfer::READ_BATCHES / 2 - 1))
-    });
-    set.unwrap_or(if table { 0 } else { 1 })
+            .map_or(1, |a: usize| a.min(super::transfer::READ_BATCHES / 2 - 1))
+    })
 }
 
 /// Whether the capture guard is on (`run_gated`): yes, unless `POCKETMOE_CAPTURE_GUARD=0`.

@@ -246,7 +246,7 @@ impl DevPart {
         late_copies: bool,
     ) -> Result<Self, GgmlError> {
         let n_layer = layers.len();
-        let dev = Context::new(n_layer * 8 + 3, 0)?;
+        let dev = Context::new(n_layer * 9 + 3, 0)?;
         let own = || {
             layers
                 .iter()
@@ -277,8 +277,10 @@ impl DevPart {
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
         ];
         // The expert tables of table-form decode (`table`): per own layer each expert's slot
-        // (i32) and whether it is resident (f32), adjacent (one copy writes both); one share only.
-        let tab_bytes = (8 * n_expert).next_multiple_of(256) * usize::from(!every_ctl);
+        // (i32) and whether it is resident (f32), adjacent (one copy writes both), and the
+        // layer's hit flag (f32, written by the graph's flag node and the gate's open only);
+        // one share only.
+        let tab_bytes = (8 * n_expert + 4).next_multiple_of(256) * usize::from(!every_ctl);
         let ctl_size = 2 * ctl_bytes * n_ctl + (cpu_bytes + tab_bytes) * n_moe + 256;
         let ctl_buf = dev.new_buffer(backend, Memory::Device, ctl_size)?;
         ctl_buf.clear(0);
@@ -327,6 +329,10 @@ impl DevPart {
                     .new_tensor(GgmlType::F32, &[1, n_expert as i64])?
                     .set_name(&name(il, "on"));
                 ctl_buf.place(on, ctl_off + 4 * n_expert)?;
+                let hit = dev
+                    .new_tensor(GgmlType::F32, &[1])?
+                    .set_name(&name(il, "hit"));
+                ctl_buf.place(hit, ctl_off + 8 * n_expert)?;
                 ctl_off += tab_bytes;
             }
         }

@@ -126,6 +126,17 @@ impl Offload {
         (get("tab"), get("on"))
     }
 
+    /// Layer `il`'s hit flag, f32 [1]: the word a gated stop's experts wait for. A tensor of
+    /// its own, not a graph output: the allocator may give a graph output memory that earlier
+    /// nodes of the same step used, and a wait queued ahead of the flag's node would read
+    /// their values (half of all f32 bit patterns pass a cyclic comparison with the target).
+    pub fn hit_flag(&self, il: usize) -> Tensor<'_> {
+        let p = self.part(il);
+        p.dev
+            .get(&p.dev_idx, &name(il, "hit"))
+            .unwrap_or_else(|| panic!("layer {il} has no hit flag"))
+    }
+
     /// The hit flags' base this step, f32 [1].
     pub fn hit_base(&self) -> Tensor<'_> {
         let p = &self.parts[0];
