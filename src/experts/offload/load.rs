@@ -276,10 +276,8 @@ impl DevPart {
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
             dev.new_buffer(backend, Memory::Device, stage_bytes)?,
         ];
-        // The expert tables of table-form decode (`table`): per own layer each expert's slot
-        // (i32) and whether it is resident (f32), adjacent (one copy writes both), and the
-        // layer's hit flag (f32, written by the graph's flag node and the gate's open only);
-        // one share only.
+        // Table-form decode's (`table`), one share only: per own layer each expert's slot (i32)
+        // and residency (f32), adjacent (one copy writes both), and the layer's hit flag.
         let tab_bytes = (8 * n_expert + 4).next_multiple_of(256) * usize::from(!every_ctl);
         let ctl_size = 2 * ctl_bytes * n_ctl + (cpu_bytes + tab_bytes) * n_moe + 256;
         let ctl_buf = dev.new_buffer(backend, Memory::Device, ctl_size)?;
@@ -321,18 +319,15 @@ impl DevPart {
                 ctl_off += cpu_bytes;
             }
             if own && tab_bytes > 0 {
-                let tab = dev
-                    .new_tensor(GgmlType::I32, &[1, n_expert as i64])?
-                    .set_name(&name(il, "tab"));
-                ctl_buf.place(tab, ctl_off)?;
-                let on = dev
-                    .new_tensor(GgmlType::F32, &[1, n_expert as i64])?
-                    .set_name(&name(il, "on"));
-                ctl_buf.place(on, ctl_off + 4 * n_expert)?;
-                let hit = dev
-                    .new_tensor(GgmlType::F32, &[1])?
-                    .set_name(&name(il, "hit"));
-                ctl_buf.place(hit, ctl_off + 8 * n_expert)?;
+                // Slot ids, residency, then the hit flag (`table`).
+                for (w, ty, len, at) in [
+                    ("tab", GgmlType::I32, n_expert, 0),
+                    ("on", GgmlType::F32, n_expert, 4 * n_expert),
+                    ("hit", GgmlType::F32, 1, 8 * n_expert),
+                ] {
+                    let t = dev.new_tensor(ty, &[1, len as i64])?.set_name(&name(il, w));
+                    ctl_buf.place(t, ctl_off + at)?;
+                }
                 ctl_off += tab_bytes;
             }
         }

@@ -126,7 +126,7 @@ impl Offload {
         (get("tab"), get("on"))
     }
 
-    /// Layer `il`'s hit flag, f32 [1]: the word a gated stop's experts wait for. A tensor of
+    /// Layer `il`'s hit flag, f32 [1, 1]: the word a gated stop's experts wait for. A tensor of
     /// its own, not a graph output: the allocator may give a graph output memory that earlier
     /// nodes of the same step used, and a wait queued ahead of the flag's node would read
     /// their values (half of all f32 bit patterns pass a cyclic comparison with the target).
