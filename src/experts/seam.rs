@@ -180,7 +180,7 @@ fn with_cpu<'a>(
 /// stop's anchor, and the hit flag:
 /// the step's base plus the resident picks, which reaches the stop's target exactly when every
 /// pick is resident (a gated step then runs on without the host). Returns [slot ids i32
-/// [1, k, nt], mask f32 [1, k, nt], flag f32 [1]]: the first two outputs (the host reads them,
+/// [1, k, nt], mask f32 [1, k, nt], flag f32 [1, 1]]: the first two outputs (the host reads them,
 /// and writes them where a stop had misses), the flag a copy into the layer's flag word;
 /// computed mask first, flag last.
 fn hit_nodes<'a>(

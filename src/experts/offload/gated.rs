@@ -6,8 +6,9 @@
 //! do (docs/bench-h200.md, 2026-12-03 late: ~95 us of GPU idle per stop, 48 stops a token).
 //! Here the host cuts the graph at the routing stops itself and queues each stop's pieces one
 //! stop ahead (`gates::ahead`; none in a graph's first gated steps, which ggml-cuda may
-//! capture), behind gates on the device. The graph is in table form (`table`): after a stop's routing it gathers each
-//! pick's slot id and residency from the layer's expert table and computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
+//! capture), behind gates on the device. The graph is in table form (`table`): after a stop's
+//! routing it gathers each pick's slot id and residency from the layer's expert table and
+//! computes a hit flag. Per stop `c` two pieces: up to the routing (behind the previous
 //! stop's flag, [`Transfer::close_word`], and the ticket its prefetch's bytes open), then the
 //! gathers and the flag (behind a ticket, [`Transfer::close_gate`], which the previous stop
 //! opens once its prefetch left this layer's table consistent). Where every pick is resident

@@ -86,8 +86,8 @@ pub(super) fn reached(flag: u32, target: u32) -> bool {
 /// Pieces the host queues ahead of the stop it serves, where queued compute waits for its gate:
 /// `POCKETMOE_GATED_AHEAD` (0 to 3: two read batches a stop, at most
 /// [`super::transfer::READ_BATCHES`] in flight; 0 queues a stop's pieces only once the previous
-/// stop is served), read once, for an A/B on the device; unset, 1. (Builds 27f9065 to this one's
-/// parent queued nothing ahead in table form: its flag was then a graph output, whose memory
+/// stop is served), read once, for an A/B on the device; unset, 1. (Builds 27f9065 to 37f392d
+/// queued nothing ahead in table form: its flag was then a graph output, whose memory
 /// earlier nodes of the step could hold values in that passed the wait queued ahead for it;
 /// H100, 2026-12-06: 19 table-form cases of the gated test off; see [`Offload::hit_flag`].)
 pub(super) fn ahead() -> usize {
