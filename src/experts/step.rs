@@ -50,6 +50,9 @@ pub struct GraphNodes {
     pub(super) by_anchor: HashMap<usize, (Stop, Resolved)>,
     /// The routing stops in the order the graph computes them: (node index, layer).
     pub(super) routing: Vec<(usize, Resolved)>,
+    /// Per routing stop, the index of the node after which its layer's GPU experts are summed
+    /// and its CPU share is added next (where the CPU channel may serve the layer).
+    pub(super) gpu_outs: Vec<Option<usize>>,
     /// Table form: each routing stop's hit flag's node index, in the same order (empty when
     /// the graph is not in table form; a gated step needs it).
     pub(super) flags: Vec<usize>,
@@ -158,11 +161,23 @@ impl GraphNodes {
             }
         }
         let graph = g.graph();
-        let routing = (0..graph.n_nodes())
+        let routing: Vec<(usize, Resolved)> = (0..graph.n_nodes())
             .filter_map(|i| match by_anchor.get(&graph.node(i).id()) {
                 Some((Stop::Routing, r)) => Some((i, *r)),
                 _ => None,
             })
+            .collect();
+        // Per routing stop, the index of the node after which its layer's GPU experts are summed
+        // and its CPU share is added next, if the graph has one.
+        let outs: HashMap<usize, usize> = (0..graph.n_nodes())
+            .filter_map(|i| match by_anchor.get(&graph.node(i).id()) {
+                Some((Stop::GpuOut, r)) => Some((r.il, i)),
+                _ => None,
+            })
+            .collect();
+        let gpu_outs = routing
+            .iter()
+            .map(|(_, r)| outs.get(&r.il).copied())
             .collect();
         let flag_ids: HashMap<usize, ()> = nodes
             .iter()
@@ -175,6 +190,7 @@ impl GraphNodes {
         Self {
             by_anchor,
             flags,
+            gpu_outs,
             routing,
             shared_flag,
             gateable: false,

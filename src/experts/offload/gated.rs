@@ -45,8 +45,9 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::gates::{ahead, capture_guard, GateStop, Open, Tickets};
+use super::gates::{self, ahead, capture_guard, GateStop, Open, Tickets};
 use super::prefetch::Pre;
+use super::trace;
 use super::*;
 use std::time::Instant;
 
@@ -229,8 +230,12 @@ impl Offload {
             },
             None => Open::Ticket(t.experts(c)),
         };
-        // Where the nodes after stop `c` start: after its flag, or its routing.
+        // Where the nodes after stop `c` start: after its flag, or its routing; in split form
+        // (control form with a CPU channel) where its CPU share's add starts, too.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
+        let mut split = nodes.gpu_outs.clone();
+        let on = !table && gates::split();
+        split.iter_mut().for_each(|o| *o = o.filter(|_| on));
         let mut queued = 0;
         for s in 0..=n_stops {
             // Stop c's pieces: after the previous stop (behind its gate) up to its routing,
@@ -242,8 +247,16 @@ impl Offload {
                 let from = if c == 0 {
                     0
                 } else {
-                    gate(c - 1).close(self.parts[0].xfer.as_mut())?;
-                    after(c - 1)
+                    let x = self.parts[0].xfer.as_mut();
+                    gate(c - 1).close(x)?;
+                    match split[c - 1] {
+                        Some(out) => {
+                            backend.compute_nodes_async(graph, after(c - 1), out + 1)?;
+                            x.close_gate(t.joined(c - 1))?;
+                            out + 1
+                        }
+                        None => after(c - 1),
+                    }
                 };
                 tracing::trace!(piece = c, "gated: queueing a stop's pieces");
                 let Some((anchor, n)) = stops.get(c) else {
@@ -285,7 +298,9 @@ impl Offload {
                 layer = n.il,
                 "gated stop: waiting for the routing"
             );
+            trace::begin(self.step, n.il, trace::Kind::Gated);
             self.wait_stop(routed, s, n.il, "routing", prev, target)?;
+            trace::with(|r, now| r.routed = now);
             let t0 = Instant::now();
             self.scratch_region = s;
             let mut routing = self.take_reads(n, n_tokens, &reads)?;
@@ -308,16 +323,20 @@ impl Offload {
                 let picks = routing.sel.len();
                 routing.fast = self.hit_read(n.il, got, target, cached, picks)?;
                 self.stats.hit_stops += u64::from(routing.fast);
+                trace::with(|r, _| r.fast = routing.fast);
             }
             self.gate_stop = Some(GateStop {
                 open: gate(s),
                 fast: routing.fast,
+                joined: split[s].map(|_| t.joined(s)),
             });
             tracing::trace!(stop = s, fast = routing.fast, "gated stop: the protocol");
             self.routed(n, n_tokens, &routing)?;
             if let Some(g) = self.gate_stop.take() {
                 // Slot mode opens the gate itself; should a stop not have, open it here.
-                g.open.open_behind_copies(self.parts[0].xfer.as_mut())?;
+                let x = self.parts[0].xfer.as_mut();
+                x.mark_copies()?;
+                g.open_all(x)?;
             }
             if let Some(p) = self.planned.take() {
                 let landed = self.queue_prefetch(p)?;

@@ -38,6 +38,7 @@ impl Offload {
     pub(super) fn count_stop(&mut self, t0: std::time::Instant) {
         self.stats.stops += 1;
         self.stats.hook_s += t0.elapsed().as_secs_f64();
+        super::trace::done();
     }
 }
 
@@ -65,6 +66,12 @@ impl EvalHook for StepHook<'_> {
         let t0 = std::time::Instant::now();
         let (stop, n) = self.nodes.by_anchor[&id];
         tracing::trace!(layer = n.il, ?stop, "hook stop");
+        let kind = match stop {
+            Stop::Routing => super::trace::Kind::Hook,
+            Stop::GpuOut => super::trace::Kind::GpuOut,
+        };
+        super::trace::begin(self.off.step, n.il, kind);
+        super::trace::with(|r, now| r.routed = now);
         let r = match stop {
             Stop::Routing => self.off.on_routing(&n, self.n_tokens),
             Stop::GpuOut => self.off.on_gpu_out(n.il, self.n_tokens),

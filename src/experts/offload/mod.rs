@@ -35,6 +35,7 @@ mod slots;
 mod staging;
 mod table;
 mod tensors;
+mod trace;
 
 pub use super::mats::{ExpertMat, MATS};
 pub use super::options::{Gated, Mode, OffloadOptions};
@@ -202,6 +203,7 @@ impl Drop for Offload {
     /// fields' declaration order.
     fn drop(&mut self) {
         drop(self.cpu.take());
+        trace::flush();
     }
 }
 

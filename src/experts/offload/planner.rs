@@ -75,6 +75,10 @@ impl Offload {
         if cpu.is_empty() && !misses.is_empty() {
             self.miss.idle_layer();
         }
+        super::trace::with(|r, _| {
+            (r.used, r.misses, r.cpu) = (used.len(), misses.len(), cpu.len());
+            r.backlog = t_pcie.iter().fold(0.0, |a: f64, &b| a.max(b)) * 1e6;
+        });
         cpu
     }
 
@@ -280,6 +284,9 @@ impl Offload {
         let waited = t0.elapsed().as_secs_f64();
         let behind = copies_land.map_or(0.0, |t| t.saturating_duration_since(t0).as_secs_f64());
         self.miss.observe_join(times.back, waited, behind);
+        super::trace::with(|r, _| {
+            (r.cpu_wait, r.cpu_compute) = (waited * 1e6, times.compute * 1e6)
+        });
         let st = &mut self.stats;
         st.channels = Some(self.miss.rates());
         st.wait_cpu_s += waited;

@@ -83,6 +83,7 @@ impl Offload {
             };
             fetched.push((s, slot, e));
         }
+        super::trace::with(|r, _| (r.cands, r.prefetched) = (cands.len(), fetched.len()));
         let early = table::prefetched_resident();
         if self.tab.step {
             let coming: Vec<u32> = match early {

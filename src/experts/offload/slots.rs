@@ -246,12 +246,19 @@ impl Offload {
             xfer.copy(mask_at, at + 4 * n, 4 * n)?;
             xfer.mark_copies()?;
             if on_cpu.is_empty() {
+                g.open_all(xfer)?;
+                super::trace::with(|r, now| r.open = now);
+            } else if g.joined.is_some() {
+                // Split form: the GPU's experts run beside the CPU's job.
                 g.open.open(xfer)?;
             }
         }
         // When this stop's copies should have landed (the gate waits for them, not for the
-        // prefetches queued next): a gated join's slack is measured against it.
-        let copies_land = gate.and_then(|_| self.miss.copy_idle_at(devs[0]));
+        // prefetches queued next): a gated join's slack is measured against it. Not in split
+        // form, where the GPU's experts ran beside the job, as on the eval-hook path.
+        let copies_land = gate
+            .filter(|g| g.joined.is_none())
+            .and_then(|_| self.miss.copy_idle_at(devs[0]));
         let landed = match self.planned.take() {
             // Gated: the stop planned the next layer's prefetch as soon as it read the routing
             // (opening the next stop's gathers); its copies follow this stop's own.
@@ -266,7 +273,8 @@ impl Offload {
             // The CPU's share joins before the gate opens: the graph queued behind it adds it.
             // Behind this stop's copies (the last marked before the prefetch's).
             self.join_cpu(il, n_tokens, copies_land)?;
-            g.open.open(self.xfer(il))?;
+            g.open_all(self.xfer(il))?;
+            super::trace::with(|r, now| r.open = now);
         }
         // The next stop's experts, behind the prefetch's copies.
         self.open_pre(il, landed)
