@@ -692,6 +692,74 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
     );
 }
 
+/// `resident_moe_layers`: the routed experts of the layers below it stay in the weights, whole on
+/// the device, and those layers never stop or touch the cache; the others are offloaded as
+/// usual, and the model computes what the resident engine computes (bit-exact on the CPU build,
+/// the CPU channel and prefetch off as in `without_prefetch_or_cpu_experts_matches_resident`).
+#[test]
+fn resident_moe_layers_stay_out_of_the_cache() {
+    let path = tiny("qwen3moe");
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 200).collect();
+    let opts = EngineOptions {
+        prefetch: false,
+        cpu_experts: false,
+        ..small(None)
+    };
+    let mut resident = Engine::load(&path, opts.clone(), &|_, _| {}).unwrap();
+    let (want, want_logits) = run(&mut resident, &prompt, None);
+    drop(resident);
+    let one = EngineOptions {
+        resident_moe_layers: 1,
+        ..opts.clone()
+    };
+    // Layer 0's experts moved into the weights: the part of the budget before any slot grows.
+    let (fixed, fixed_one) = (budget_floor(&path, opts), budget_floor(&path, one.clone()));
+    assert!(fixed_one > fixed, "fixed part {fixed} -> {fixed_one} B");
+    let probe = Engine::load(
+        &path,
+        EngineOptions {
+            gpu_mem: Some(fixed_one),
+            ..one.clone()
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    let (slot, k) = (probe.expert_slot_bytes().unwrap(), probe.hp.n_expert_used);
+    for (name, kept) in [("blk.0", true), ("blk.1", false)] {
+        let w = probe.weight_buffer_bytes(&format!("{name}.ffn_up_exps.weight"));
+        assert_eq!(w.is_some(), kept, "{name}'s experts in the weights: {w:?}");
+    }
+    drop(probe);
+    let budget = fixed_one + (k + 1) * slot + slot / 2;
+    let mut eng = Engine::load(
+        &path,
+        EngineOptions {
+            gpu_mem: Some(budget),
+            ..one
+        },
+        &|_, _| {},
+    )
+    .unwrap();
+    let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
+    assert_eq!(got, want, "greedy tokens");
+    for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
+        let c = cosine(g, w);
+        if cfg!(feature = "cuda") {
+            assert!(c >= 0.99999, "step {i}: cosine {c}");
+        } else {
+            let d = max_abs_diff(g, w);
+            assert_eq!(d, 0.0, "step {i}: max |dlogit| {d:e} (cosine {c})");
+        }
+    }
+    let st = eng.offload_stats().unwrap();
+    let used = |l: &pocketmoe::experts::stats::LayerStats| l.hits + l.misses;
+    assert_eq!(used(&st.layers[0]), 0, "layer 0 went through the cache");
+    assert!(
+        st.layers[1..].iter().all(|l| used(l) > 0),
+        "an offloaded layer never used the cache"
+    );
+}
+
 /// The load plan says where everything went: resident, the whole model on the device; offloaded,
 /// the expert cache's slots per layer, its share of the experts and the host store.
 #[test]

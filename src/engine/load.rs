@@ -204,7 +204,13 @@ impl Engine {
         // Offloading, the tensors whose role is not resident (the routed experts' matrices) stay
         // out of the weights: the offload store holds them.
         let resident = |name: &str| v.roles.get(name).is_none_or(|r| r.is_resident());
-        let keep = |name: &str| !offload || resident(name);
+        // The routed experts of the layers below `resident_moe_layers` stay in them too.
+        let below = |name: &str| {
+            let il = name.strip_prefix("blk.").and_then(|s| s.split('.').next());
+            il.and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|il| il < opts.resident_moe_layers)
+        };
+        let keep = |name: &str| !offload || resident(name) || below(name);
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
         // CPU) and its VRAM goes to expert slots. Fully resident, VRAM is not what limits, and
         // it stays on the GPU: no CPU split and host round trip at every step.
@@ -263,6 +269,7 @@ impl Engine {
                 gated: opts.gated_decode,
                 table: opts.table_decode,
                 late_copies: opts.late_copies,
+                resident_below: opts.resident_moe_layers,
                 expert_parallel: opts.expert_parallel && split.is_some(),
                 cpu_threads: if opts.cpu_experts {
                     match opts.n_threads {

@@ -138,6 +138,13 @@ pub struct EngineOptions {
     /// interleaved Q4_K/Q4_0/IQ4_NL/MXFP4 blocks, faster products), as llama.cpp does by default
     /// (its `--no-repack` turns it off, as `false` here does). See `Engine::fill_weights`.
     pub repack: bool,
+    /// Offloading: the routed experts of the layers below this one stay in the weights, on the
+    /// device, as fully resident (no stop, no cache), and the expert cache takes what is left
+    /// of the budget for the others: llama.cpp's static split turned around (its `-ncmoe`
+    /// keeps the first layers' experts on the CPU). For measuring where routing is uniform,
+    /// where a cache spread thin over every layer hits little and each of its layers pays a
+    /// stop; `POCKETMOE_RESIDENT_MOE=R` sets it in the default options (default 0).
+    pub resident_moe_layers: usize,
 }
 
 impl Default for EngineOptions {
@@ -166,6 +173,10 @@ impl Default for EngineOptions {
             table_decode: std::env::var("POCKETMOE_TABLE").as_deref() == Ok("1"),
             late_copies: std::env::var("POCKETMOE_LATE_COPIES").as_deref() == Ok("1"),
             repack: true,
+            resident_moe_layers: std::env::var("POCKETMOE_RESIDENT_MOE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct OffloadOptions {
     /// The CPU standing in for the GPU only (tests): copies land as late as the copy engine's
     /// contract allows and their destinations hold NaN bytes until then (`host_copy`).
     pub late_copies: bool,
+    /// Layers below this one are not offloaded: their routed experts are in the weights
+    /// (`EngineOptions::resident_moe_layers`).
+    pub resident_below: usize,
 }
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or

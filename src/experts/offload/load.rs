@@ -17,16 +17,17 @@ impl Offload {
         let (n_expert, k) = (hp.n_expert as usize, hp.n_expert_used as usize);
         let backend = &backends[0];
         // Expert parallelism: every device caches a share of every layer's experts.
-        let shares = if opts.expert_parallel {
-            backends.len()
-        } else {
-            1
-        };
+        let ep = opts.expert_parallel;
+        let shares = if ep { backends.len() } else { 1 };
         let n_layer = hp.n_layer_decode();
         let mut layers = Vec::with_capacity(n_layer);
         let store = Context::new(n_layer * 3 + 1, 0)?;
         let mut pairs = Vec::new();
         for il in 0..n_layer {
+            if il < opts.resident_below {
+                layers.push(None); // in the weights (`OffloadOptions::resident_below`)
+                continue;
+            }
             let mut mats: [Option<Mat>; 3] = [None, None, None];
             for m in ExpertMat::ALL {
                 let mat = m.name();
@@ -100,7 +101,6 @@ impl Offload {
         let sel_rows = store
             .new_buffer(backend, Memory::Host, sel_rows_len)?
             .base_addr();
-
         let n_moe = layers.iter().flatten().count();
         let tab = table::Tables::new(
             &store,
