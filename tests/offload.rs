@@ -392,22 +392,30 @@ fn gated_decode_equals_the_eval_hook_path() {
         // stale one would get wrong), the CPU far faster (every miss to its channel), and PCIe
         // far faster with almost every expert cached.
         let (pcie, cpu) = ((1e12, 1e6), (1e9, 1e12));
-        // Gated in control form (slot ids and mask written by the host at every stop) and in
+        // Gated in control form (slot ids and mask written by the host at every stop), split
+        // (a layer's CPU share added behind a gate of its own; `gated_split`) or not, and in
         // table form (gathered on the device; `table_decode`).
         let cases = [(k - 1, pcie), (k, cpu), (n_expert - 1, pcie)];
-        for ((slots, bw), table) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+        let forms = [(false, false), (false, true), (true, false)];
+        let all = cases.into_iter().flat_map(|c| forms.map(|f| (c, f)));
+        for ((slots, bw), (table, split)) in all {
             let load = |gated: bool| {
                 let opts = EngineOptions {
                     offload_bandwidths: Some(bw),
                     gated_decode: if gated { Gated::Always } else { Gated::Off },
                     table_decode: gated && table,
+                    gated_split: gated && split,
                     ..small(Some(budget(slots as usize)))
                 };
                 Engine::load(&path, opts, &|_, _| {}).unwrap()
             };
             let mut hooked = load(false);
             let (want_prompt, toks, want) = run_with_prompt(&mut hooked, &prompt, None);
-            let form = if table { "table form" } else { "control form" };
+            let form = match (table, split) {
+                (true, _) => "table form",
+                (false, true) => "control form, split",
+                (false, false) => "control form",
+            };
             let arch = format!("{arch} ({form})");
             let mut gated = load(true);
             assert_eq!(gated.expert_slots(), Some(slots as usize), "{arch}: slots");

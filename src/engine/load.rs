@@ -269,6 +269,7 @@ impl Engine {
                 gated: opts.gated_decode,
                 table: opts.table_decode,
                 late_copies: opts.late_copies,
+                gated_split: opts.gated_split,
                 resident_below: opts.resident_moe_layers,
                 expert_parallel: opts.expert_parallel && split.is_some(),
                 cpu_threads: if opts.cpu_experts {

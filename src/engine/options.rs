@@ -121,6 +121,15 @@ pub struct EngineOptions {
     /// (2026-12-05: faster on the H100, its CUDA tests off their bounds, not yet traced);
     /// `POCKETMOE_TABLE=1` turns it on in the default options.
     pub table_decode: bool,
+    /// Gated decode in control form, split (`experts::offload::gated`): a layer's GPU experts
+    /// wait for its copies only and run beside the CPU channel's job, the add of the CPU's
+    /// share waits for a gate of its own, opened after the join (as on the eval-hook path;
+    /// unsplit, the gate opens after the join and the GPU idles through the job). Off by
+    /// default: H100, uniform routing, 2026-12-06, build 5487e6d, it measured slower (12 GiB
+    /// 93.2 against 97.7 t/s, 8 GiB 64.3 against 72.3) with the slack controller reading its
+    /// joins as the step waiting (fixed after: against the copies), not measured since.
+    /// `POCKETMOE_GATED_SPLIT=1` turns it on in the default options.
+    pub gated_split: bool,
     /// Tests, on the CPU standing in for the GPU: a copy into "device" memory fills its
     /// destination with NaN bytes when queued and lands only at the latest moment the copy
     /// engine's contract allows (the next wait, fence or gate opening), as a GPU copy may; a
@@ -171,6 +180,7 @@ impl Default for EngineOptions {
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
             gated_decode: crate::experts::Gated::from_env(),
             table_decode: std::env::var("POCKETMOE_TABLE").as_deref() == Ok("1"),
+            gated_split: std::env::var("POCKETMOE_GATED_SPLIT").as_deref() == Ok("1"),
             late_copies: std::env::var("POCKETMOE_LATE_COPIES").as_deref() == Ok("1"),
             repack: true,
             resident_moe_layers: std::env::var("POCKETMOE_RESIDENT_MOE")

@@ -83,6 +83,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         table: false,
         late_copies: false,
         resident_below: 0,
+        gated_split: false,
     };
     let mut off = Offload::load(
         &file,

@@ -36,6 +36,8 @@ pub struct OffloadOptions {
     /// Gated decode of up to 8 tokens in table form (`offload::table`): the device passes a
     /// stop whose picks all hit on its own.
     pub table: bool,
+    /// Gated control form in split form (`EngineOptions::gated_split`).
+    pub gated_split: bool,
     /// The CPU standing in for the GPU only (tests): copies land as late as the copy engine's
     /// contract allows and their destinations hold NaN bytes until then (`host_copy`).
     pub late_copies: bool,

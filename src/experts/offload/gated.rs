@@ -45,7 +45,7 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::gates::{self, ahead, capture_guard, GateStop, Open, Tickets};
+use super::gates::{ahead, capture_guard, GateStop, Open, Tickets};
 use super::prefetch::Pre;
 use super::trace;
 use super::*;
@@ -234,7 +234,7 @@ impl Offload {
         // (control form with a CPU channel) where its CPU share's add starts, too.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
         let mut split = nodes.gpu_outs.clone();
-        let on = !table && gates::split();
+        let on = !table && self.opts.gated_split;
         split.iter_mut().for_each(|o| *o = o.filter(|_| on));
         let mut queued = 0;
         for s in 0..=n_stops {

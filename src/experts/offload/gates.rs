@@ -94,17 +94,6 @@ impl GateStop {
     }
 }
 
-/// Whether gated control-form steps run in split form: a layer's GPU experts behind its gate
-/// and the add of its CPU share behind one of its own, which the host opens after the join,
-/// so the GPU's experts compute beside the CPU's job as on the eval-hook path (else the gate
-/// opens after the join and the GPU idles through the job: H100, uniform routing, 8 GiB,
-/// 2026-12-06, gated 75.4 t/s against the hook path's 92.1). `POCKETMOE_GATED_SPLIT=0` turns
-/// it off to measure against; read once.
-pub(super) fn split() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("POCKETMOE_GATED_SPLIT").map_or(true, |v| v != "0"))
-}
-
 /// Whether a flag word read back has reached `target` (the device's comparison: cyclic).
 pub(super) fn reached(flag: u32, target: u32) -> bool {
     flag.wrapping_sub(target) as i32 >= 0
