@@ -623,6 +623,22 @@ fn decode_stops_once_per_layer_plus_cpu_joins() {
 /// The ablation switches (`run --no-prefetch --no-cpu-experts`): with prefetch and the CPU
 /// channel off, offloaded decode still equals the resident engine, nothing is prefetched, no
 /// expert runs on the CPU, and every miss is copied.
+/// Every step's logits as the resident engine's, where no expert ran on the CPU channel (the
+/// same kernels on the same experts): bit-exact on the CPU build; on the GPU the cosine bound
+/// measured on the H200.
+fn assert_resident_logits(got: &[Vec<f32>], want: &[Vec<f32>]) {
+    assert_eq!(got.len(), want.len(), "steps");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let c = cosine(g, w);
+        if cfg!(feature = "cuda") {
+            assert!(c >= 0.99999, "step {i}: cosine {c}");
+        } else {
+            let d = max_abs_diff(g, w);
+            assert_eq!(d, 0.0, "step {i}: max |dlogit| {d:e} (cosine {c})");
+        }
+    }
+}
+
 #[test]
 fn without_prefetch_or_cpu_experts_matches_resident() {
     let path = tiny("qwen3moe");
@@ -655,17 +671,8 @@ fn without_prefetch_or_cpu_experts_matches_resident() {
     let mut eng = Engine::load(&path, ablated.clone(), &|_, _| {}).unwrap();
     let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
     assert_eq!(got, want, "greedy tokens");
-    // The CPU channel off: the resident computation from the cache's slots. Bit-exact on the CPU
-    // build; on the GPU the cosine bound measured on the H200.
-    for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
-        let c = cosine(g, w);
-        if cfg!(feature = "cuda") {
-            assert!(c >= 0.99999, "step {i}: cosine {c}");
-        } else {
-            let d = max_abs_diff(g, w);
-            assert_eq!(d, 0.0, "step {i}: max |dlogit| {d:e} (cosine {c})");
-        }
-    }
+    // The CPU channel off: the resident computation from the cache's slots.
+    assert_resident_logits(&got_logits, &want_logits);
     let st = eng.offload_stats().unwrap();
     let sum = |f: fn(&pocketmoe::experts::stats::LayerStats) -> u64| -> u64 {
         st.layers.iter().map(f).sum()
@@ -750,15 +757,7 @@ fn resident_moe_layers_stay_out_of_the_cache() {
     .unwrap();
     let (got, got_logits) = run(&mut eng, &prompt, Some(&want));
     assert_eq!(got, want, "greedy tokens");
-    for (i, (g, w)) in got_logits.iter().zip(&want_logits).enumerate() {
-        let c = cosine(g, w);
-        if cfg!(feature = "cuda") {
-            assert!(c >= 0.99999, "step {i}: cosine {c}");
-        } else {
-            let d = max_abs_diff(g, w);
-            assert_eq!(d, 0.0, "step {i}: max |dlogit| {d:e} (cosine {c})");
-        }
-    }
+    assert_resident_logits(&got_logits, &want_logits);
     let st = eng.offload_stats().unwrap();
     let used = |l: &pocketmoe::experts::stats::LayerStats| l.hits + l.misses;
     assert_eq!(used(&st.layers[0]), 0, "layer 0 went through the cache");
