@@ -125,9 +125,9 @@ pub struct EngineOptions {
     /// wait for its copies only and run beside the CPU channel's job, the add of the CPU's
     /// share waits for a gate of its own, opened after the join (as on the eval-hook path;
     /// unsplit, the gate opens after the join and the GPU idles through the job). Off by
-    /// default: H100, uniform routing, 2026-12-06, build 5487e6d, it measured slower (12 GiB
-    /// 93.2 against 97.7 t/s, 8 GiB 64.3 against 72.3) with the slack controller reading its
-    /// joins as the step waiting (fixed after: against the copies), not measured since.
+    /// default: slower at uniform routing (2026-12-06, Qwen3-30B-A3B q4_k_m: H100, build
+    /// 5487e6d, 12 GiB 93.2 against 97.7 t/s, 8 GiB 64.3 against 72.3; H200, build 4d0b1af, its
+    /// joins measured against the copies, 91.4 against 94.6 and 61.4 against 67.1).
     /// `POCKETMOE_GATED_SPLIT=1` turns it on in the default options.
     pub gated_split: bool,
     /// Tests, on the CPU standing in for the GPU: a copy into "device" memory fills its
@@ -152,7 +152,9 @@ pub struct EngineOptions {
     /// of the budget for the others: llama.cpp's static split turned around (its `-ncmoe`
     /// keeps the first layers' experts on the CPU). For measuring where routing is uniform,
     /// where a cache spread thin over every layer hits little and each of its layers pays a
-    /// stop; `POCKETMOE_RESIDENT_MOE=R` sets it in the default options (default 0).
+    /// stop (H200, 2026-12-06, uniform routing: 12 GiB 92.1-92.6 t/s at R = 16 and 24 against
+    /// 88.6 at 0, 8 GiB 66.1 at R = 10 against 67.8: no gain beyond the noise, the misses move
+    /// to fewer layers); `POCKETMOE_RESIDENT_MOE=R` sets it in the default options (default 0).
     pub resident_moe_layers: usize,
 }
 
