@@ -23,13 +23,13 @@
 //! (docs/design.md §4.4a, §4.4b).
 //!
 //! Invariants:
-//! - Stop `c`'s gathers wait for ticket `Tickets::gathers(c)`, its experts for
-//!   `Tickets::experts(c)` (table form: and its flag): the step's start opens the first stop's
-//!   two, stop `s` opens stop `s + 1`'s gathers behind the next layer's table and its experts
-//!   behind the bytes prefetched into it (control form: its own experts' behind its copies).
-//!   Opened in that order, so opening one never opens another early. Tickets and flags only
-//!   grow, step after step. On any error every ticket and flag of the step is opened before the
-//!   step waits for the device, so nothing queued waits for ever.
+//! - Stop `c`'s gathers wait for ticket `Tickets::gathers(c)`, its experts for `experts(c)` (table
+//!   form: and its flag), in split form the add of its CPU share for `joined(c)`: the step's start
+//!   opens the first stop's two, stop `s` opens stop `s + 1`'s gathers behind the next layer's
+//!   table and its experts behind the bytes prefetched into it (control form: its own experts'
+//!   behind its copies, `joined(s)` after the join). Opened in order, so opening one never opens
+//!   another early. Tickets and flags only grow, step after step. On any error every ticket and
+//!   flag of the step is opened before the step waits for the device: nothing waits for ever.
 //! - A hit flag is its layer's own word (`Offload::hit_flag`), which only its flag node and the
 //!   gate's open write: the wait for it is queued ahead of the node that computes it, so a word
 //!   other nodes of the step share (a graph output's memory may be) could pass it early
