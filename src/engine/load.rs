@@ -206,9 +206,7 @@ impl Engine {
         let resident = |name: &str| v.roles.get(name).is_none_or(|r| r.is_resident());
         // The routed experts of the layers below `resident_moe_layers` stay in them too.
         let below = |name: &str| {
-            let il = name.strip_prefix("blk.").and_then(|s| s.split('.').next());
-            il.and_then(|n| n.parse::<usize>().ok())
-                .is_some_and(|il| il < opts.resident_moe_layers)
+            crate::model::block_of(name).is_some_and(|il| il < opts.resident_moe_layers)
         };
         let keep = |name: &str| !offload || resident(name) || below(name);
         // Offloading to a GPU, the token embedding stays in host memory (its lookup runs on the
@@ -584,10 +582,7 @@ pub(crate) fn cpu_pool_polls(gpu: bool, cpu_experts: bool, n_threads: usize) -> 
 /// `names` for the unused-tensor warning: each by name, except that a multi-token-prediction
 /// block (`blk.N.*` with N at or past `n_decode`, not built) is one entry with its count.
 pub(super) fn unused_summary(names: &[String], n_decode: usize) -> String {
-    let mtp_block = |name: &str| {
-        let n: usize = name.strip_prefix("blk.")?.split('.').next()?.parse().ok()?;
-        (n >= n_decode).then_some(n)
-    };
+    let mtp_block = |name: &str| crate::model::block_of(name).filter(|&n| n >= n_decode);
     let mut out: Vec<String> = Vec::new();
     let mut blocks: Vec<(usize, usize)> = Vec::new();
     for name in names {

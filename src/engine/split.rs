@@ -219,11 +219,7 @@ impl LayerPlan {
     /// output norm and head (`output*`) the output device's, the rest (the token embedding and
     /// other globals) the input device's.
     pub fn device_of_weight(&self, name: &str) -> usize {
-        if let Some(il) = name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|n| n.parse::<usize>().ok())
-        {
+        if let Some(il) = crate::model::block_of(name) {
             return self.device_of(il);
         }
         if name.starts_with("output") {

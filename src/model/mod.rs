@@ -16,3 +16,8 @@ pub mod validate;
 
 pub use arch::{ArchSpec, Layers, Role, TensorSpec};
 pub use hparams::Hparams;
+
+/// The block a GGUF tensor name belongs to: `N` of `blk.N.*` (`None` for the globals).
+pub fn block_of(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}

@@ -157,11 +157,7 @@ pub fn validate(arch: &ArchSpec, hp: &Hparams, tensors: &[TensorInfo]) -> Valida
     }
     for t in tensors {
         if !roles.contains_key(&t.name) {
-            let block = t
-                .name
-                .strip_prefix("blk.")
-                .and_then(|r| r.split('.').next())
-                .and_then(|n| n.parse::<usize>().ok());
+            let block = super::block_of(&t.name);
             if block.is_some_and(|il| il >= hp.n_layer) {
                 findings.push(Finding::BeyondBlocks {
                     name: t.name.clone(),

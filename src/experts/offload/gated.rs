@@ -233,9 +233,8 @@ impl Offload {
         // Where the nodes after stop `c` start: after its flag, or its routing; in split form
         // (control form with a CPU channel) where its CPU share's add starts, too.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
-        let mut split = nodes.gpu_outs.clone();
         let on = !table && self.opts.gated_split;
-        split.iter_mut().for_each(|o| *o = o.filter(|_| on));
+        let split = |c: usize| nodes.gpu_outs[c].filter(|_| on);
         let mut queued = 0;
         for s in 0..=n_stops {
             // Stop c's pieces: after the previous stop (behind its gate) up to its routing,
@@ -249,7 +248,7 @@ impl Offload {
                 } else {
                     let x = self.parts[0].xfer.as_mut();
                     gate(c - 1).close(x)?;
-                    match split[c - 1] {
+                    match split(c - 1) {
                         Some(out) => {
                             backend.compute_nodes_async(graph, after(c - 1), out + 1)?;
                             x.close_gate(t.joined(c - 1))?;
@@ -328,7 +327,7 @@ impl Offload {
             self.gate_stop = Some(GateStop {
                 open: gate(s),
                 fast: routing.fast,
-                joined: split[s].map(|_| t.joined(s)),
+                joined: split(s).map(|_| t.joined(s)),
             });
             tracing::trace!(stop = s, fast = routing.fast, "gated stop: the protocol");
             self.routed(n, n_tokens, &routing)?;
