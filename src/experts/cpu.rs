@@ -10,8 +10,8 @@
 //! worker, and `Offload`'s `Drop` (in `offload`) drops the channel before any of its fields (the
 //! store among them), whatever their order.
 use super::mats::ExpertMat;
-use crate::ggml::{Backend, Context, GgmlError, GgmlType, OwnedGraph, Tensor};
-use crate::graph::blocks::moe::{expert_ffn, ExpertAct, ExpertTensors, FfnDims};
+use crate::ggml::{Backend, GgmlError, GgmlType, OwnedGraph};
+use crate::graph::blocks::moe::ExpertAct;
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
@@ -107,6 +107,9 @@ impl CpuChannel {
         } else {
             (Duration::ZERO, Duration::ZERO)
         };
+        // A/B switch (docs/usage.md): the jobs' weighting and sum in the ggml graph, as before
+        // 2026-12-06, instead of on this worker.
+        let ggml_sums = std::env::var("POCKETMOE_CPU_HOST_SUMS").as_deref() == Ok("0");
         let (tx, job_rx) = channel::<Job>();
         let (res_tx, rx) = channel();
         let worker = std::thread::Builder::new()
@@ -133,7 +136,7 @@ impl CpuChannel {
                             continue;
                         }
                     }
-                    let r = run_job(&backend, &model, &mut graphs, &job)
+                    let r = run_job(&backend, &model, &mut graphs, &job, ggml_sums)
                         .map(|(out, mut times)| {
                             times.handover = (got - job.sent).as_secs_f64();
                             (out, times, Instant::now())
@@ -240,107 +243,12 @@ fn spin_recv<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
     }
 }
 
-/// Runs `job` on its shape's graph (built at the shape's first job; the cache is cleared past
-/// [`MAX_GRAPHS`] shapes, which only a server's changing batch sizes reach).
-fn run_job(
-    backend: &Backend,
-    model: &CpuModel,
-    graphs: &mut HashMap<(usize, usize, usize), OwnedGraph>,
-    job: &Job,
-) -> Result<(Vec<f32>, JobTimes), GgmlError> {
-    let t0 = Instant::now();
-    let nt = job.picks.len();
-    // mul_mat_id takes the same number of experts per token: shorter lists are padded with an
-    // expert the job reads anyway, at weight 0.
-    let kc = job.picks.iter().map(Vec::len).max().unwrap_or(0).max(1);
-    let pad = job.picks.iter().flatten().next().map_or(0, |p| p.0);
-    let (mut id_data, mut w_data) = (Vec::with_capacity(kc * nt), Vec::with_capacity(kc * nt));
-    for tok in &job.picks {
-        for j in 0..kc {
-            let (e, w) = tok.get(j).copied().unwrap_or((pad, 0.0));
-            id_data.push(e as i32);
-            w_data.push(w);
-        }
-    }
-    let key = (job.il, kc, nt);
-    if !graphs.contains_key(&key) {
-        if graphs.len() >= MAX_GRAPHS {
-            graphs.clear();
-        }
-        graphs.insert(key, build_graph(backend, model, job.il, job.act, kc, nt)?);
-    }
-    let g = &graphs[&key];
-    g.tensor("x").write_f32(&job.x)?;
-    g.tensor("ids").write_i32(&id_data)?;
-    g.tensor("wt").write_f32(&w_data)?;
-    let t1 = Instant::now();
-    backend.compute(&g.graph())?;
-    let out = g.tensor("out").read_f32()?;
-    let times = JobTimes {
-        prep: (t1 - t0).as_secs_f64(),
-        compute: t1.elapsed().as_secs_f64(),
-        ..JobTimes::default()
-    };
-    Ok((out, times))
-}
+#[path = "cpu_job.rs"]
+mod job;
+use job::run_job;
 
-/// Graph shapes the worker keeps (decode: layers x experts-per-token counts, a few KiB each).
-const MAX_GRAPHS: usize = 1024;
-
-/// Layer `il`'s expert FFN over `kc` experts per token for `nt` tokens, allocated on `backend`,
-/// its weights the host store's bytes in place, its biases written: inputs "x" [n_embd, nt],
-/// "ids" [kc, nt], "wt" [1, kc, nt]; output "out" [n_embd, nt].
-fn build_graph(
-    backend: &Backend,
-    model: &CpuModel,
-    il: usize,
-    act: ExpertAct,
-    kc: usize,
-    nt: usize,
-) -> Result<OwnedGraph, GgmlError> {
-    let layer = model.layers[il]
-        .as_ref()
-        .expect("CPU job for an offloaded layer");
-    OwnedGraph::build(Context::new(64, 64)?, 64, |ctx, graph| {
-        let mut w: [Option<Tensor<'_>>; 3] = [None; 3];
-        let mut biases: [Option<Tensor<'_>>; 3] = [None; 3];
-        for m in ExpertMat::ALL {
-            if let Some(b) = &layer.biases[m.index()] {
-                biases[m.index()] = Some(
-                    ctx.new_tensor(b.ty, &b.ne)?
-                        .set_name(&format!("blk.{il}.{}.bias", m.name())),
-                );
-            }
-            let Some(sm) = &layer.mats[m.index()] else {
-                continue;
-            };
-            let t = ctx
-                .new_tensor(sm.ty, &sm.ne)?
-                .set_name(&format!("blk.{il}.{}.weight", m.name()));
-            // SAFETY: the store outlives every job and graph: `Offload`'s `Drop` drops the
-            // channel, which joins this worker (and drops its graphs), before the store is
-            // freed; the range is exactly the store tensor's bytes.
-            let buf = unsafe { ctx.wrap_host_memory(sm.addr, sm.bytes)? };
-            buf.place(t, 0)?;
-            w[m.index()] = Some(t);
-        }
-        let (n_embd, kc, nt) = (model.n_embd as i64, kc as i64, nt as i64);
-        let x = ctx.new_tensor(GgmlType::F32, &[n_embd, nt])?.set_name("x");
-        let ids = ctx.new_tensor(GgmlType::I32, &[kc, nt])?.set_name("ids");
-        let wt = ctx.new_tensor(GgmlType::F32, &[1, kc, nt])?.set_name("wt");
-        let t = ExpertTensors { w, biases };
-        let dims = FfnDims { n_embd, k: kc, nt };
-        let out = expert_ffn(ctx, &t, x, dims, [ids; 3], ids, wt, act, &|y, _| y).set_name("out");
-        graph.build_forward(out);
-        ctx.alloc_tensors(backend)?;
-        for (b, hb) in biases.iter().zip(&layer.biases) {
-            if let (Some(b), Some(hb)) = (b, hb) {
-                b.write_bytes_at(0, &hb.data)?;
-            }
-        }
-        Ok(["x", "ids", "wt", "out"].map(String::from).to_vec())
-    })
-}
+#[path = "cpu_probe.rs"]
+pub mod probe;
 
 #[cfg(test)]
 #[path = "cpu_tests.rs"]

@@ -130,6 +130,17 @@ pub struct BenchArgs {
     /// dev box 33-34 at 2).
     #[arg(long)]
     pub cpu_gbps: Option<f64>,
+    /// Diagnosis (issue 30): instead of pp/tg, time the CPU expert channel's jobs on this file's
+    /// experts with each of these thread counts (e.g. `4,8,15`) and print where a job's time
+    /// goes: ggml's pool kick-off and barriers, jobs of 1-8 experts read from DRAM (hand-over,
+    /// prep, compute, result), the fixed cost and rate per expert, each node of the job. No
+    /// GPU, no baseline; `--reps` jobs a point (at least 20).
+    #[arg(
+        long = "cpu-jobs",
+        value_delimiter = ',',
+        value_name = "THREADS[,THREADS...]"
+    )]
+    pub cpu_jobs: Vec<usize>,
     /// Internal: run only the llama.cpp baseline for the one budget given and print its
     /// settings as JSON (the parent runs it in a child process, see `Backend::cuda`).
     #[arg(long, hide = true)]
@@ -168,6 +179,26 @@ impl BenchArgs {
         }
         u
     }
+}
+
+/// `--cpu-jobs`: the CPU channel's job costs on this host (`experts::cpu::probe`).
+fn cpu_jobs(args: &BenchArgs) -> Result<()> {
+    if let Some(&t) = args.cpu_jobs.iter().find(|&&t| t == 0) {
+        bail!("--cpu-jobs {t}: thread counts are 1 or more");
+    }
+    let path = &args.model;
+    let facts = model_facts(path)?;
+    let file = GgufModel::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let report = crate::experts::cpu::probe::profile(
+        &file,
+        facts.hp.n_embd as usize,
+        facts.hp.n_layer,
+        &args.cpu_jobs,
+        args.reps.max(20),
+    )
+    .with_context(|| format!("{}: timing CPU channel jobs", path.display()))?;
+    println!("{report}");
+    Ok(())
 }
 
 /// Reads what the bound and the search need from the GGUF.
@@ -385,6 +416,9 @@ fn ours(args: &BenchArgs, budget: Budget, tests: &[Test]) -> Setting {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.baseline_child {
         return baseline_child(&args);
+    }
+    if !args.cpu_jobs.is_empty() {
+        return cpu_jobs(&args);
     }
     if let Some(p) = &args.llama_bench {
         if args.no_baseline {

@@ -331,7 +331,45 @@ pub fn expert_ffn<'a>(
     act_kind: ExpertAct,
     name: &dyn Fn(Tensor<'a>, &str) -> Tensor<'a>,
 ) -> Tensor<'a> {
+    let experts = expert_outputs(ctx, t, x, d, ids, bias_ids, act_kind, name);
     let FfnDims { n_embd, k, nt } = d;
+    let experts = name(ctx.mul(experts, weights), "ffn_moe_weighted");
+    // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
+    let row = experts.ne()[0] as usize * 4;
+    let view = |i: i64| {
+        ctx.view(
+            experts,
+            &[n_embd, nt],
+            &[row * k as usize],
+            i as usize * row,
+        )
+    }; // [n_embd, nt]
+    let mut out = view(0);
+    for i in 1..k {
+        out = ctx.add(out, view(i));
+    }
+    if k == 1 {
+        out = ctx.cont(out);
+    }
+    name(out, "ffn_moe_out")
+}
+
+/// Each selected expert's output, unweighted, [n_embd, k, nt]: the part of [`expert_ffn`]
+/// before the router weights. The CPU channel stops here and sums on the host: on ggml's CPU
+/// backend the weighting (a broadcast `mul`, an integer modulo per element) and the k - 1 adds
+/// are k nodes, each a barrier of the job's threads.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_outputs<'a>(
+    ctx: &'a crate::ggml::Context,
+    t: &ExpertTensors<'a>,
+    x: Tensor<'a>,
+    d: FfnDims,
+    ids: [Tensor<'a>; 3],
+    bias_ids: Tensor<'a>,
+    act_kind: ExpertAct,
+    name: &dyn Fn(Tensor<'a>, &str) -> Tensor<'a>,
+) -> Tensor<'a> {
+    let FfnDims { n_embd, nt, .. } = d;
     let x3 = ctx.reshape(x, &[n_embd, 1, nt]).expect("x reshape"); // [n_embd, 1, nt]
 
     // Optional per-expert biases (gpt-oss), added for the selected experts.
@@ -366,26 +404,7 @@ pub fn expert_ffn<'a>(
         None => name(ctx.silu(up), "ffn_moe_silu"),
     };
     let experts = name(ctx.mul_mat_id(down_w, act, down_ids), "ffn_moe_down"); // [n_embd, k, nt]
-    let experts = name(biased(experts, 2), "ffn_moe_down_biased");
-    let experts = name(ctx.mul(experts, weights), "ffn_moe_weighted");
-    // Sum over the k selected experts: views of [n_embd, nt] at stride nb1.
-    let row = experts.ne()[0] as usize * 4;
-    let view = |i: i64| {
-        ctx.view(
-            experts,
-            &[n_embd, nt],
-            &[row * k as usize],
-            i as usize * row,
-        )
-    }; // [n_embd, nt]
-    let mut out = view(0);
-    for i in 1..k {
-        out = ctx.add(out, view(i));
-    }
-    if k == 1 {
-        out = ctx.cont(out);
-    }
-    name(out, "ffn_moe_out")
+    name(biased(experts, 2), "ffn_moe_down_biased")
 }
 
 /// The expert matrices (up, gate, down) and their optional biases, [ne0, ne1, n] each.
