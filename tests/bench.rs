@@ -177,6 +177,78 @@ fn budgets_need_a_gpu() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-mem budgets need --gpu"));
 }
 
+/// `--cpu-jobs`: the CPU channel's job profile instead of pp/tg — a job row per thread count and
+/// job size (1, 2, 4, 8 experts, as many as the tiny model has), a line fit per thread count,
+/// and the job graph's nodes by name: the channel's form (experts only, summed on the host) and
+/// the ggml-summed form it is timed against. A zero thread count is refused by name.
+#[test]
+fn cpu_jobs_profile_the_cpu_channel() {
+    let model = tiny("cpu-jobs");
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m", model.to_str().unwrap(), "--cpu-jobs", "1,2"])
+        .args(["--reps", "20"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<String>> = text
+        .lines()
+        .filter(|l| l.starts_with("| 1 |") || l.starts_with("| 2 |"))
+        .map(cells)
+        .collect();
+    use pocketmoe::gguf::Metadata as _;
+    let n_expert = pocketmoe::gguf::GgufModel::open(&model)
+        .unwrap()
+        .get_u32("qwen3moe.expert_count")
+        .unwrap() as usize;
+    let ks: Vec<usize> = [1, 2, 4, 8]
+        .into_iter()
+        .filter(|&k| k <= n_expert)
+        .collect();
+    for t in ["1", "2"] {
+        let jobs: Vec<&Vec<String>> = rows.iter().filter(|r| r[0] == t && r.len() == 9).collect();
+        let sizes: Vec<usize> = jobs.iter().map(|r| r[3].parse().unwrap()).collect();
+        assert_eq!(sizes, ks, "job rows of {t} threads:\n{text}");
+        for r in &jobs {
+            let us: Vec<f64> = r[4..].iter().map(|c| c.parse().unwrap()).collect();
+            assert!(
+                us[0] > 0.0 && us.iter().all(|x| x.is_finite() && *x >= 0.0),
+                "{r:?}"
+            );
+        }
+        assert!(
+            rows.iter().any(|r| r[0] == t && r.len() == 4),
+            "no fit for {t}:\n{text}"
+        );
+        let nodes: Vec<&Vec<String>> = rows.iter().filter(|r| r[0] == t && r.len() == 3).collect();
+        assert_eq!(nodes.len(), 3, "node rows of {t} threads:\n{text}");
+        // The channel's graph ends at the experts' outputs ("out", the down projection).
+        assert!(
+            nodes[..2].iter().all(|r| r[2].contains("ffn_moe_gate")
+                && r[2].contains("ffn_moe_up")
+                && r[2].contains("out ")
+                && !r[2].contains("ffn_moe_weighted")),
+            "{text}"
+        );
+        assert!(
+            nodes[2][1].contains("ggml sums") && nodes[2][2].contains("ffn_moe_weighted"),
+            "{text}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_pocketmoe"))
+        .args(["bench", "-m", model.to_str().unwrap(), "--cpu-jobs", "4,0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cpu-jobs 0"), "{err}");
+    let _ = std::fs::remove_dir_all(model.parent().unwrap());
+}
+
 /// Several GPUs: ours splits over them, but the in-process llama.cpp baseline runs on one GPU,
 /// so it is refused by name rather than compared with a one-GPU llama.cpp.
 #[test]

@@ -152,11 +152,13 @@ pub fn profile(
         job: 0,
     };
     let x: Vec<f32> = (0..n_embd).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut out = String::new();
     let _ = writeln!(
         out,
         "CPU channel jobs on this file's experts ({:.2} MiB an expert, {n_expert} a layer, \
-         {} layers taking turns, fresh experts every job), medians of {reps} jobs, us:\n",
+         {} layers taking turns, fresh experts every job; hand-overs spin where the threads \
+         leave one of the {cores} cores), medians of {reps} jobs, us:\n",
         expert_bytes as f64 / 1048576.0,
         layers.len()
     );
@@ -168,8 +170,11 @@ pub fn profile(
     let mut fits = String::new();
     let mut nodes = String::new();
     for &nt in threads {
-        let (kick, barrier) = pool_cost(&Backend::cpu_polling(nt, true)?, n_embd, reps.max(50))?;
-        let mut ch = CpuChannel::new(model.clone(), nt, true)?;
+        // As the channel beside a GPU step: hand-overs and the pool spin where a core is left
+        // for the thread that starts the jobs (`Offload::load`).
+        let spin = cores > nt;
+        let (kick, barrier) = pool_cost(&Backend::cpu_polling(nt, spin)?, n_embd, reps.max(50))?;
+        let mut ch = CpuChannel::new(model.clone(), nt, spin)?;
         let mut pts = Vec::new();
         for k in KS.into_iter().filter(|&k| k <= n_expert as usize) {
             let mut rows: Vec<(f64, JobTimes)> = Vec::new();
@@ -198,13 +203,14 @@ pub fn profile(
             );
         }
         let (fixed, per) = line(&pts);
-        let _ = writeln!(
-            fits,
-            "| {nt} | {fixed:.1} | {per:.1} | {:.1} |",
-            expert_bytes as f64 / per.max(1e-9) / 1e3
-        );
+        let rate = if per > 0.0 {
+            format!("{:.1}", expert_bytes as f64 / per / 1e3)
+        } else {
+            "-".into() // no rise with the experts: the jobs' noise hides it
+        };
+        let _ = writeln!(fits, "| {nt} | {fixed:.1} | {per:.1} | {rate} |");
         drop(ch);
-        nodes.push_str(&node_costs(&model, &mut fresh, act, nt, &x, reps)?);
+        nodes.push_str(&node_costs(&model, &mut fresh, act, (nt, spin), &x, reps)?);
     }
     let _ = writeln!(
         out,
@@ -230,25 +236,29 @@ fn line(p: &[(f64, f64)]) -> (f64, f64) {
     (my - slope * mx, slope)
 }
 
-/// One table row per job graph (1 and 8 experts; and 8 in the form the channel ran before
+/// One table row per job graph (1 and 8 experts, or all of a layer's where fewer; and 8 in the form the channel ran before
 /// 2026-12-06, weighted and summed by ggml): each node computed on its own, median us, by name.
 fn node_costs(
     model: &CpuModel,
     fresh: &mut Fresh,
     act: ExpertAct,
-    nt: usize,
+    (nt, spin): (usize, bool),
     x: &[f32],
     reps: usize,
 ) -> Result<String, GgmlError> {
-    let backend = Backend::cpu_polling(nt, true)?;
+    let backend = Backend::cpu_polling(nt, spin)?;
     let mut s = String::new();
-    for (k, summed) in [(1usize, false), (8, false), (8, true)] {
+    let most = KS[KS.len() - 1].min(fresh.n_expert as usize);
+    for (k, summed) in [(1usize, false), (most, false), (most, true)] {
         let il0 = fresh.next(k).0;
         let n_expert = fresh.n_expert as usize;
         let g = build_graph(&backend, model, il0, act, k, 1, summed)?;
         let graph = g.graph();
-        let n = graph.n_nodes();
-        let mut per: Vec<Vec<f64>> = vec![Vec::new(); n];
+        // The nodes that compute (views cost nothing: ggml skips them).
+        let work: Vec<usize> = (0..graph.n_nodes())
+            .filter(|&i| !graph.node(i).is_view_op())
+            .collect();
+        let mut per: Vec<Vec<f64>> = vec![Vec::new(); work.len()];
         for r in 0..reps {
             // The graph is layer il0's: the next k of its experts every round.
             let ids: Vec<i32> = (0..k).map(|j| ((r * k + j) % n_expert) as i32).collect();
@@ -257,7 +267,7 @@ fn node_costs(
             if summed {
                 g.tensor("wt").write_f32(&vec![1.0 / k as f32; k])?;
             }
-            for (i, v) in per.iter_mut().enumerate() {
+            for (&i, v) in work.iter().zip(per.iter_mut()) {
                 let t0 = Instant::now();
                 backend.compute_nodes_async(&graph, i, i + 1)?;
                 backend.synchronize();
@@ -266,8 +276,8 @@ fn node_costs(
         }
         let cells: Vec<String> = per
             .into_iter()
-            .enumerate()
-            .map(|(i, v)| {
+            .zip(&work)
+            .map(|(v, &i)| {
                 let name = graph.node(i).name();
                 let name = if name.is_empty() {
                     format!("#{i}")
