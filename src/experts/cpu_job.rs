@@ -155,3 +155,42 @@ pub(super) fn build_graph(
             .collect())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::weighted_sums;
+
+    /// A token with fewer picks than the job's widest is padded in the graph with an expert it
+    /// did not pick: the host sum must leave that output out (here NaN, so a padded slot that
+    /// leaked in would show), and weigh each real pick by its own router weight, in pick order.
+    #[test]
+    fn weighted_sums_weigh_each_pick_and_leave_the_padding_out() {
+        let n_embd = 3;
+        // [n_embd, kc = 2, nt = 2]: token 0's two experts, token 1's one and its padding.
+        let experts = [
+            1.0,
+            2.0,
+            3.0, // token 0, pick 0
+            10.0,
+            20.0,
+            30.0, // token 0, pick 1
+            -4.0,
+            0.5,
+            8.0, // token 1, pick 0
+            f32::NAN,
+            f32::NAN,
+            f32::NAN, // token 1, padding
+        ];
+        let picks = vec![vec![(7, 0.25), (2, 0.75)], vec![(5, 2.0)]];
+        let out = weighted_sums(&experts, &picks, n_embd, 2);
+        let want = [
+            1.0 * 0.25 + 10.0 * 0.75,
+            2.0 * 0.25 + 20.0 * 0.75,
+            3.0 * 0.25 + 30.0 * 0.75,
+            -8.0,
+            1.0,
+            16.0,
+        ];
+        assert_eq!(out, want);
+    }
+}
