@@ -21,7 +21,7 @@ pub(super) fn run_job(
     let t0 = Instant::now();
     let nt = job.picks.len();
     // mul_mat_id takes the same number of experts per token: shorter lists are padded with an
-    // expert the job reads anyway, at weight 0.
+    // expert the job reads anyway, left out of the host's sums (at weight 0 in the ggml form).
     let kc = job.picks.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let pad = job.picks.iter().flatten().next().map_or(0, |p| p.0);
     let id_data: Vec<i32> = job
