@@ -35,6 +35,13 @@ impl Rng {
     }
 }
 
+/// The upper median of `v` (sorted in place: the element at `len / 2`), `None` when empty. The
+/// one median of the crate: the decode duel's step times and `bench --cpu-jobs`' job times.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
 /// Indices of the `k` largest of `values`, largest first; equal values by index (the lower
 /// first). The one ranking of the crate: the offload path's predicted experts, greedy and top-k
 /// sampling, and the synthesiser's routing simulation all use it.

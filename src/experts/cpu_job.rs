@@ -24,11 +24,14 @@ pub(super) fn run_job(
     // expert the job reads anyway, left out of the host's sums (at weight 0 in the ggml form).
     let kc = job.picks.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let pad = job.picks.iter().flatten().next().map_or(0, |p| p.0);
-    let id_data: Vec<i32> = job
-        .picks
-        .iter()
-        .flat_map(|tok| (0..kc).map(move |j| tok.get(j).map_or(pad, |p| p.0) as i32))
-        .collect();
+    let (mut id_data, mut w_data) = (Vec::with_capacity(kc * nt), Vec::with_capacity(kc * nt));
+    for tok in &job.picks {
+        for j in 0..kc {
+            let (e, w) = tok.get(j).copied().unwrap_or((pad, 0.0));
+            id_data.push(e as i32);
+            w_data.push(w);
+        }
+    }
     let key = (job.il, kc, nt);
     if !graphs.contains_key(&key) {
         if graphs.len() >= MAX_GRAPHS {
@@ -41,12 +44,7 @@ pub(super) fn run_job(
     g.tensor("x").write_f32(&job.x)?;
     g.tensor("ids").write_i32(&id_data)?;
     if ggml_sums {
-        let w: Vec<f32> = job
-            .picks
-            .iter()
-            .flat_map(|tok| (0..kc).map(move |j| tok.get(j).map_or(0.0, |p| p.1)))
-            .collect();
-        g.tensor("wt").write_f32(&w)?;
+        g.tensor("wt").write_f32(&w_data)?;
     }
     let t1 = Instant::now();
     backend.compute(&g.graph())?;

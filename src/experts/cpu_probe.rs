@@ -1,6 +1,7 @@
-//! `pocketmoe bench --cpu-jobs`: where one CPU-channel job's time goes on this host (issue 30: a
-//! decode stop's misses served on the CPU cost a fixed ~55-65 us a job beside ~45 us an expert
-//! on the H200's host, and the fixed part decides how many misses the channel can take).
+//! `pocketmoe bench --cpu-jobs`: where one CPU-channel job's time goes on this host (issue 30:
+//! the fixed part of a job and its rate per expert decide how many of a decode stop's misses the
+//! channel can take; on the H200's host, 2026-12-06, 16 us + 35 us an expert at 15 threads, the
+//! job bound by DRAM, docs/design.md §4.5).
 //!
 //! Per thread count it times, on the file's own experts (read in place from the file's map, as
 //! the channel reads the host store): ggml's pool alone (a graph of one trivial node and one of
@@ -65,9 +66,9 @@ impl Fresh {
     }
 }
 
+/// [`crate::util::median`] of a sample, NaN for none.
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    crate::util::median(&mut v).unwrap_or(f64::NAN)
 }
 
 /// Median us of `reps` runs of `f` after two warm-ups.
@@ -236,8 +237,9 @@ fn line(p: &[(f64, f64)]) -> (f64, f64) {
     (my - slope * mx, slope)
 }
 
-/// One table row per job graph (1 and 8 experts, or all of a layer's where fewer; and 8 in the form the channel ran before
-/// 2026-12-06, weighted and summed by ggml): each node computed on its own, median us, by name.
+/// One table row per job graph (1 and 8 experts, or all of a layer's where fewer; and 8 in the
+/// form the channel ran before 2026-12-06, weighted and summed by ggml): each node computed on
+/// its own, median us, by name.
 fn node_costs(
     model: &CpuModel,
     fresh: &mut Fresh,

@@ -126,7 +126,12 @@ impl Duel {
         self.times[arm].push(secs);
         self.steps += 1;
         if self.steps == ARMS.len() as u32 * BLOCK * BLOCKS {
-            let medians: Vec<f64> = self.times.iter_mut().map(|t| median(t)).collect();
+            // An arm with no times yet counts as the slowest.
+            let medians: Vec<f64> = self
+                .times
+                .iter_mut()
+                .map(|t| crate::util::median(t).unwrap_or(f64::INFINITY))
+                .collect();
             let win = (0..ARMS.len())
                 .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
                 .unwrap_or(0);
@@ -146,11 +151,6 @@ impl Duel {
             };
         }
     }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
 }
 
 #[cfg(test)]
