@@ -17,7 +17,7 @@ mod common;
 use common::argmax;
 use pocketmoe::engine::batch::{BatchModel, SeqChunk, KV_PAGE};
 use pocketmoe::engine::{Engine, EngineError, EngineOptions};
-use pocketmoe::experts::Gated;
+use pocketmoe::experts::{Gated, TableForm};
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::PathBuf;
 
@@ -497,7 +497,11 @@ fn offloaded_batch_decode_matches_resident() {
         for table in [false, true].into_iter().filter(|&t| !t || want.len() <= 8) {
             let gated_opts = EngineOptions {
                 gated_decode: Gated::Always,
-                table_decode: table,
+                table_decode: if table {
+                    TableForm::Always
+                } else {
+                    TableForm::Off
+                },
                 ..opts(Some(budget), cpu)
             };
             let mut gated = Engine::load(&path, gated_opts, &|_, _| {}).unwrap();

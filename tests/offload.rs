@@ -10,7 +10,7 @@ mod common;
 use common::{argmax, cosine, max_abs_diff};
 use pocketmoe::engine::{Device, Engine, EngineError, EngineOptions};
 use pocketmoe::experts::policy::PolicyKind;
-use pocketmoe::experts::Gated;
+use pocketmoe::experts::{Gated, TableForm};
 use pocketmoe::synth::quantmix::QuantMix;
 use std::path::{Path, PathBuf};
 
@@ -403,7 +403,11 @@ fn gated_decode_equals_the_eval_hook_path() {
                 let opts = EngineOptions {
                     offload_bandwidths: Some(bw),
                     gated_decode: if gated { Gated::Always } else { Gated::Off },
-                    table_decode: gated && table,
+                    table_decode: if gated && table {
+                        TableForm::Always
+                    } else {
+                        TableForm::Off
+                    },
                     gated_split: gated && split,
                     ..small(Some(budget(slots as usize)))
                 };
@@ -814,6 +818,88 @@ fn auto_gating_leaves_the_cpu_on_the_hook_path() {
         assert_eq!(gated_steps(Gated::Auto), 0, "auto gated on the CPU");
     }
     assert!(gated_steps(Gated::Always) >= 8, "always did not gate");
+}
+
+/// `Gated::Auto`'s duel with the table form as its fourth arm (`experts::offload::duel`, the
+/// default options): over 160 decode steps each way to run a step takes its turn — the hook
+/// path, control-form gating, the hook path at half the prefetch budget, table form, the last
+/// in a graph of its own, built when the duel switches to it — and every step computes what the
+/// eval-hook path computes (no CPU channel: the same experts, so the gated bound of
+/// `gated_decode_equals_the_eval_hook_path`, cosine >= 0.99999). A GPU's case only: on the CPU
+/// Auto never gates (`auto_gating_leaves_the_cpu_on_the_hook_path`).
+#[test]
+fn the_duel_runs_every_arm_table_form_included_and_keeps_the_logits() {
+    if !cfg!(feature = "cuda") {
+        return;
+    }
+    let path = tiny("qwen3moe");
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 200).collect();
+    let (fixed, probe) = (
+        budget_floor(&path, small(None)),
+        Engine::load(&path, small(None), &|_, _| {}).unwrap(),
+    );
+    let slots = probe.hp.n_expert as usize / 2;
+    let budget = fixed + probe.expert_cache_bytes(slots).unwrap();
+    drop(probe);
+    let load = |gated: Gated, table: TableForm| {
+        let opts = EngineOptions {
+            n_ctx: 256,
+            // PCIe far faster than the CPU: every miss copied, none on the CPU channel.
+            offload_bandwidths: Some((1e12, 1e6)),
+            gated_decode: gated,
+            table_decode: table,
+            ..small(Some(budget))
+        };
+        Engine::load(&path, opts, &|_, _| {}).unwrap()
+    };
+    const STEPS: usize = 160;
+    let decode = |eng: &mut Engine, forced: Option<&[u32]>| {
+        let mut logits = eng.forward(&prompt).unwrap().pop().unwrap();
+        let (mut toks, mut all) = (Vec::new(), Vec::new());
+        for i in 0..STEPS {
+            let next = argmax(&logits);
+            toks.push(next);
+            all.push(logits);
+            logits = eng
+                .forward(&[forced.map_or(next, |f| f[i])])
+                .unwrap()
+                .pop()
+                .unwrap();
+        }
+        (toks, all)
+    };
+    let mut hooked = load(Gated::Off, TableForm::Off);
+    let (toks, want) = decode(&mut hooked, None);
+    let mut auto = load(Gated::Auto, TableForm::Auto);
+    let (_, got) = decode(&mut auto, Some(&toks));
+    let st = auto.offload_stats().unwrap();
+    assert!(st.table_steps > 0, "the table form's arm never ran: {st:?}");
+    assert!(
+        st.gated_steps > st.table_steps,
+        "control-form gating never ran ({} gated, {} in table form)",
+        st.gated_steps,
+        st.table_steps
+    );
+    assert!(
+        st.less_prefetch_steps > 0,
+        "the half-prefetch arm never ran"
+    );
+    assert!(
+        st.gated_steps < STEPS as u64,
+        "the hook path's arm never ran ({} of {STEPS} steps gated)",
+        st.gated_steps
+    );
+    let off: Vec<(usize, f64)> = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| cosine(g, w))
+        .enumerate()
+        .filter(|&(_, c)| c < 0.99999)
+        .collect();
+    assert!(
+        off.is_empty(),
+        "steps off the hook path's logits (step, cosine): {off:?}"
+    );
 }
 
 /// The copy engine's contract held in host order (`EngineOptions::late_copies`): with every

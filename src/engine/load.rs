@@ -320,6 +320,7 @@ impl Engine {
             hp,
             opts,
             graph: None,
+            warm_keys: Default::default(),
             offload: off,
             sched,
             kv,

@@ -75,6 +75,8 @@ pub struct Engine {
     /// The last step graph built and allocated, with its shape and its offloaded layers
     /// (`step`: single-sequence and multi-sequence steps share it).
     graph: Option<(step::GraphKey, OwnedGraph, GraphNodes)>,
+    /// Keys of graphs that ran their warm-up (`step::WarmKeys`).
+    warm_keys: step::WarmKeys,
     offload: Option<Offload>,
     sched: Sched,
     kv: kv::KvCache,

@@ -117,10 +117,10 @@ pub struct EngineOptions {
     pub gated_decode: crate::experts::Gated,
     /// Gated decode in table form (`experts::offload::table`, docs/design.md §4.4b): a step of
     /// up to 8 tokens gathers its picks' slots from expert tables on the device, and a stop
-    /// whose picks all hit opens its own gate. Off by default until its CUDA parity is shown
-    /// (2026-12-05: faster on the H100, its CUDA tests off their bounds, not yet traced);
-    /// `POCKETMOE_TABLE=1` turns it on in the default options.
-    pub table_decode: bool,
+    /// whose picks all hit opens its own gate. By default one more arm of `gated_decode`'s
+    /// duel (faster where the cache hits, slower where it misses: H100, 2026-12-06);
+    /// `POCKETMOE_TABLE=1` always, `=0` never.
+    pub table_decode: crate::experts::TableForm,
     /// Gated decode in control form, split (`experts::offload::gated`): a layer's GPU experts
     /// wait for its copies only and run beside the CPU channel's job, the add of the CPU's
     /// share waits for a gate of its own, opened after the join (as on the eval-hook path;
@@ -181,7 +181,7 @@ impl Default for EngineOptions {
             cpu_spin: switch_on("POCKETMOE_CPU_SPIN"),
             slack_control: switch_on("POCKETMOE_SLACK_CONTROL"),
             gated_decode: crate::experts::Gated::from_env(),
-            table_decode: std::env::var("POCKETMOE_TABLE").as_deref() == Ok("1"),
+            table_decode: crate::experts::TableForm::from_env(),
             gated_split: std::env::var("POCKETMOE_GATED_SPLIT").as_deref() == Ok("1"),
             late_copies: std::env::var("POCKETMOE_LATE_COPIES").as_deref() == Ok("1"),
             repack: true,

@@ -69,6 +69,33 @@ pub(super) struct GraphKey {
     embd: bool,
     /// What of the architecture's own plan shapes the graph ([`ArchStep::key`]).
     arch: Vec<(usize, usize)>,
+    /// Offloaded experts in table form (`Offload::begin_form`).
+    table: bool,
+}
+
+/// Graph keys whose graphs ran their warm-up (`GraphNodes::runs`): the last few, so that a
+/// graph rebuilt when the duel switches form (`experts::offload::duel`) gates from its first
+/// step again (ggml-cuda's memory pool has grown for it and does not shrink; its CUDA graphs
+/// are captured under the capture guard, `GraphNodes::gated_in_a_row`).
+#[derive(Default)]
+pub(super) struct WarmKeys(Vec<GraphKey>);
+
+impl WarmKeys {
+    /// Keys remembered: both forms of the decode graph, and a prefill graph's.
+    const KEEP: usize = 4;
+
+    fn contains(&self, k: &GraphKey) -> bool {
+        self.0.contains(k)
+    }
+
+    fn add(&mut self, k: GraphKey) {
+        if !self.contains(&k) {
+            if self.0.len() == Self::KEEP {
+                self.0.remove(0);
+            }
+            self.0.push(k);
+        }
+    }
 }
 
 /// Whose positions a step's tokens see.
@@ -179,15 +206,21 @@ impl Engine {
     pub(super) fn run_step(&mut self, p: &StepPlan<'_>) -> Result<Vec<Vec<f32>>, EngineError> {
         let t0 = std::time::Instant::now();
         let n = p.ids.len();
+        let table = self.offload.as_mut().is_some_and(|o| o.begin_form(n));
         let key = GraphKey {
             n_tokens: n,
             n_kv: p.n_kv,
             out: p.out.graph_args(),
             embd: p.embd,
             arch: p.arch.key(),
+            table,
         };
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
-            self.graph = None;
+            if let Some((k, _, nodes)) = self.graph.take() {
+                if nodes.runs.get() > 2 {
+                    self.warm_keys.add(k);
+                }
+            }
             let (last_only, n_out) = key.out;
             let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;
             let gated = self.gated_inputs(&g, n);
@@ -211,6 +244,9 @@ impl Engine {
                         if copies { ", inputs copied" } else { "" }
                     );
                 }
+            }
+            if self.warm_keys.contains(&key) {
+                nodes.runs.set(2);
             }
             self.graph = Some((key, g, nodes));
         }

@@ -80,7 +80,7 @@ fn dropping_an_offload_with_a_cpu_job_in_flight_finishes_the_job_before_freeing_
         cpu_spin: false,
         slack_control: false,
         gated: crate::experts::Gated::Off,
-        table: false,
+        table: crate::experts::TableForm::Off,
         late_copies: false,
         resident_below: 0,
         gated_split: false,

@@ -9,7 +9,7 @@ mod host_copy;
 pub mod offload;
 pub mod policy;
 pub mod transfer;
-pub use offload::{Gated, Mode, Offload, OffloadOptions, StepHook};
+pub use offload::{Gated, Mode, Offload, OffloadOptions, StepHook, TableForm};
 pub mod cpu;
 pub mod mats;
 pub mod options;

@@ -35,7 +35,7 @@ pub struct OffloadOptions {
     pub gated: Gated,
     /// Gated decode of up to 8 tokens in table form (`offload::table`): the device passes a
     /// stop whose picks all hit on its own.
-    pub table: bool,
+    pub table: TableForm,
     /// Gated control form in split form (`EngineOptions::gated_split`).
     pub gated_split: bool,
     /// The CPU standing in for the GPU only (tests): copies land as late as the copy engine's
@@ -48,8 +48,9 @@ pub struct OffloadOptions {
 
 /// Gated decode (`offload::gated`, docs/design.md §4.4a): never, always where it can run, or
 /// (the default) on a device that queues compute ahead (CUDA), whichever way measures fastest
-/// on the box (`offload::duel`: gated, the eval-hook path, and the hook path prefetching half
-/// its budget take turns for 72 steps of a micro-batch size, then the fastest runs 512).
+/// on the box (`offload::duel`: the eval-hook path, gated, the hook path prefetching half its
+/// budget and, where a step may take it, gated in table form take turns for 24 steps each of a
+/// micro-batch size, then the fastest runs 512).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gated {
     Off,
@@ -60,11 +61,41 @@ pub enum Gated {
 impl Gated {
     /// From `POCKETMOE_GATED`: `1` always, `0` never, else auto.
     pub fn from_env() -> Self {
-        match std::env::var("POCKETMOE_GATED").as_deref() {
-            Ok("1") => Gated::Always,
-            Ok("0") => Gated::Off,
-            _ => Gated::Auto,
+        match switch_env("POCKETMOE_GATED") {
+            Some(true) => Gated::Always,
+            Some(false) => Gated::Off,
+            None => Gated::Auto,
         }
+    }
+}
+
+/// Gated decode in table form (`offload::table`, docs/design.md §4.4b): never, always where a
+/// step can take it, or (the default) as one more arm of `Gated::Auto`'s duel
+/// (`offload::duel`), which runs it where it measures fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableForm {
+    Off,
+    Auto,
+    Always,
+}
+
+impl TableForm {
+    /// From `POCKETMOE_TABLE`: `1` always, `0` never, else auto.
+    pub fn from_env() -> Self {
+        match switch_env("POCKETMOE_TABLE") {
+            Some(true) => TableForm::Always,
+            Some(false) => TableForm::Off,
+            None => TableForm::Auto,
+        }
+    }
+}
+
+/// A three-way switch from the environment: `1` on, `0` off, anything else (or unset) `None`.
+fn switch_env(var: &str) -> Option<bool> {
+    match std::env::var(var).as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
     }
 }
 

@@ -154,6 +154,9 @@ pub struct Stats {
     /// capture the pieces and nothing was queued ahead (`run_gated`'s capture guard).
     #[serde(default)]
     pub capture_steps: u64,
+    /// Of those, how many ran in table form (`offload::table`).
+    #[serde(default)]
+    pub table_steps: u64,
     /// Of their stops, how many the GPU passed on its own, every pick resident in the expert
     /// table (`offload::table`).
     #[serde(default)]
@@ -281,6 +284,7 @@ impl Stats {
         d.steps -= earlier.steps;
         d.gated_steps -= earlier.gated_steps;
         d.capture_steps -= earlier.capture_steps;
+        d.table_steps -= earlier.table_steps;
         d.hit_stops -= earlier.hit_stops;
         d.less_prefetch_steps -= earlier.less_prefetch_steps;
         d

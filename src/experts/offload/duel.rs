@@ -1,6 +1,6 @@
 //! Gated decode's automatic choice (`Gated::Auto`, docs/design.md §4.4a): the eval-hook path
-//! or gated, and how much of its budget prefetch takes, by measuring them on the box, per
-//! micro-batch size.
+//! or gated, in control or table form, and how much of its budget prefetch takes, by measuring
+//! them on the box, per micro-batch size.
 //!
 //! Which is faster depends on what the CPU channel does, and no rule of thumb over it held up:
 //! gated, a stop joins the CPU's job before it opens the gate, so the GPU idles through the
@@ -11,53 +11,76 @@
 //! earlier rule (gate while at most an eighth of a job per layer) chose the slower path at
 //! 12 GiB. The hook path in turn gained 9-14% there from prefetching half its budget (the CPU
 //! job runs beside its GPU experts, so what prefetch leaves to the CPU is cheap), gated did not
-//! at 12 GiB. So the ways in [`ARMS`] take turns and the fastest runs.
+//! at 12 GiB. Table form (`offload::table`: a stop whose picks all hit passes on the GPU) gained
+//! 4-8% over control-form gating where the cache hits and lost 4-11% where it misses (H100,
+//! 2026-12-06). So the ways in [`ARMS`] take turns and the fastest runs.
 //!
 //! A duel: blocks of [`BLOCK`] steps, the arms in turn, the hook path first, until each has run
 //! [`BLOCKS`] blocks. The arm with the lowest median step time then runs for [`HOLD`] steps,
 //! and they duel again (the routing regime moves with the prompts). A median, not a mean: the
 //! first step of a block is disturbed by the switch (ggml-cuda's CUDA graphs of the hook path's
 //! pieces, the slack controller's correction, which settles at another value on each path, the
-//! cache's contents, which prefetch shapes), and one stalled step must not decide.
+//! cache's contents, which prefetch shapes), and one stalled step must not decide. A step that
+//! did not run as its arm says (a graph's first steps, which take the eval hook; a gated step in
+//! which ggml-cuda may capture, which queues nothing ahead) is not counted ([`Duels::discard`]):
+//! its block runs on until it has [`BLOCK`] steps that were.
+//!
+//! The table form is a graph of its own: the arm is chosen before the step's graph is built
+//! ([`Duels::choose`] from `Offload::begin_form`), and the engine builds the graph of the form
+//! the arm asks for.
 use tracing::debug;
 
 /// A way to run a decode step: gated or on the eval-hook path, prefetching this share of the
-/// miss balance's budget (`Offload::prefetch_budget`).
+/// miss balance's budget (`Offload::prefetch_budget`), in table form or not.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Arm {
     pub gated: bool,
     pub prefetch: f64,
+    pub table: bool,
 }
 
-/// The arms a duel measures: the hook path, gated, and the hook path prefetching half the
-/// budget (measured H100 2026-12-05, uniform routing: +9% at 8 GiB, +14% at 12 GiB over the
-/// hook path; not measured where the cache hits, which is what a duel is for).
-pub(super) const ARMS: [Arm; 3] = [
+/// The arms a duel measures: the hook path, gated, the hook path prefetching half the budget
+/// (measured H100 2026-12-05, uniform routing: +9% at 8 GiB, +14% at 12 GiB over the hook path;
+/// not measured where the cache hits, which is what a duel is for), and, last, gated in table
+/// form, where a step may take it ([`TABLE_ARM`]).
+pub(super) const ARMS: [Arm; 4] = [
     Arm {
         gated: false,
         prefetch: 1.0,
+        table: false,
     },
     Arm {
         gated: true,
         prefetch: 1.0,
+        table: false,
     },
     Arm {
         gated: false,
         prefetch: 0.5,
+        table: false,
+    },
+    Arm {
+        gated: true,
+        prefetch: 1.0,
+        table: true,
     },
 ];
 
-/// Steps an arm runs at a time in a duel: 8, short enough that a duel of 72 steps ends within
+/// The table form's arm, the last of [`ARMS`]: a duel of steps that cannot take it runs the
+/// others only.
+const TABLE_ARM: usize = 3;
+
+/// Steps an arm runs at a time in a duel: 8, short enough that a duel of 96 steps ends within
 /// the first tokens of a reply.
 const BLOCK: u32 = 8;
 
 /// Blocks each arm runs per duel: 3, so each median is of 24 steps, 3 of them first in their
 /// block (the step time spreads by a few percent from step to step; the arms differed by
-/// 5-30% where measured).
+/// 4-30% where measured).
 const BLOCKS: u32 = 3;
 
-/// Steps the winner runs before the next duel: 512 (a duel's 48 steps on slower arms then cost
-/// ~2% of decode where they are slower by a quarter).
+/// Steps the winner runs before the next duel: 512 (a duel's 72 steps on slower arms then cost
+/// ~3% of decode where they are slower by a quarter).
 const HOLD: u32 = 512;
 
 /// One duel per micro-batch size, and the step in flight (its size and arm), set when a step
@@ -70,6 +93,8 @@ pub(super) struct Duels {
 
 #[derive(Debug, Default, Clone)]
 struct Duel {
+    /// How many of [`ARMS`] take part: all, or all but the table form's.
+    arms: usize,
     /// Steps of this duel so far (every arm).
     steps: u32,
     /// Step times per arm (as [`ARMS`]).
@@ -80,24 +105,40 @@ struct Duel {
 }
 
 impl Duels {
-    /// How this step of `n_tokens` runs; remembered for [`Duels::step_time`].
-    pub fn choose(&mut self, n_tokens: usize) -> Arm {
+    /// How this step of `n_tokens` runs (`table`: whether a step of its size may take the table
+    /// form; a duel's arms are fixed at its start); remembered for [`Duels::step_time`].
+    pub fn choose(&mut self, n_tokens: usize, table: bool) -> Arm {
         if self.by_tokens.len() <= n_tokens {
             self.by_tokens.resize(n_tokens + 1, Duel::default());
         }
-        let arm = self.by_tokens[n_tokens].arm();
+        let duel = &mut self.by_tokens[n_tokens];
+        if duel.arms == 0 {
+            duel.arms = if table { ARMS.len() } else { TABLE_ARM };
+        }
+        let arm = duel.arm();
         self.pending = Some((n_tokens, arm));
         ARMS[arm]
+    }
+
+    /// The arm of the step in flight, if one was chosen.
+    pub fn pending(&self) -> Option<Arm> {
+        self.pending.map(|(_, arm)| ARMS[arm])
     }
 
     /// The share of the prefetch budget the step in flight takes: its arm's, 1 where no arm
     /// was chosen (not `Gated::Auto`, or a step that cannot gate).
     pub fn prefetch(&self) -> f64 {
-        self.pending.map_or(1.0, |(_, arm)| ARMS[arm].prefetch)
+        self.pending().map_or(1.0, |a| a.prefetch)
     }
 
     /// A step begins: whatever was chosen for an earlier one that did not finish is dropped.
     pub fn begin(&mut self) {
+        self.pending = None;
+    }
+
+    /// The step in flight does not run as its arm says (or not as it runs once settled): its
+    /// time is not counted, and the next step takes the same arm.
+    pub fn discard(&mut self) {
         self.pending = None;
     }
 
@@ -112,39 +153,43 @@ impl Duels {
 impl Duel {
     fn arm(&self) -> usize {
         self.winner
-            .unwrap_or((self.steps / BLOCK) as usize % ARMS.len())
+            .unwrap_or((self.steps / BLOCK) as usize % self.arms)
     }
 
     fn record(&mut self, n_tokens: usize, arm: usize, secs: f64) {
+        let arms = self.arms;
         if self.winner.is_some() {
             self.hold = self.hold.saturating_sub(1);
             if self.hold == 0 {
-                *self = Duel::default();
+                *self = Duel {
+                    arms,
+                    ..Duel::default()
+                };
             }
             return;
         }
         self.times[arm].push(secs);
         self.steps += 1;
-        if self.steps == ARMS.len() as u32 * BLOCK * BLOCKS {
+        if self.steps == arms as u32 * BLOCK * BLOCKS {
             // An arm with no times yet counts as the slowest.
-            let medians: Vec<f64> = self
-                .times
+            let medians: Vec<f64> = self.times[..arms]
                 .iter_mut()
                 .map(|t| crate::util::median(t).unwrap_or(f64::INFINITY))
                 .collect();
-            let win = (0..ARMS.len())
+            let win = (0..arms)
                 .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
                 .unwrap_or(0);
             debug!(
                 "decode of {n_tokens}-token steps: {:?} (median step us by arm {:?}: {:?})",
                 ARMS[win],
-                ARMS,
+                &ARMS[..arms],
                 medians
                     .iter()
                     .map(|m| (m * 1e6).round())
                     .collect::<Vec<_>>()
             );
             *self = Duel {
+                arms,
                 winner: Some(win),
                 hold: HOLD,
                 ..Duel::default()
@@ -157,14 +202,14 @@ impl Duel {
 mod tests {
     use super::*;
 
-    /// Runs `n` steps of one size, each taking `times[arm]` seconds (a step that begins a
-    /// block takes `first` more), and returns the arms taken.
-    fn run(d: &mut Duels, n: u32, times: [f64; 3], first: f64) -> Vec<Arm> {
+    /// Runs `n` steps of one size that may take the table form, each taking `times[arm]`
+    /// seconds (a step that begins a block takes `first` more), and returns the arms taken.
+    fn run(d: &mut Duels, n: u32, times: [f64; 4], first: f64) -> Vec<Arm> {
         (0..n)
             .map(|_| {
                 d.begin();
                 assert_eq!(d.prefetch(), 1.0, "no arm chosen yet: the whole budget");
-                let arm = d.choose(1);
+                let arm = d.choose(1, true);
                 assert_eq!(
                     d.prefetch(),
                     arm.prefetch,
@@ -188,23 +233,49 @@ mod tests {
             .map(|i| ARMS[(i / BLOCK) as usize % ARMS.len()])
             .collect();
         assert!(
-            !want[0].gated && want[0].prefetch == 1.0,
+            !want[0].gated && want[0].prefetch == 1.0 && !want[0].table,
             "the hook path first"
         );
-        let arms = run(&mut d, DUEL, [14e-3, 11e-3, 12e-3], 0.0);
+        let times = [14e-3, 11e-3, 12e-3, 13e-3];
+        let arms = run(&mut d, DUEL, times, 0.0);
         assert_eq!(arms, want, "in turn, blocks of {BLOCK}");
         // Gated was fastest: it runs for HOLD steps.
-        let held = run(&mut d, HOLD, [14e-3, 11e-3, 12e-3], 0.0);
+        let held = run(&mut d, HOLD, times, 0.0);
         assert!(held.iter().all(|&a| a == ARMS[1]));
         // Then a new duel, where the hook path prefetching half is fastest now: it wins.
-        assert_eq!(run(&mut d, DUEL, [12e-3, 11e-3, 9e-3], 0.0), want);
-        let held = run(&mut d, HOLD, [12e-3, 11e-3, 9e-3], 0.0);
+        let times = [12e-3, 11e-3, 9e-3, 10e-3];
+        assert_eq!(run(&mut d, DUEL, times, 0.0), want);
+        let held = run(&mut d, HOLD, times, 0.0);
         assert!(held.iter().all(|&a| a == ARMS[2]));
+        // The table form when it is.
+        run(&mut d, DUEL, [12e-3, 11e-3, 9e-3, 8e-3], 0.0);
+        let held = run(&mut d, 4, [12e-3, 11e-3, 9e-3, 8e-3], 0.0);
+        assert!(held.iter().all(|&a| a.table && a.gated), "{held:?}");
+        run(&mut d, HOLD - 4, [1.0; 4], 0.0);
         // And the plain hook path when it is.
-        run(&mut d, DUEL, [8e-3, 11e-3, 9e-3], 0.0);
-        assert!(run(&mut d, 4, [8e-3, 11e-3, 9e-3], 0.0)
+        run(&mut d, DUEL, [8e-3, 11e-3, 9e-3, 10e-3], 0.0);
+        assert!(run(&mut d, 4, [8e-3, 11e-3, 9e-3, 10e-3], 0.0)
             .iter()
             .all(|&a| a == ARMS[0]));
+    }
+
+    #[test]
+    fn a_size_that_cannot_take_the_table_form_duels_without_it() {
+        let mut d = Duels::default();
+        let arms: Vec<Arm> = (0..TABLE_ARM as u32 * BLOCK * BLOCKS)
+            .map(|_| {
+                d.begin();
+                let a = d.choose(16, false);
+                // Table form would be fastest by far: never taken.
+                d.step_time(if a.table { 1e-3 } else { 10e-3 });
+                a
+            })
+            .collect();
+        assert!(arms.iter().all(|a| !a.table), "no table step in the duel");
+        assert!(arms.contains(&ARMS[2]), "the other arms all ran");
+        d.begin();
+        assert!(d.by_tokens[16].winner.is_some(), "3 arms: the duel ended");
+        assert!(!d.choose(16, false).table);
     }
 
     #[test]
@@ -213,31 +284,49 @@ mod tests {
         // path), and one more gated step is very slow: the medians still pick gated (the means
         // would pick the hook path).
         let mut d = Duels::default();
-        let times = [10e-3, 9.5e-3, 10e-3];
-        // Step 33 lies in gated's second block (steps 32-39).
-        run(&mut d, 33, times, 0.2);
+        let times = [10e-3, 9.5e-3, 10e-3, 10e-3];
+        // Step 41 lies in gated's second block (steps 40-47).
+        run(&mut d, 41, times, 0.2);
         d.begin();
-        let a = d.choose(1);
+        let a = d.choose(1, true);
         d.step_time(1.0);
-        assert!(a.gated, "step 33 is in a gated block");
-        run(&mut d, DUEL - 34, times, 0.2);
+        assert!(a.gated && !a.table, "step 41 is in a gated block");
+        run(&mut d, DUEL - 42, times, 0.2);
         assert!(run(&mut d, 4, times, 0.0).iter().all(|&a| a == ARMS[1]));
     }
 
     #[test]
     fn each_micro_batch_size_duels_on_its_own_and_a_step_without_a_time_is_not_counted() {
         let mut d = Duels::default();
-        run(&mut d, 3, [1.0; 3], 0.0);
+        run(&mut d, 3, [1.0; 4], 0.0);
         // A 4-token step starts its own duel on the hook path.
         d.begin();
-        assert_eq!(d.choose(4), ARMS[0]);
+        assert_eq!(d.choose(4, true), ARMS[0]);
         d.step_time(1.0);
         assert_eq!((d.by_tokens[1].steps, d.by_tokens[4].steps), (3, 1));
         // A step that failed (no time) and the next that does not ask: nothing counted.
         d.begin();
-        d.choose(1);
+        d.choose(1, true);
         d.begin();
         d.step_time(1.0);
         assert_eq!(d.by_tokens[1].steps, 3);
+    }
+
+    #[test]
+    fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
+        // A block's first two gated steps capture (nothing queued ahead: slow) and are
+        // discarded: gated still ends its block with BLOCK counted steps, none of them slow.
+        let mut d = Duels::default();
+        run(&mut d, BLOCK, [1.0; 4], 0.0);
+        for _ in 0..2 {
+            d.begin();
+            assert!(d.choose(1, true).gated);
+            d.discard();
+            d.step_time(5.0);
+        }
+        assert_eq!(d.by_tokens[1].steps, BLOCK, "the two not counted");
+        let arms = run(&mut d, BLOCK, [1.0; 4], 0.0);
+        assert!(arms.iter().all(|a| a.gated && !a.table), "{arms:?}");
+        assert!(d.by_tokens[1].times[1].iter().all(|&t| t == 1.0));
     }
 }

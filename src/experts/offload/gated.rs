@@ -58,8 +58,31 @@ impl Offload {
     /// kernels up to 8 tokens, MMQ beyond; of other types it may copy the ids to the host and
     /// wait, which behind a closed gate would never end). Under `Gated::Auto` a step that can
     /// runs as the duel of the ways to run it says (`duel`: gated or not, how much to prefetch;
-    /// measured on the box).
-    pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize) -> bool {
+    /// measured on the box). `ready`: the graph ran its warm-up steps through the eval hook
+    /// (`step::GraphNodes::runs`); a step that does not gate is not counted in the duel.
+    pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize, ready: bool) -> bool {
+        let can = ready && self.could_gate(nodes, n_tokens);
+        if !can {
+            // Whatever arm the step took, it runs through the eval hook: not counted.
+            self.duels.discard();
+            return false;
+        }
+        if self.opts.gated != Gated::Auto {
+            return true;
+        }
+        // Chosen before the graph was built (`begin_form`), whose form follows it.
+        let Some(arm) = self.duels.pending() else {
+            return true;
+        };
+        if arm.prefetch < 1.0 {
+            self.stats.less_prefetch_steps += 1;
+        }
+        arm.gated
+    }
+
+    /// Whether `nodes`' graph of `n_tokens` can run gated (`can_gate`'s conditions but the
+    /// graph's warm-up).
+    fn could_gate(&self, nodes: &GraphNodes, n_tokens: usize) -> bool {
         let Some(part) = self.parts.first().filter(|_| self.parts.len() == 1) else {
             return false;
         };
@@ -70,21 +93,13 @@ impl Offload {
                 .flat_map(|l| l.mats.iter().flatten())
                 .all(|m| m.ty.is_quantized())
         };
-        let can = self.gating_wanted()
+        self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && (nodes.flags.is_empty() || nodes.flags.len() == nodes.routing.len())
             && nodes.routing.iter().all(|(_, r)| r.mode == Mode::Slots)
             && part.xfer.can_gate()
-            && (!part.xfer.queues_ahead() || quantised());
-        if !can || self.opts.gated != Gated::Auto {
-            return can;
-        }
-        let arm = self.duels.choose(n_tokens);
-        if arm.prefetch < 1.0 {
-            self.stats.less_prefetch_steps += 1;
-        }
-        arm.gated
+            && (!part.xfer.queues_ahead() || quantised())
     }
 
     /// Whether a gated graph could gain here: never with gating off; with it on always; auto
@@ -123,7 +138,12 @@ impl Offload {
         let tickets = Tickets(self.gate_next);
         self.gate_next += Tickets::count(n_stops);
         self.gate_reads.clear();
-        let ahead = if !self.parts[0].xfer.queues_ahead() || (capturing && capture_guard()) {
+        let guarded = capturing && capture_guard();
+        if guarded {
+            // Nothing queued ahead: slower than the arm runs once captured; not counted.
+            self.duels.discard();
+        }
+        let ahead = if !self.parts[0].xfer.queues_ahead() || guarded {
             0
         } else {
             ahead()

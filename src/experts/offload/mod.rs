@@ -38,7 +38,7 @@ mod tensors;
 mod trace;
 
 pub use super::mats::{ExpertMat, MATS};
-pub use super::options::{Gated, Mode, OffloadOptions};
+pub use super::options::{Gated, Mode, OffloadOptions, TableForm};
 pub use hook::StepHook;
 pub use miss::MissModel;
 pub use readback::predicted_experts;

@@ -101,12 +101,23 @@ impl Tables {
 }
 
 impl Offload {
-    /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where it is asked
-    /// for (`OffloadOptions::table`) and may run gated (one device, one share, gating wanted),
-    /// up to 8 tokens.
+    /// Whether a graph of `n_tokens` runs its slot-mode layers in table form: where a step of
+    /// its size may ([`Offload::table_fits`]) and the form is asked for
+    /// (`OffloadOptions::table`: always, or where the duel's arm for the step says so, chosen
+    /// before its graph is built: [`Offload::begin_form`]).
     pub fn table_form(&self, n_tokens: usize) -> bool {
-        self.opts.table
-            && self.gating_wanted()
+        self.table_fits(n_tokens)
+            && match self.opts.table {
+                TableForm::Off => false,
+                TableForm::Always => true,
+                TableForm::Auto => self.duels.pending().is_some_and(|a| a.table),
+            }
+    }
+
+    /// Whether a step of `n_tokens` may run in table form: it may run gated (one device, one
+    /// share, gating wanted), up to 8 tokens.
+    pub(super) fn table_fits(&self, n_tokens: usize) -> bool {
+        self.gating_wanted()
             && self.parts.len() == 1
             && self.shares == 1
             && (1..=TABLE_TOKENS).contains(&n_tokens)
@@ -288,6 +299,7 @@ impl Offload {
             .filter(|&il| self.is_offloaded(il))
             .collect();
         if gated {
+            self.stats.table_steps += 1;
             self.tab.base += BASE_STEP;
             if self.tab.base + 2.0 * BASE_STEP >= F32_EXACT {
                 self.tab.base = BASE_STEP;

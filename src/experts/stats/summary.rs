@@ -6,7 +6,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated ({} while ggml-cuda may capture; {} stops passed on the device), {} at a reduced prefetch budget; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated ({} while ggml-cuda may capture; {} in table form, {} stops passed on the device), {} at a reduced prefetch budget; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -21,6 +21,7 @@ impl Stats {
             1e6 * self.hook_s / self.stops.max(1) as f64,
             self.gated_steps,
             self.capture_steps,
+            self.table_steps,
             self.hit_stops,
             self.less_prefetch_steps,
             1e6 * self.compute_s / self.steps.max(1) as f64,
