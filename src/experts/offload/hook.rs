@@ -5,23 +5,6 @@ use crate::experts::step::Stop;
 use crate::ggml::EvalHook;
 
 impl Offload {
-    /// Chooses how a step of `n_tokens` runs, before its graph is built: with `Gated::Auto`,
-    /// a step that may gate takes the duel's arm (`duel`; the table form's only where the step
-    /// may take it and `OffloadOptions::table` leaves it to the duel). Returns whether the
-    /// step's graph is in table form ([`Offload::table_form`]).
-    pub fn begin_form(&mut self, n_tokens: usize) -> bool {
-        self.duels.begin();
-        if self.opts.gated == Gated::Auto
-            && self.gating_wanted()
-            && n_tokens <= self.opts.max_slot_tokens
-            && self.mode(n_tokens) == Mode::Slots
-        {
-            let table = self.opts.table == TableForm::Auto && self.table_fits(n_tokens);
-            self.duels.choose(n_tokens, table);
-        }
-        self.table_form(n_tokens)
-    }
-
     /// Starts a forward pass of `n_tokens` (advances the policies' clock).
     pub fn begin_step(&mut self, n_tokens: usize) {
         // A CPU job left by a step that failed half-way must not be joined into this one.

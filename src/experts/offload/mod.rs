@@ -23,6 +23,7 @@
 mod addrs;
 mod alloc;
 mod duel;
+mod form;
 mod gated;
 mod gates;
 mod hook;
