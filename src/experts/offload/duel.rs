@@ -15,8 +15,9 @@
 //! 4-8% over control-form gating where the cache hits and lost 4-11% where it misses (H100,
 //! 2026-12-06). So the ways in [`ARMS`] take turns and the fastest runs.
 //!
-//! A duel: blocks of [`BLOCK`] steps, the arms in turn, the hook path first, until each has run
-//! [`BLOCKS`] blocks. The arm with the lowest median step time then runs for [`HOLD`] steps,
+//! A duel: blocks of [`BLOCK`] steps, the arms in turn, the hook path first, for [`BLOCKS`]
+//! rounds; after each round an arm far slower than the best so far sits out the rest
+//! ([`PRUNE`]). The arm with the lowest median step time then runs for [`HOLD`] steps,
 //! and they duel again (the routing regime moves with the prompts). A median, not a mean: the
 //! first step of a block is disturbed by the switch (ggml-cuda's CUDA graphs of the hook path's
 //! pieces, the slack controller's correction, which settles at another value on each path, the
@@ -70,17 +71,24 @@ pub(super) const ARMS: [Arm; 4] = [
 /// others only.
 const TABLE_ARM: usize = 3;
 
-/// Steps an arm runs at a time in a duel: 8, short enough that a duel of 96 steps ends within
-/// the first tokens of a reply.
+/// Steps an arm runs at a time in a duel: 8, short enough that a duel of at most 96 steps ends
+/// within the first tokens of a reply.
 const BLOCK: u32 = 8;
 
-/// Blocks each arm runs per duel: 3, so each median is of 24 steps, 3 of them first in their
-/// block (the step time spreads by a few percent from step to step; the arms differed by
-/// 4-30% where measured).
+/// Rounds per duel (a round: a block of every arm still in): 3, so each median is of 24 steps,
+/// 3 of them first in their block (the step time spreads by a few percent from step to step;
+/// the arms differed by 4-30% where measured).
 const BLOCKS: u32 = 3;
 
-/// Steps the winner runs before the next duel: 512 (a duel's 72 steps on slower arms then cost
-/// ~3% of decode where they are slower by a quarter).
+/// After a round, an arm whose median step time is more than this times the best arm's sits out
+/// the rest of the duel: 1.15. The arms that differed by 20-30% (the hook path against gating
+/// where either pays: see the module's doc) are then out after their first block, so a duel
+/// spends 16 steps, not 48, on the slowest two of four; a median of 8 steps spreads by a few
+/// percent, far less than 15%.
+const PRUNE: f64 = 1.15;
+
+/// Steps the winner runs before the next duel: 512 (a duel's steps on slower arms then cost
+/// ~1-3% of decode where they are slower by a quarter).
 const HOLD: u32 = 512;
 
 /// One duel per micro-batch size, and the step in flight (its size and arm), set when a step
@@ -95,8 +103,12 @@ pub(super) struct Duels {
 struct Duel {
     /// How many of [`ARMS`] take part: all, or all but the table form's.
     arms: usize,
-    /// Steps of this duel so far (every arm).
-    steps: u32,
+    /// Arms sitting out the rest of the duel ([`PRUNE`]).
+    out: [bool; ARMS.len()],
+    /// The arm whose block runs, the steps of its block so far, and the rounds done.
+    turn: usize,
+    in_block: u32,
+    rounds: u32,
     /// Step times per arm (as [`ARMS`]).
     times: [Vec<f64>; ARMS.len()],
     /// The fastest arm and the steps it still runs before the next duel.
@@ -152,8 +164,7 @@ impl Duels {
 
 impl Duel {
     fn arm(&self) -> usize {
-        self.winner
-            .unwrap_or((self.steps / BLOCK) as usize % self.arms)
+        self.winner.unwrap_or(self.turn)
     }
 
     fn record(&mut self, n_tokens: usize, arm: usize, secs: f64) {
@@ -169,32 +180,49 @@ impl Duel {
             return;
         }
         self.times[arm].push(secs);
-        self.steps += 1;
-        if self.steps == arms as u32 * BLOCK * BLOCKS {
-            // An arm with no times yet counts as the slowest.
-            let medians: Vec<f64> = self.times[..arms]
-                .iter_mut()
-                .map(|t| crate::util::median(t).unwrap_or(f64::INFINITY))
-                .collect();
-            let win = (0..arms)
-                .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
-                .unwrap_or(0);
-            debug!(
-                "decode of {n_tokens}-token steps: {:?} (median step us by arm {:?}: {:?})",
-                ARMS[win],
-                &ARMS[..arms],
-                medians
-                    .iter()
-                    .map(|m| (m * 1e6).round())
-                    .collect::<Vec<_>>()
-            );
-            *self = Duel {
-                arms,
-                winner: Some(win),
-                hold: HOLD,
-                ..Duel::default()
-            };
+        self.in_block += 1;
+        if self.in_block < BLOCK {
+            return;
         }
+        self.in_block = 0;
+        if let Some(next) = (self.turn + 1..arms).find(|&a| !self.out[a]) {
+            self.turn = next;
+            return;
+        }
+        // A round is over. An arm with no times yet counts as the slowest.
+        self.rounds += 1;
+        let medians: Vec<f64> = self.times[..arms]
+            .iter_mut()
+            .map(|t| crate::util::median(t).unwrap_or(f64::INFINITY))
+            .collect();
+        let best = (0..arms)
+            .filter(|&a| !self.out[a])
+            .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
+            .unwrap_or(0);
+        for a in 0..arms {
+            self.out[a] |= a != best && medians[a] > PRUNE * medians[best];
+        }
+        let left = (0..arms).filter(|&a| !self.out[a]).count();
+        if self.rounds < BLOCKS && left > 1 {
+            self.turn = (0..arms).find(|&a| !self.out[a]).unwrap_or(best);
+            return;
+        }
+        debug!(
+            "decode of {n_tokens}-token steps: {:?} (median step us by arm {:?}: {:?}; out: {:?})",
+            ARMS[best],
+            &ARMS[..arms],
+            medians
+                .iter()
+                .map(|m| (m * 1e6).round())
+                .collect::<Vec<_>>(),
+            &self.out[..arms]
+        );
+        *self = Duel {
+            arms,
+            winner: Some(best),
+            hold: HOLD,
+            ..Duel::default()
+        };
     }
 }
 
@@ -217,14 +245,20 @@ mod tests {
                 );
                 let i = ARMS.iter().position(|a| *a == arm).unwrap();
                 let duel = &d.by_tokens[1];
-                let new_block = duel.winner.is_none() && duel.steps.is_multiple_of(BLOCK);
+                let new_block = duel.winner.is_none() && duel.in_block == 0;
                 d.step_time(times[i] + if new_block { first } else { 0.0 });
                 arm
             })
             .collect()
     }
 
+    /// A duel's steps where no arm sits out.
     const DUEL: u32 = ARMS.len() as u32 * BLOCK * BLOCKS;
+
+    /// Steps a duel counted so far.
+    fn counted(d: &Duel) -> usize {
+        d.times.iter().map(Vec::len).sum()
+    }
 
     #[test]
     fn the_arms_take_turns_in_blocks_then_the_fastest_runs() {
@@ -236,27 +270,52 @@ mod tests {
             !want[0].gated && want[0].prefetch == 1.0 && !want[0].table,
             "the hook path first"
         );
-        let times = [14e-3, 11e-3, 12e-3, 13e-3];
+        // Within PRUNE of each other: every arm runs every round.
+        let times = [12.5e-3, 11e-3, 12e-3, 11.5e-3];
         let arms = run(&mut d, DUEL, times, 0.0);
         assert_eq!(arms, want, "in turn, blocks of {BLOCK}");
         // Gated was fastest: it runs for HOLD steps.
         let held = run(&mut d, HOLD, times, 0.0);
         assert!(held.iter().all(|&a| a == ARMS[1]));
         // Then a new duel, where the hook path prefetching half is fastest now: it wins.
-        let times = [12e-3, 11e-3, 9e-3, 10e-3];
+        let times = [10e-3, 10e-3, 9e-3, 9.8e-3];
         assert_eq!(run(&mut d, DUEL, times, 0.0), want);
         let held = run(&mut d, HOLD, times, 0.0);
         assert!(held.iter().all(|&a| a == ARMS[2]));
         // The table form when it is.
-        run(&mut d, DUEL, [12e-3, 11e-3, 9e-3, 8e-3], 0.0);
-        let held = run(&mut d, 4, [12e-3, 11e-3, 9e-3, 8e-3], 0.0);
+        let times = [10e-3, 10e-3, 9.5e-3, 9e-3];
+        assert_eq!(run(&mut d, DUEL, times, 0.0), want);
+        let held = run(&mut d, 4, times, 0.0);
         assert!(held.iter().all(|&a| a.table && a.gated), "{held:?}");
         run(&mut d, HOLD - 4, [1.0; 4], 0.0);
         // And the plain hook path when it is.
-        run(&mut d, DUEL, [8e-3, 11e-3, 9e-3, 10e-3], 0.0);
-        assert!(run(&mut d, 4, [8e-3, 11e-3, 9e-3, 10e-3], 0.0)
-            .iter()
-            .all(|&a| a == ARMS[0]));
+        let times = [9e-3, 10e-3, 9.5e-3, 9.8e-3];
+        assert_eq!(run(&mut d, DUEL, times, 0.0), want);
+        assert!(run(&mut d, 4, times, 0.0).iter().all(|&a| a == ARMS[0]));
+    }
+
+    #[test]
+    fn an_arm_far_slower_after_a_round_sits_out_the_rest() {
+        // The hook path 27% slower than gated after the first round: out. Half prefetch, 14%
+        // slower, stays. The duel is then 32 + 2 x 24 steps, and gated wins.
+        let mut d = Duels::default();
+        let times = [14e-3, 11e-3, 12.5e-3, 11.5e-3];
+        let arms = run(&mut d, 32 + 48, times, 0.0);
+        assert!(arms[..BLOCK as usize].iter().all(|&a| a == ARMS[0]));
+        assert!(
+            arms[32..].iter().all(|&a| a != ARMS[0]),
+            "the hook path ran after the first round"
+        );
+        assert_eq!(
+            arms[32..40],
+            [ARMS[1]; 8],
+            "the second round starts with gated"
+        );
+        assert!(d.by_tokens[1].winner == Some(1), "gated won after 80 steps");
+        // Every arm but one far slower: the duel ends with the first round.
+        let mut d = Duels::default();
+        run(&mut d, 32, [20e-3, 10e-3, 20e-3, 20e-3], 0.0);
+        assert_eq!(d.by_tokens[1].winner, Some(1));
     }
 
     #[test]
@@ -303,13 +362,13 @@ mod tests {
         d.begin();
         assert_eq!(d.choose(4, true), ARMS[0]);
         d.step_time(1.0);
-        assert_eq!((d.by_tokens[1].steps, d.by_tokens[4].steps), (3, 1));
+        assert_eq!((counted(&d.by_tokens[1]), counted(&d.by_tokens[4])), (3, 1));
         // A step that failed (no time) and the next that does not ask: nothing counted.
         d.begin();
         d.choose(1, true);
         d.begin();
         d.step_time(1.0);
-        assert_eq!(d.by_tokens[1].steps, 3);
+        assert_eq!(counted(&d.by_tokens[1]), 3);
     }
 
     #[test]
@@ -324,7 +383,11 @@ mod tests {
             d.discard();
             d.step_time(5.0);
         }
-        assert_eq!(d.by_tokens[1].steps, BLOCK, "the two not counted");
+        assert_eq!(
+            counted(&d.by_tokens[1]),
+            BLOCK as usize,
+            "the two not counted"
+        );
         let arms = run(&mut d, BLOCK, [1.0; 4], 0.0);
         assert!(arms.iter().all(|a| a.gated && !a.table), "{arms:?}");
         assert!(d.by_tokens[1].times[1].iter().all(|&t| t == 1.0));
