@@ -144,7 +144,7 @@ pub(crate) fn run_graph(
             off.begin_step(n);
             let t0 = std::time::Instant::now();
             nodes.runs.set(nodes.runs.get().saturating_add(1));
-            if off.can_gate(nodes, n, nodes.gateable && nodes.runs.get() > 2) {
+            if off.can_gate(nodes, n, nodes.runs.get() > 2) {
                 tracing::trace!(tokens = n, "step: gated");
                 let in_a_row = nodes.gated_in_a_row.get();
                 nodes.gated_in_a_row.set(in_a_row.saturating_add(1));

@@ -24,7 +24,9 @@
 //! cache's contents, which prefetch shapes), and one stalled step must not decide. A step that
 //! did not run as its arm says (a graph's first steps, which take the eval hook; a gated step in
 //! which ggml-cuda may capture, which queues nothing ahead) is not counted ([`Duels::discard`]):
-//! its block runs on until it has [`BLOCK`] steps that were.
+//! its block runs on until it has [`BLOCK`] steps that were. A gated arm on a graph that cannot
+//! gate once warm (`Offload::can_gate`) runs through the eval hook and is counted so: it never
+//! holds the duel.
 //!
 //! The table form is a graph of its own: the arm is chosen before the step's graph is built
 //! ([`Duels::choose`] from `Offload::begin_form`), and the engine builds the graph of the form

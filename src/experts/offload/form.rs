@@ -27,13 +27,16 @@ impl Offload {
     /// kernels up to 8 tokens, MMQ beyond; of other types it may copy the ids to the host and
     /// wait, which behind a closed gate would never end). Under `Gated::Auto` a step that can
     /// runs as the duel of the ways to run it says (`duel`: gated or not, how much to prefetch;
-    /// measured on the box). `ready`: the graph ran its warm-up steps through the eval hook
-    /// (`step::GraphNodes::runs`); a step that does not gate is not counted in the duel.
-    pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize, ready: bool) -> bool {
-        let can = ready && self.could_gate(nodes, n_tokens);
-        if !can {
-            // Whatever arm the step took, it runs through the eval hook: not counted.
+    /// measured on the box). `warm`: the graph ran its warm-up steps through the eval hook
+    /// (`step::GraphNodes::runs`); a warm-up step is not counted in the duel. A step that
+    /// cannot gate once warm is: its arm runs through the eval hook here, and is timed so (an
+    /// arm not counted there would hold the duel on itself for good).
+    pub fn can_gate(&mut self, nodes: &GraphNodes, n_tokens: usize, warm: bool) -> bool {
+        if !warm {
             self.duels.discard();
+            return false;
+        }
+        if !self.could_gate(nodes, n_tokens) {
             return false;
         }
         if self.opts.gated != Gated::Auto {
@@ -50,7 +53,8 @@ impl Offload {
     }
 
     /// Whether `nodes`' graph of `n_tokens` can run gated (`can_gate`'s conditions but the
-    /// graph's warm-up).
+    /// graph's warm-up): the engine allocated it so (`GraphNodes::gateable`) and the offload
+    /// can.
     fn could_gate(&self, nodes: &GraphNodes, n_tokens: usize) -> bool {
         let Some(part) = self.parts.first().filter(|_| self.parts.len() == 1) else {
             return false;
@@ -62,7 +66,8 @@ impl Offload {
                 .flat_map(|l| l.mats.iter().flatten())
                 .all(|m| m.ty.is_quantized())
         };
-        self.gating_wanted()
+        nodes.gateable
+            && self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
             && !nodes.routing.is_empty()
             && (nodes.flags.is_empty() || nodes.flags.len() == nodes.routing.len())
