@@ -78,12 +78,13 @@ case "$sub" in
     # Gated::Auto's measured choice (experts::offload::duel) in one device call (< 10 min,
     # ours only): at uniform routing (SKEW=0) and calibrated, 12 and 8 GiB, auto against each
     # arm it chooses between forced (the hook path, gated, the hook path at half the prefetch
-    # budget, gated in table form), the duel's decisions in the log (debug).
+    # budget, gated in table form), and auto with table form as a fourth arm
+    # (POCKETMOE_TABLE=auto), the duel's decisions in the log (debug).
     auto() {
       local out="${1:?usage: scripts/device.sh auto OUT}" rc=0
       mkdir -p "$out"
       export RUST_LOG="${RUST_LOG:-pocketmoe=info,pocketmoe::experts::offload::duel=debug}"
-      local v="GATED=auto GATED=0 GATED=1+TABLE=0 GATED=0+PREFETCH_SCALE=0.5 GATED=1+TABLE=1 GATED=auto"
+      local v="GATED=auto GATED=auto+TABLE=auto GATED=0 GATED=1 GATED=0+PREFETCH_SCALE=0.5 GATED=1+TABLE=1"
       SKEW=0 VARIANTS="$v" BUDGETS=12GiB,8GiB timeout 290 scripts/device-decode-ab.sh "$out/skew0" || rc=1
       VARIANTS="$v" BUDGETS=12GiB,8GiB timeout 290 scripts/device-decode-ab.sh "$out/calibrated" || rc=1
       grep -h "decode of\|^## \|tg128 " "$out"/*/ab.log "$out"/*/ab.md | grep -v "^|" 

@@ -117,9 +117,10 @@ pub struct EngineOptions {
     pub gated_decode: crate::experts::Gated,
     /// Gated decode in table form (`experts::offload::table`, docs/design.md §4.4b): a step of
     /// up to 8 tokens gathers its picks' slots from expert tables on the device, and a stop
-    /// whose picks all hit opens its own gate. By default one more arm of `gated_decode`'s
-    /// duel (faster where the cache hits, slower where it misses: H100, 2026-12-06);
-    /// `POCKETMOE_TABLE=1` always, `=0` never.
+    /// whose picks all hit opens its own gate. Faster where the cache hits, slower where it
+    /// misses (H100, 2026-12-06). `POCKETMOE_TABLE=auto`: one more arm of `gated_decode`'s duel
+    /// (built 2026-12-07, not yet run on a GPU: so not the default); `=1` always; by default
+    /// never.
     pub table_decode: crate::experts::TableForm,
     /// Gated decode in control form, split (`experts::offload::gated`): a layer's GPU experts
     /// wait for its copies only and run beside the CPU channel's job, the add of the CPU's

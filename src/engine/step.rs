@@ -73,28 +73,31 @@ pub(super) struct GraphKey {
     table: bool,
 }
 
-/// Graph keys whose graphs ran their warm-up (`GraphNodes::runs`): the last few, so that a
-/// graph rebuilt when the duel switches form (`experts::offload::duel`) gates from its first
-/// step again (ggml-cuda's memory pool has grown for it and does not shrink; its CUDA graphs
-/// are captured under the capture guard, `GraphNodes::gated_in_a_row`).
+/// Of the graph shape in use, the forms whose graphs ran their warm-up (`GraphNodes::runs`), so
+/// that a graph rebuilt when the duel switches form (`experts::offload::duel`) gates from its
+/// first step again: ggml-cuda's memory pool has grown for it and does not shrink, and its CUDA
+/// graphs are captured under the capture guard (`GraphNodes::gated_in_a_row`). Forgotten when a
+/// graph of another shape is built: a graph that comes back after another shape ran (a decode
+/// graph after a prompt) takes its warm-up steps as before.
 #[derive(Default)]
 pub(super) struct WarmKeys(Vec<GraphKey>);
 
 impl WarmKeys {
-    /// Keys remembered: both forms of the decode graph, and a prefill graph's.
-    const KEEP: usize = 4;
+    /// The graph of `old` (`warm`: it ran its warm-up) makes way for one of `new`.
+    fn replaced(&mut self, old: GraphKey, warm: bool, new: &GraphKey) {
+        let shape = |k: &GraphKey| GraphKey {
+            table: false,
+            ..k.clone()
+        };
+        if shape(&old) != shape(new) {
+            self.0.clear();
+        } else if warm && !self.0.contains(&old) {
+            self.0.push(old);
+        }
+    }
 
     fn contains(&self, k: &GraphKey) -> bool {
         self.0.contains(k)
-    }
-
-    fn add(&mut self, k: GraphKey) {
-        if !self.contains(&k) {
-            if self.0.len() == Self::KEEP {
-                self.0.remove(0);
-            }
-            self.0.push(k);
-        }
     }
 }
 
@@ -217,9 +220,7 @@ impl Engine {
         };
         if self.graph.as_ref().is_none_or(|(k, _, _)| *k != key) {
             if let Some((k, _, nodes)) = self.graph.take() {
-                if nodes.runs.get() > 2 {
-                    self.warm_keys.add(k);
-                }
+                self.warm_keys.replaced(k, nodes.runs.get() > 2, &key);
             }
             let (last_only, n_out) = key.out;
             let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;

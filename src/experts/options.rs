@@ -61,17 +61,18 @@ pub enum Gated {
 impl Gated {
     /// From `POCKETMOE_GATED`: `1` always, `0` never, else auto.
     pub fn from_env() -> Self {
-        match switch_env("POCKETMOE_GATED") {
-            Some(true) => Gated::Always,
-            Some(false) => Gated::Off,
-            None => Gated::Auto,
+        match std::env::var("POCKETMOE_GATED").as_deref() {
+            Ok("1") => Gated::Always,
+            Ok("0") => Gated::Off,
+            _ => Gated::Auto,
         }
     }
 }
 
-/// Gated decode in table form (`offload::table`, docs/design.md §4.4b): never, always where a
-/// step can take it, or (the default) as one more arm of `Gated::Auto`'s duel
-/// (`offload::duel`), which runs it where it measures fastest.
+/// Gated decode in table form (`offload::table`, docs/design.md §4.4b): never (the default
+/// until the duel with it is measured on a GPU: built 2026-12-07 without device time), always
+/// where a step can take it, or as one more arm of `Gated::Auto`'s duel (`offload::duel`),
+/// which runs it where it measures fastest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableForm {
     Off,
@@ -80,22 +81,13 @@ pub enum TableForm {
 }
 
 impl TableForm {
-    /// From `POCKETMOE_TABLE`: `1` always, `0` never, else auto.
+    /// From `POCKETMOE_TABLE`: `1` always, `auto` a duel arm, else (`0`, unset) never.
     pub fn from_env() -> Self {
-        match switch_env("POCKETMOE_TABLE") {
-            Some(true) => TableForm::Always,
-            Some(false) => TableForm::Off,
-            None => TableForm::Auto,
+        match std::env::var("POCKETMOE_TABLE").as_deref().map(str::trim) {
+            Ok("1") => TableForm::Always,
+            Ok("auto") => TableForm::Auto,
+            _ => TableForm::Off,
         }
-    }
-}
-
-/// A three-way switch from the environment: `1` on, `0` off, anything else (or unset) `None`.
-fn switch_env(var: &str) -> Option<bool> {
-    match std::env::var(var).as_deref() {
-        Ok("1") => Some(true),
-        Ok("0") => Some(false),
-        _ => None,
     }
 }
 
