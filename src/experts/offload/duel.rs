@@ -83,10 +83,10 @@ const BLOCK: u32 = 8;
 const BLOCKS: u32 = 3;
 
 /// After a round, an arm whose median step time is more than this times the best arm's sits out
-/// the rest of the duel: 1.15. The arms that differed by 20-30% (the hook path against gating
-/// where either pays: see the module's doc) are then out after their first block, so a duel
-/// spends 16 steps, not 48, on the slowest two of four; a median of 8 steps spreads by a few
-/// percent, far less than 15%.
+/// the rest of the duel: 1.15 (a median of 8 steps spreads by a few percent, far less than 15%).
+/// The arms that differed by 20-30% (the hook path against gating where either pays: see the
+/// module's doc) are then out after one or two blocks, not three. The hook path, whose first
+/// block is the duel's first, after the prompt changed the cache, stays for a second.
 const PRUNE: f64 = 1.15;
 
 /// Steps the winner runs before the next duel: 512 (a duel's steps on slower arms then cost
@@ -201,7 +201,9 @@ impl Duel {
             .filter(|&a| !self.out[a])
             .min_by(|&a, &b| medians[a].total_cmp(&medians[b]))
             .unwrap_or(0);
-        for a in 0..arms {
+        // The duel's first block (the hook path's) ran as the prompt left the cache: its arm is
+        // not dropped before a second block.
+        for a in (0..arms).filter(|&a| a > 0 || self.rounds > 1) {
             self.out[a] |= a != best && medians[a] > PRUNE * medians[best];
         }
         let left = (0..arms).filter(|&a| !self.out[a]).count();

@@ -67,25 +67,25 @@ fn the_arms_take_turns_in_blocks_then_the_fastest_runs() {
 
 #[test]
 fn an_arm_far_slower_after_a_round_sits_out_the_rest() {
-    // The hook path 27% slower than gated after the first round: out. Half prefetch, 14%
-    // slower, stays. The duel is then 32 + 2 x 24 steps, and gated wins.
+    // Half prefetch 18% slower than gated after the first round: out. The hook path, 27%
+    // slower, ran the duel's first block: out after its second. So 32 + 24 + 16 steps, and
+    // gated wins.
     let mut d = Duels::default();
-    let times = [14e-3, 11e-3, 12.5e-3, 11.5e-3];
-    let arms = run(&mut d, 32 + 48, times, 0.0);
-    assert!(arms[..BLOCK as usize].iter().all(|&a| a == ARMS[0]));
+    let times = [14e-3, 11e-3, 13e-3, 11.5e-3];
+    let arms = run(&mut d, 32 + 24 + 16, times, 0.0);
     assert!(
-        arms[32..].iter().all(|&a| a != ARMS[0]),
-        "the hook path ran after the first round"
+        arms[32..].iter().all(|&a| a != ARMS[2]),
+        "half prefetch ran after the first round"
     );
-    assert_eq!(
-        arms[32..40],
-        [ARMS[1]; 8],
-        "the second round starts with gated"
+    assert_eq!(arms[32..40], [ARMS[0]; 8], "the hook path's second block");
+    assert!(
+        arms[56..].iter().all(|&a| a != ARMS[0]),
+        "the hook path ran a third block"
     );
-    assert!(d.by_tokens[1].winner == Some(1), "gated won after 80 steps");
-    // Every arm but one far slower: the duel ends with the first round.
+    assert_eq!(d.by_tokens[1].winner, Some(1), "gated won after 72 steps");
+    // Every arm but one far slower: the duel ends when the hook path has run its second block.
     let mut d = Duels::default();
-    run(&mut d, 32, [20e-3, 10e-3, 20e-3, 20e-3], 0.0);
+    run(&mut d, 32 + 16, [20e-3, 10e-3, 20e-3, 20e-3], 0.0);
     assert_eq!(d.by_tokens[1].winner, Some(1));
 }
 
