@@ -834,10 +834,8 @@ fn the_duel_runs_every_arm_table_form_included_and_keeps_the_logits() {
     }
     let path = tiny("qwen3moe");
     let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 200).collect();
-    let (fixed, probe) = (
-        budget_floor(&path, small(None)),
-        Engine::load(&path, small(None), &|_, _| {}).unwrap(),
-    );
+    let fixed = budget_floor(&path, small(None));
+    let probe = Engine::load(&path, small(Some(fixed)), &|_, _| {}).unwrap();
     let slots = probe.hp.n_expert as usize / 2;
     let budget = fixed + probe.expert_cache_bytes(slots).unwrap();
     drop(probe);
