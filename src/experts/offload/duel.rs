@@ -70,8 +70,12 @@ pub(super) const ARMS: [Arm; 4] = [
 ];
 
 /// The table form's arm, the last of [`ARMS`]: a duel of steps that cannot take it runs the
-/// others only.
-const TABLE_ARM: usize = 3;
+/// others only (the first `TABLE_ARM`).
+const TABLE_ARM: usize = ARMS.len() - 1;
+const _: () = assert!(
+    ARMS[TABLE_ARM].table,
+    "the table form's arm must be the last"
+);
 
 /// Steps an arm runs at a time in a duel: 8, short enough that a duel of at most 96 steps ends
 /// within the first tokens of a reply.
@@ -145,13 +149,9 @@ impl Duels {
         self.pending().map_or(1.0, |a| a.prefetch)
     }
 
-    /// A step begins: whatever was chosen for an earlier one that did not finish is dropped.
-    pub fn begin(&mut self) {
-        self.pending = None;
-    }
-
     /// The step in flight does not run as its arm says (or not as it runs once settled): its
-    /// time is not counted, and the next step takes the same arm.
+    /// time is not counted, and the next step takes the same arm. Also where a step begins:
+    /// whatever was chosen for an earlier one that did not finish is dropped.
     pub fn discard(&mut self) {
         self.pending = None;
     }

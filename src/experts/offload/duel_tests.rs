@@ -6,7 +6,7 @@ use super::*;
 fn run(d: &mut Duels, n: u32, times: [f64; 4], first: f64) -> Vec<Arm> {
     (0..n)
         .map(|_| {
-            d.begin();
+            d.discard();
             assert_eq!(d.prefetch(), 1.0, "no arm chosen yet: the whole budget");
             let arm = d.choose(1, true);
             assert_eq!(
@@ -94,7 +94,7 @@ fn a_size_that_cannot_take_the_table_form_duels_without_it() {
     let mut d = Duels::default();
     let arms: Vec<Arm> = (0..TABLE_ARM as u32 * BLOCK * BLOCKS)
         .map(|_| {
-            d.begin();
+            d.discard();
             let a = d.choose(16, false);
             // Table form would be fastest by far: never taken.
             d.step_time(if a.table { 1e-3 } else { 10e-3 });
@@ -103,7 +103,7 @@ fn a_size_that_cannot_take_the_table_form_duels_without_it() {
         .collect();
     assert!(arms.iter().all(|a| !a.table), "no table step in the duel");
     assert!(arms.contains(&ARMS[2]), "the other arms all ran");
-    d.begin();
+    d.discard();
     assert!(d.by_tokens[16].winner.is_some(), "3 arms: the duel ended");
     assert!(!d.choose(16, false).table);
 }
@@ -117,7 +117,7 @@ fn slow_first_steps_of_blocks_and_an_outlier_do_not_decide() {
     let times = [10e-3, 9.5e-3, 10e-3, 10e-3];
     // Step 41 lies in gated's second block (steps 40-47).
     run(&mut d, 41, times, 0.2);
-    d.begin();
+    d.discard();
     let a = d.choose(1, true);
     d.step_time(1.0);
     assert!(a.gated && !a.table, "step 41 is in a gated block");
@@ -130,14 +130,14 @@ fn each_micro_batch_size_duels_on_its_own_and_a_step_without_a_time_is_not_count
     let mut d = Duels::default();
     run(&mut d, 3, [1.0; 4], 0.0);
     // A 4-token step starts its own duel on the hook path.
-    d.begin();
+    d.discard();
     assert_eq!(d.choose(4, true), ARMS[0]);
     d.step_time(1.0);
     assert_eq!((counted(&d.by_tokens[1]), counted(&d.by_tokens[4])), (3, 1));
     // A step that failed (no time) and the next that does not ask: nothing counted.
-    d.begin();
+    d.discard();
     d.choose(1, true);
-    d.begin();
+    d.discard();
     d.step_time(1.0);
     assert_eq!(counted(&d.by_tokens[1]), 3);
 }
@@ -149,7 +149,7 @@ fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
     let mut d = Duels::default();
     run(&mut d, BLOCK, [1.0; 4], 0.0);
     for _ in 0..2 {
-        d.begin();
+        d.discard();
         assert!(d.choose(1, true).gated);
         d.discard();
         d.step_time(5.0);

@@ -9,7 +9,7 @@ impl Offload {
     /// may take it and `OffloadOptions::table` leaves it to the duel). Returns whether the
     /// step's graph is in table form ([`Offload::table_form`]).
     pub fn begin_form(&mut self, n_tokens: usize) -> bool {
-        self.duels.begin();
+        self.duels.discard();
         if self.opts.gated == Gated::Auto
             && self.gating_wanted()
             && n_tokens <= self.opts.max_slot_tokens
