@@ -165,6 +165,10 @@ pub struct Stats {
     /// arm of the hook path at half the budget, `offload::duel`).
     #[serde(default)]
     pub less_prefetch_steps: u64,
+    /// Of those steps, how many ran while their micro-batch size's duel was still deciding
+    /// (`offload::duel`: the arms in turn, before the winner's hold): the duel's share of decode.
+    #[serde(default)]
+    pub duel_steps: u64,
 }
 
 impl Stats {
@@ -287,6 +291,7 @@ impl Stats {
         d.table_steps -= earlier.table_steps;
         d.hit_stops -= earlier.hit_stops;
         d.less_prefetch_steps -= earlier.less_prefetch_steps;
+        d.duel_steps -= earlier.duel_steps;
         d
     }
 }

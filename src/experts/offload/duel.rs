@@ -143,6 +143,12 @@ impl Duels {
         self.pending.map(|(_, arm)| ARMS[arm])
     }
 
+    /// Whether the step in flight is one of a duel still deciding (not its winner's hold).
+    pub fn deciding(&self) -> bool {
+        self.pending
+            .is_some_and(|(n, _)| self.by_tokens[n].winner.is_none())
+    }
+
     /// The share of the prefetch budget the step in flight takes: its arm's, 1 where no arm
     /// was chosen (not `Gated::Auto`, or a step that cannot gate).
     pub fn prefetch(&self) -> f64 {

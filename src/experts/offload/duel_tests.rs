@@ -163,3 +163,33 @@ fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
     assert!(arms.iter().all(|a| a.gated && !a.table), "{arms:?}");
     assert!(d.by_tokens[1].times[1].iter().all(|&t| t == 1.0));
 }
+
+/// `duel_steps` counts what `deciding` says: every step of a duel until its winner is known,
+/// none of the winner's hold, and none before an arm is chosen.
+#[test]
+fn a_duel_is_deciding_until_its_winner_holds() {
+    let mut d = Duels::default();
+    assert!(!d.deciding(), "no step in flight");
+    let times = [12.5e-3, 11e-3, 12e-3, 11.5e-3];
+    let mut deciding = |d: &mut Duels, n: u32| {
+        (0..n)
+            .filter(|_| {
+                d.discard();
+                let arm = d.choose(1, true);
+                let i = ARMS.iter().position(|a| *a == arm).unwrap();
+                let yes = d.deciding();
+                d.step_time(times[i]);
+                yes
+            })
+            .count() as u32
+    };
+    assert_eq!(deciding(&mut d, DUEL), DUEL, "a whole duel (none pruned)");
+    assert_eq!(deciding(&mut d, HOLD), 0, "the winner's hold");
+    assert_eq!(deciding(&mut d, 1), 1, "the next duel");
+    // Another size's duel is its own: deciding while the first size's holds.
+    let mut d = Duels::default();
+    deciding(&mut d, DUEL);
+    d.discard();
+    d.choose(2, true);
+    assert!(d.deciding(), "a size that has not dueled yet");
+}

@@ -17,6 +17,9 @@ impl Offload {
         {
             let table = self.opts.table == TableForm::Auto && self.table_fits(n_tokens);
             self.duels.choose(n_tokens, table);
+            if self.duels.deciding() {
+                self.stats.duel_steps += 1;
+            }
         }
         self.table_form(n_tokens)
     }
