@@ -171,7 +171,7 @@ fn a_duel_is_deciding_until_its_winner_holds() {
     let mut d = Duels::default();
     assert!(!d.deciding(), "no step in flight");
     let times = [12.5e-3, 11e-3, 12e-3, 11.5e-3];
-    let mut deciding = |d: &mut Duels, n: u32| {
+    let deciding = |d: &mut Duels, n: u32| {
         (0..n)
             .filter(|_| {
                 d.discard();
