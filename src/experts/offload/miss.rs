@@ -32,6 +32,25 @@ pub struct MissModel {
     copy_idle_at: Vec<Option<Instant>>,
     /// When the CPU job in flight should be done.
     pub(super) cpu_idle_at: Option<Instant>,
+    /// Added to every copy's finish time when the split weighs it against the CPU (0, or
+    /// `POCKETMOE_PCIE_PENALTY_US`): an A/B knob for where the copy engine is the busy channel
+    /// across a step (issue 30's uniform rows: PCIe ~80% busy beside a CPU at ~16%), which the
+    /// per-stop split, weighing only this stop's finish, does not see. Not a default: a sitting
+    /// measures whether moving misses to the CPU this way pays before a controller sets it.
+    pub pcie_penalty_s: f64,
+}
+
+/// `POCKETMOE_PCIE_PENALTY_US` (microseconds, 0 to 1000; unset: 0), read once.
+fn pcie_penalty_s() -> f64 {
+    static US: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *US.get_or_init(|| {
+        std::env::var("POCKETMOE_PCIE_PENALTY_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|x: &f64| x.is_finite())
+            .unwrap_or(0.0)
+            .clamp(0.0, 1000.0)
+    }) * 1e-6
 }
 
 /// GPU time from an offloaded layer's expert matmuls to the next offloaded layer's stop
@@ -72,6 +91,7 @@ impl MissModel {
             balance,
             copy_idle_at: Vec::new(),
             cpu_idle_at: None,
+            pcie_penalty_s: pcie_penalty_s(),
         }
     }
 
@@ -192,7 +212,8 @@ impl MissModel {
     /// [`MissModel::split`] over several copy engines (expert parallelism: each device's own
     /// PCIe link): miss `i` would be copied over link `links[i]`, free in `t_pcie[links[i]]`
     /// seconds; `forced[i]` sends it to the CPU whatever it costs. Each miss goes to the channel
-    /// that would finish it first, so the CPU takes misses from the busiest links.
+    /// that would finish it first (a copy charged [`MissModel::pcie_penalty_s`] more), so the
+    /// CPU takes misses from the busiest links.
     pub(super) fn split_links(
         &self,
         links: &[usize],
@@ -207,7 +228,7 @@ impl MissModel {
             .iter()
             .zip(forced)
             .map(|(&l, &forced)| {
-                let cpu = forced || c + cc < p[l] + cp;
+                let cpu = forced || c + cc < p[l] + cp + self.pcie_penalty_s;
                 if cpu {
                     c += cc;
                 } else {

@@ -22,6 +22,22 @@ fn split_balances_the_two_channels() {
     assert_eq!(s, [true, true, false]);
 }
 
+/// The PCIe penalty moves misses the split would copy to the CPU, and only those the penalty
+/// tips: with none, as `split_balances_the_two_channels`.
+#[test]
+fn a_pcie_penalty_moves_misses_to_the_cpu() {
+    let mut m = model(50e9, 50e9, 30e-6);
+    assert_eq!(m.pcie_penalty_s, 0.0, "none unless asked for");
+    // Copies at 20, 40, 60 us (+ the penalty) against the CPU's 50, 70, 90 us.
+    m.pcie_penalty_s = 15e-6;
+    assert_eq!(
+        m.split(4, 1e6, 0.0, m.cpu_start_s, 0),
+        [false, true, false, true]
+    );
+    m.pcie_penalty_s = 1e-3;
+    assert_eq!(m.split(3, 1e6, 0.0, m.cpu_start_s, 0), [true, true, true]);
+}
+
 #[test]
 fn slack_controller_settles_where_results_wait_the_target() {
     // A box whose real CPU jobs finish 100 us before the step joins them (the GPU's side
