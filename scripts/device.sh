@@ -223,7 +223,7 @@ case "$sub" in
       left=$(( 585 - ($(date +%s) - start) ))
       ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="$hook" BUDGETS=4GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/gpt-oss-20b" > /dev/null 2>&1 || rc=1
-      sed 's/\x1b\[[0-9;]*m//g' "$out"/*/ab.log | grep -E "^## |tg128  |busy over" | cut -c1-300
+      sed 's/\x1b\[[0-9;]*m//g' "$out"/*/ab.md | grep -E "^## |tg128  |busy over" | cut -c1-300
       return $rc
     }
     cmd=(prefetch "$@") ;;
