@@ -28,7 +28,7 @@
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
 #   sitting OUT                  stock built beside the offload tests, then the decode A/B and the floor beside stock
 #   table-hang OUT               table form at uniform routing under the watchdog: as built, capture guard off, with eager loading, with no PDL
-#   prefetch OUT                 where PCIe is the busy channel: the hook path at two prefetch shares and with a PCIe penalty, gated with and without it; uniform routing, GPT-OSS-20B at 4 GiB
+#   prefetch OUT                 where PCIe is the busy channel: the hook path at two prefetch shares and a lower slack setpoint, gated at three setpoints; uniform routing, GPT-OSS-20B at 4 GiB
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -204,9 +204,11 @@ case "$sub" in
     # uniform rows; docs/bench-h200.md "2026-12-07 (later)": PCIe ~80% busy beside a CPU channel
     # at ~16% on Qwen3-30B-A3B at 12 GiB, the copy engine ~80% busy at GPT-OSS-20B 4 GiB) in
     # one device call (< 10 min, ours only): the offload tests, then the hook path (GATED=0) at
-    # PREFETCH_SCALE 0.5 (the duel's arm), 0.25, and 0.5 with each copy charged 40 us more in the
-    # split (PCIE_PENALTY_US), and gated as built and with the penalty, on Qwen3-30B-A3B q4_k_m
-    # at uniform routing, 12 and 8 GiB; then the hook path's three on GPT-OSS-20B mxfp4 at 4 GiB.
+    # PREFETCH_SCALE 0.5 (the duel's arm), 0.25, and 0.5 with the slack controller's setpoint at
+    # -40 us (SLACK_TARGET_US: the step waits 40 us for the CPU on average instead of results
+    # waiting 20, so the CPU takes more misses), and gated as built and at setpoints -40 and
+    # -100 us, on Qwen3-30B-A3B q4_k_m at uniform routing, 12 and 8 GiB; then the hook path's
+    # three on GPT-OSS-20B mxfp4 at 4 GiB.
     # (No prefetch at all was slower everywhere: H100, 2026-12-05.) Each run's summary says how
     # busy each channel was ("busy over the steps' time").
     prefetch() {
@@ -216,9 +218,9 @@ case "$sub" in
       t=$?
       [ "$t" = 0 ] || { rc=1; echo "prefetch: tests FAILED (exit $t; 124: timed out)"; }
       grep -E "^test result|panicked" "$out/tests.log" | cut -c1-300
-      local hook="GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.25 GATED=0+PREFETCH_SCALE=0.5+PCIE_PENALTY_US=40"
+      local hook="GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.25 GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=-40"
       left=$(( 400 - ($(date +%s) - start) ))
-      SKEW=0 VARIANTS="$hook GATED=1 GATED=1+PCIE_PENALTY_US=40" BUDGETS=12GiB,8GiB \
+      SKEW=0 VARIANTS="$hook GATED=1 GATED=1+SLACK_TARGET_US=-40 GATED=1+SLACK_TARGET_US=-100" BUDGETS=12GiB,8GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/qwen3-skew0" > /dev/null 2>&1 || rc=1
       left=$(( 585 - ($(date +%s) - start) ))
       ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="$hook" BUDGETS=4GiB \

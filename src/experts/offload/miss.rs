@@ -32,25 +32,26 @@ pub struct MissModel {
     copy_idle_at: Vec<Option<Instant>>,
     /// When the CPU job in flight should be done.
     pub(super) cpu_idle_at: Option<Instant>,
-    /// Added to every copy's finish time when the split weighs it against the CPU (0, or
-    /// `POCKETMOE_PCIE_PENALTY_US`): an A/B knob for where the copy engine is the busy channel
-    /// across a step (issue 30's uniform rows: PCIe ~80% busy beside a CPU at ~16%), which the
-    /// per-stop split, weighing only this stop's finish, does not see. Not a default: a sitting
-    /// measures whether moving misses to the CPU this way pays before a controller sets it.
-    pub pcie_penalty_s: f64,
+    /// The slack controller's setpoint ([`MissModel::observe`]): [`SLACK_TARGET_S`], or
+    /// `POCKETMOE_SLACK_TARGET_US`. Below it (negative: the step waits that long for the CPU on
+    /// average) the controller charges the CPU less and it takes more misses. An A/B knob for
+    /// where the copy engine is the step's busy channel (issue 30's uniform rows: PCIe ~80% busy
+    /// beside a CPU at ~16%), which each stop's balance does not see; the setpoint is what an
+    /// outer loop on the channels' busy shares would set. (A fixed charge on copies in the split
+    /// would be undone: the controller's integral moves the CPU's charge by as much.)
+    pub slack_target_s: f64,
 }
 
-/// `POCKETMOE_PCIE_PENALTY_US` (microseconds, 0 to 1000; unset: 0), read once.
-fn pcie_penalty_s() -> f64 {
-    static US: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *US.get_or_init(|| {
-        std::env::var("POCKETMOE_PCIE_PENALTY_US")
+/// `POCKETMOE_SLACK_TARGET_US` (microseconds, -300 to 300; unset: [`SLACK_TARGET_S`]), read once.
+fn slack_target_s() -> f64 {
+    static S: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("POCKETMOE_SLACK_TARGET_US")
             .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|x: &f64| x.is_finite())
-            .unwrap_or(0.0)
-            .clamp(0.0, 1000.0)
-    }) * 1e-6
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|x| x.is_finite())
+            .map_or(SLACK_TARGET_S, |us| us.clamp(-300.0, 300.0) * 1e-6)
+    })
 }
 
 /// GPU time from an offloaded layer's expert matmuls to the next offloaded layer's stop
@@ -91,7 +92,7 @@ impl MissModel {
             balance,
             copy_idle_at: Vec::new(),
             cpu_idle_at: None,
-            pcie_penalty_s: pcie_penalty_s(),
+            slack_target_s: slack_target_s(),
         }
     }
 
@@ -122,12 +123,12 @@ impl MissModel {
     /// (the copies, its experts, the second stop) and the CPU's (sharing DRAM with the copy
     /// engine) take what they take. A result that waited means the CPU could have taken more:
     /// charge it less; a step that waited: charge it more. An integral correction, so the
-    /// average slack settles at [`SLACK_TARGET_S`].
+    /// average slack settles at the setpoint ([`MissModel::slack_target_s`]).
     pub(super) fn observe(&mut self, idle: f64, waited: f64) {
         if !(self.balance && self.slack_control) {
             return;
         }
-        let err = idle - waited - SLACK_TARGET_S;
+        let err = idle - waited - self.slack_target_s;
         self.cpu_correction_s =
             (self.cpu_correction_s - SLACK_GAIN * err).clamp(-MAX_CORRECTION_S, MAX_CORRECTION_S);
     }
@@ -212,8 +213,7 @@ impl MissModel {
     /// [`MissModel::split`] over several copy engines (expert parallelism: each device's own
     /// PCIe link): miss `i` would be copied over link `links[i]`, free in `t_pcie[links[i]]`
     /// seconds; `forced[i]` sends it to the CPU whatever it costs. Each miss goes to the channel
-    /// that would finish it first (a copy charged [`MissModel::pcie_penalty_s`] more), so the
-    /// CPU takes misses from the busiest links.
+    /// that would finish it first, so the CPU takes misses from the busiest links.
     pub(super) fn split_links(
         &self,
         links: &[usize],
@@ -228,7 +228,7 @@ impl MissModel {
             .iter()
             .zip(forced)
             .map(|(&l, &forced)| {
-                let cpu = forced || c + cc < p[l] + cp + self.pcie_penalty_s;
+                let cpu = forced || c + cc < p[l] + cp;
                 if cpu {
                     c += cc;
                 } else {

@@ -22,22 +22,6 @@ fn split_balances_the_two_channels() {
     assert_eq!(s, [true, true, false]);
 }
 
-/// The PCIe penalty moves misses the split would copy to the CPU, and only those the penalty
-/// tips: with none, as `split_balances_the_two_channels`.
-#[test]
-fn a_pcie_penalty_moves_misses_to_the_cpu() {
-    let mut m = model(50e9, 50e9, 30e-6);
-    assert_eq!(m.pcie_penalty_s, 0.0, "none unless asked for");
-    // Copies at 20, 40, 60 us (+ the penalty) against the CPU's 50, 70, 90 us.
-    m.pcie_penalty_s = 15e-6;
-    assert_eq!(
-        m.split(4, 1e6, 0.0, m.cpu_start_s, 0),
-        [false, true, false, true]
-    );
-    m.pcie_penalty_s = 1e-3;
-    assert_eq!(m.split(3, 1e6, 0.0, m.cpu_start_s, 0), [true, true, true]);
-}
-
 #[test]
 fn slack_controller_settles_where_results_wait_the_target() {
     // A box whose real CPU jobs finish 100 us before the step joins them (the GPU's side
@@ -54,6 +38,11 @@ fn slack_controller_settles_where_results_wait_the_target() {
         };
         m.observe(idle, waited);
     }
+    assert_eq!(
+        m.slack_target_s,
+        super::SLACK_TARGET_S,
+        "the default setpoint"
+    );
     let want = -(100e-6 - super::SLACK_TARGET_S);
     assert!(
         (m.cpu_correction_s - want).abs() < 1e-7,
@@ -67,6 +56,32 @@ fn slack_controller_settles_where_results_wait_the_target() {
     let after = m.split(8, 1e6, 0.0, m.cpu_start(), 0);
     let n = |s: &[bool]| s.iter().filter(|&&c| c).count();
     assert!(n(&after) > n(&before), "{before:?} -> {after:?}");
+}
+
+/// A lower setpoint (`POCKETMOE_SLACK_TARGET_US`) settles the correction that much lower, so
+/// the CPU takes more misses: the box of `slack_controller_settles_where_results_wait_the_target`,
+/// with the step to wait 40 us for the CPU on average instead of results waiting 20 us.
+#[test]
+fn a_lower_slack_target_gives_the_cpu_more() {
+    let settle = |target: f64| {
+        let mut m = model(50e9, 50e9, 60e-6);
+        m.slack_target_s = target;
+        for _ in 0..200 {
+            let slack = 100e-6 + m.cpu_correction_s;
+            m.observe(slack.max(0.0), (-slack).max(0.0));
+        }
+        m
+    };
+    let (usual, lower) = (settle(super::SLACK_TARGET_S), settle(-40e-6));
+    let moved = usual.cpu_correction_s - lower.cpu_correction_s;
+    assert!((moved - 60e-6).abs() < 1e-7, "moved {} us", moved * 1e6);
+    let n = |m: &MissModel| {
+        m.split(8, 1e6, 0.0, m.cpu_start(), 0)
+            .iter()
+            .filter(|&&c| c)
+            .count()
+    };
+    assert!(n(&lower) > n(&usual), "{} -> {}", n(&usual), n(&lower));
 }
 
 #[test]
