@@ -28,7 +28,7 @@
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
 #   sitting OUT                  stock built beside the offload tests, then the decode A/B and the floor beside stock
 #   table-hang OUT               table form at uniform routing under the watchdog: as built, capture guard off, with eager loading, with no PDL
-#   prefetch OUT                 where PCIe is the busy channel: the hook path at two prefetch shares and a lower slack setpoint, gated at three setpoints; uniform routing, GPT-OSS-20B at 4 GiB
+#   prefetch OUT                 where PCIe is the busy channel: the hook path at two prefetch shares and a lower slack setpoint, gated at three setpoints and the setpoint's outer loop; uniform routing, GPT-OSS-20B at 4 GiB
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -206,9 +206,10 @@ case "$sub" in
     # one device call (< 10 min, ours only): the offload tests, then the hook path (GATED=0) at
     # PREFETCH_SCALE 0.5 (the duel's arm), 0.25, and 0.5 with the slack controller's setpoint at
     # -40 us (SLACK_TARGET_US: the step waits 40 us for the CPU on average instead of results
-    # waiting 20, so the CPU takes more misses), and gated as built and at setpoints -40 and
-    # -100 us, on Qwen3-30B-A3B q4_k_m at uniform routing, 12 and 8 GiB; then the hook path's
-    # three on GPT-OSS-20B mxfp4 at 4 GiB.
+    # waiting 20, so the CPU takes more misses), and gated as built, at setpoints -40 and
+    # -100 us and with the setpoint's outer loop (SLACK_TARGET_US=auto), on Qwen3-30B-A3B q4_k_m
+    # at uniform routing, 12 and 8 GiB; then the hook path's three and the hook path at half
+    # prefetch with the outer loop on GPT-OSS-20B mxfp4 at 4 GiB.
     # (No prefetch at all was slower everywhere: H100, 2026-12-05.) Each run's summary says how
     # busy each channel was ("busy over the steps' time").
     prefetch() {
@@ -220,10 +221,10 @@ case "$sub" in
       grep -E "^test result|panicked" "$out/tests.log" | cut -c1-300
       local hook="GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.25 GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=-40"
       left=$(( 400 - ($(date +%s) - start) ))
-      SKEW=0 VARIANTS="$hook GATED=1 GATED=1+SLACK_TARGET_US=-40 GATED=1+SLACK_TARGET_US=-100" BUDGETS=12GiB,8GiB \
+      SKEW=0 VARIANTS="$hook GATED=1 GATED=1+SLACK_TARGET_US=-40 GATED=1+SLACK_TARGET_US=-100 GATED=1+SLACK_TARGET_US=auto" BUDGETS=12GiB,8GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/qwen3-skew0" > /dev/null 2>&1 || rc=1
       left=$(( 585 - ($(date +%s) - start) ))
-      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="$hook" BUDGETS=4GiB \
+      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="$hook GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=auto" BUDGETS=4GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/gpt-oss-20b" > /dev/null 2>&1 || rc=1
       sed 's/\x1b\[[0-9;]*m//g' "$out"/*/ab.md | grep -E "^## |tg128  |busy over" | cut -c1-300
       return $rc

@@ -218,6 +218,7 @@ mod tests {
             cpu_start_us: 30.0,
             measured: true,
             cpu_correction_us: -5.0,
+            slack_target_us: 20.0,
         });
         let x = ExpertsSnapshot::new(&s, 6);
         assert_eq!(

@@ -87,6 +87,10 @@ pub struct ChannelRates {
     /// planner splits; negative: the CPU's results waited for the step, so it is charged less).
     #[serde(default)]
     pub cpu_correction_us: f64,
+    /// The slack controller's setpoint (20 us, or `POCKETMOE_SLACK_TARGET_US`, or where its
+    /// outer loop left it).
+    #[serde(default)]
+    pub slack_target_us: f64,
 }
 
 /// One device's share of the counters (a layer split's device; the whole model on one).

@@ -16,6 +16,9 @@ impl Offload {
         self.step += 1;
         self.stats.steps += 1;
         self.stats.tokens += n_tokens as u64;
+        let st = &self.stats;
+        let decode = self.miss.setpoint_auto && self.mode(n_tokens) == Mode::Slots;
+        self.miss.step_mark = decode.then_some((st.h2d_bytes, st.cpu_prep_s + st.cpu_compute_s));
     }
 
     /// Starts a step of `nodes` through the eval hook: a graph in table form first brings the
@@ -27,10 +30,18 @@ impl Offload {
         self.begin_table_step(nodes, false)
     }
 
-    /// Adds a step's graph compute time (stops included).
+    /// Adds a step's graph compute time (stops included); after a decode step, the outer loop
+    /// of the slack controller's setpoint takes the step's channel shares (`MissModel::
+    /// steer_setpoint`, with `POCKETMOE_SLACK_TARGET_US=auto`).
     pub fn add_step_time(&mut self, compute_s: f64) {
         self.duels.step_time(compute_s);
         self.stats.compute_s += compute_s;
+        if let Some((h2d, cpu_s)) = self.miss.step_mark.take().filter(|_| compute_s > 0.0) {
+            let st = &self.stats;
+            let pcie = (st.h2d_bytes - h2d) as f64 / self.miss.pcie_bw / compute_s;
+            let cpu = (st.cpu_prep_s + st.cpu_compute_s - cpu_s) / compute_s;
+            self.miss.steer_setpoint(pcie, cpu);
+        }
     }
 
     /// Counts a graph stop that began at `t0`.

@@ -40,19 +40,40 @@ pub struct MissModel {
     /// outer loop on the channels' busy shares would set. (A fixed charge on copies in the split
     /// would be undone: the controller's integral moves the CPU's charge by as much.)
     pub slack_target_s: f64,
+    /// `POCKETMOE_SLACK_TARGET_US=auto`: an outer loop sets the setpoint from how busy each
+    /// channel was in the last decode step ([`MissModel::steer_setpoint`]).
+    pub setpoint_auto: bool,
+    /// At a decode step's start: the copied bytes and the CPU jobs' seconds so far (the
+    /// statistics' totals), for the outer loop's shares of that step.
+    pub(super) step_mark: Option<(u64, f64)>,
 }
 
-/// `POCKETMOE_SLACK_TARGET_US` (microseconds, -300 to 300; unset: [`SLACK_TARGET_S`]), read once.
-fn slack_target_s() -> f64 {
-    static S: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+/// `POCKETMOE_SLACK_TARGET_US`: the setpoint (microseconds, -300 to 300; unset:
+/// [`SLACK_TARGET_S`]) and whether the outer loop moves it (`auto`, from [`SLACK_TARGET_S`]).
+/// Read once.
+fn slack_target() -> (f64, bool) {
+    static S: std::sync::OnceLock<(f64, bool)> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
-        std::env::var("POCKETMOE_SLACK_TARGET_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|x| x.is_finite())
-            .map_or(SLACK_TARGET_S, |us| us.clamp(-300.0, 300.0) * 1e-6)
+        let v = std::env::var("POCKETMOE_SLACK_TARGET_US").unwrap_or_default();
+        if v.trim() == "auto" {
+            return (SLACK_TARGET_S, true);
+        }
+        let us = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
+        (
+            us.map_or(SLACK_TARGET_S, |us| us.clamp(-300.0, 300.0) * 1e-6),
+            false,
+        )
     })
 }
+
+/// The outer loop's bounds and pace ([`MissModel::steer_setpoint`]): the setpoint moves between
+/// -150 us (the step waits that long for the CPU on average) and [`SLACK_TARGET_S`], by
+/// `SETPOINT_GAIN_S` per step times the gap between the two channels' busy shares, and only
+/// down while the copy engine is busier than `PCIE_BUSY` of the step (the bottleneck), else back
+/// up at a fifth of the gain: ~40 steps of a 0.6 gap from the default to -100 us.
+const SETPOINT_MIN_S: f64 = -150e-6;
+const SETPOINT_GAIN_S: f64 = 5e-6;
+const PCIE_BUSY: f64 = 0.6;
 
 /// GPU time from an offloaded layer's expert matmuls to the next offloaded layer's stop
 /// (its experts, the next attention and router): the head start a prefetch has over the next
@@ -92,7 +113,9 @@ impl MissModel {
             balance,
             copy_idle_at: Vec::new(),
             cpu_idle_at: None,
-            slack_target_s: slack_target_s(),
+            slack_target_s: slack_target().0,
+            setpoint_auto: slack_target().1,
+            step_mark: None,
         }
     }
 
@@ -104,7 +127,27 @@ impl MissModel {
             cpu_start_us: self.cpu_start_s * 1e6,
             measured: self.measured,
             cpu_correction_us: self.cpu_correction_s * 1e6,
+            slack_target_us: self.slack_target_s * 1e6,
         }
+    }
+
+    /// The outer loop (`setpoint_auto`): after a decode step in which the copy engine was busy
+    /// `pcie` of the step's time and the CPU channel `cpu` (`Stats::channels_busy`'s shares, of
+    /// that step), lowers the slack controller's setpoint while the copy engine is the
+    /// bottleneck and busier than the CPU, so the controller hands the CPU more misses; else
+    /// lets it back up towards [`SLACK_TARGET_S`]. Cascade control: the slack controller still
+    /// settles each stop's balance, at the setpoint this loop chooses.
+    pub(super) fn steer_setpoint(&mut self, pcie: f64, cpu: f64) {
+        if !(self.setpoint_auto && self.balance && self.slack_control) {
+            return;
+        }
+        let gap = pcie - cpu;
+        let step = if pcie > PCIE_BUSY && gap > 0.0 {
+            -SETPOINT_GAIN_S * gap
+        } else {
+            SETPOINT_GAIN_S / 5.0
+        };
+        self.slack_target_s = (self.slack_target_s + step).clamp(SETPOINT_MIN_S, SLACK_TARGET_S);
     }
 
     /// The start cost a CPU job is charged: the measured one plus the slack controller's

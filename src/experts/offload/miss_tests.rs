@@ -193,3 +193,39 @@ fn backlog_follows_what_was_queued() {
     m.balance = false;
     assert_eq!(m.copy_backlog(t, 0), 0.0);
 }
+
+/// The outer loop (`POCKETMOE_SLACK_TARGET_US=auto`): while the copy engine is the bottleneck
+/// and busier than the CPU (the uniform rows of 2026-12-07: 0.78 against 0.16) the setpoint
+/// falls, never below its floor; once the copy engine is not the bottleneck it rises back to
+/// the default and no further; off unless asked for.
+#[test]
+fn the_setpoint_falls_while_the_copy_engine_is_the_bottleneck() {
+    let mut m = model(50e9, 50e9, 60e-6);
+    m.steer_setpoint(0.78, 0.16);
+    assert_eq!(m.slack_target_s, super::SLACK_TARGET_S, "not asked for");
+    m.setpoint_auto = true;
+    m.steer_setpoint(0.78, 0.16);
+    assert!(m.slack_target_s < super::SLACK_TARGET_S, "it moved down");
+    for _ in 0..1000 {
+        m.steer_setpoint(0.78, 0.16);
+    }
+    assert_eq!(m.slack_target_s, super::SETPOINT_MIN_S, "held at the floor");
+    // Busy, but the CPU busier: it goes back up, as it does where PCIe is not the bottleneck.
+    m.steer_setpoint(0.7, 0.9);
+    assert!(m.slack_target_s > super::SETPOINT_MIN_S);
+    for _ in 0..1000 {
+        m.steer_setpoint(0.3, 0.1);
+    }
+    assert_eq!(
+        m.slack_target_s,
+        super::SLACK_TARGET_S,
+        "back at the default"
+    );
+    // The slack controller settles each stop at the setpoint the loop chose.
+    m.slack_target_s = -40e-6;
+    m.observe(0.0, 40e-6);
+    assert_eq!(
+        m.cpu_correction_s, 0.0,
+        "the step waited exactly the setpoint"
+    );
+}

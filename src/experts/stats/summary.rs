@@ -62,7 +62,7 @@ impl Stats {
         }
         if let Some(c) = self.channels {
             s += &format!(
-                "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job (slack correction {:+.0} us)",
+                "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job (slack correction {:+.0} us, setpoint {:+.0} us)",
                 if c.measured {
                     "measured"
                 } else {
@@ -72,6 +72,7 @@ impl Stats {
                 c.cpu_gb_s,
                 c.cpu_start_us,
                 c.cpu_correction_us,
+                c.slack_target_us,
             );
             if let Some((pcie, cpu)) = self.channels_busy() {
                 s += &format!(
@@ -119,6 +120,7 @@ mod tests {
             cpu_start_us: 50.0,
             measured: true,
             cpu_correction_us: 0.0,
+            slack_target_us: 20.0,
         });
         assert_eq!(st.channels_busy(), None, "no steps yet");
         st.steps = 10;
