@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 mod summary;
+pub use summary::busy_shares;
 
 /// Counters for one MoE layer.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -18,7 +18,7 @@ impl Offload {
         self.stats.tokens += n_tokens as u64;
         let st = &self.stats;
         let decode = self.miss.setpoint_auto && self.mode(n_tokens) == Mode::Slots;
-        self.miss.step_mark = decode.then_some((st.h2d_bytes, st.cpu_prep_s + st.cpu_compute_s));
+        self.miss.step_mark = decode.then_some((st.h2d_bytes, st.cpu_channel_s()));
     }
 
     /// Starts a step of `nodes` through the eval hook: a graph in table form first brings the
@@ -38,8 +38,12 @@ impl Offload {
         self.stats.compute_s += compute_s;
         if let Some((h2d, cpu_s)) = self.miss.step_mark.take().filter(|_| compute_s > 0.0) {
             let st = &self.stats;
-            let pcie = (st.h2d_bytes - h2d) as f64 / self.miss.pcie_bw / compute_s;
-            let cpu = (st.cpu_prep_s + st.cpu_compute_s - cpu_s) / compute_s;
+            let (pcie, cpu) = crate::experts::stats::busy_shares(
+                st.h2d_bytes - h2d,
+                st.cpu_channel_s() - cpu_s,
+                compute_s,
+                self.miss.pcie_bw,
+            );
             self.miss.steer_setpoint(pcie, cpu);
         }
     }

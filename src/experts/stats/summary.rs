@@ -96,10 +96,25 @@ impl Stats {
         if self.compute_s <= 0.0 || c.pcie_gb_s <= 0.0 {
             return None;
         }
-        let pcie = self.h2d_bytes as f64 / (c.pcie_gb_s * 1e9) / self.compute_s;
-        let cpu = (self.cpu_prep_s + self.cpu_compute_s) / self.compute_s;
-        Some((pcie, cpu))
+        Some(busy_shares(
+            self.h2d_bytes,
+            self.cpu_channel_s(),
+            self.compute_s,
+            c.pcie_gb_s * 1e9,
+        ))
     }
+
+    /// The CPU channel's busy seconds: its jobs' graph and compute.
+    pub fn cpu_channel_s(&self) -> f64 {
+        self.cpu_prep_s + self.cpu_compute_s
+    }
+}
+
+/// The copy engine's and the CPU channel's shares of `secs`: `h2d_bytes` at `pcie_bytes_s`, and
+/// `cpu_s` ([`Stats::channels_busy`] over a run's totals; the setpoint's outer loop over one
+/// step's, `offload::hook`).
+pub fn busy_shares(h2d_bytes: u64, cpu_s: f64, secs: f64, pcie_bytes_s: f64) -> (f64, f64) {
+    (h2d_bytes as f64 / pcie_bytes_s / secs, cpu_s / secs)
 }
 
 #[cfg(test)]
