@@ -19,10 +19,11 @@ pub struct MissModel {
     /// whether the controller runs (with the balance only).
     pub cpu_correction_s: f64,
     pub slack_control: bool,
-    /// Whether the step runs gated, and the other path's correction: each path keeps its own
-    /// (see [`MissModel::set_gated`]).
+    /// Whether the step runs gated, and the other path's correction and setpoint: each path
+    /// keeps its own (see [`MissModel::set_gated`]).
     gated: bool,
     other_correction_s: f64,
+    other_setpoint_s: f64,
     /// Whether the balance (copy-engine backlog, prefetch budget) is on; off: PCIe first at
     /// every stop from an idle copy engine, every predicted expert prefetched (the planner
     /// before 2026-12-02, kept to measure against).
@@ -40,29 +41,32 @@ pub struct MissModel {
     /// outer loop on the channels' busy shares would set. (A fixed charge on copies in the split
     /// would be undone: the controller's integral moves the CPU's charge by as much.)
     pub slack_target_s: f64,
-    /// `POCKETMOE_SLACK_TARGET_US=auto`: an outer loop sets the setpoint from how busy each
-    /// channel was in the last decode step ([`MissModel::steer_setpoint`]).
+    /// Whether an outer loop sets the setpoint from how busy each channel was in the last decode
+    /// step ([`MissModel::steer_setpoint`]): by default (`POCKETMOE_SLACK_TARGET_US` unset or
+    /// `auto`); a number fixes the setpoint.
     pub setpoint_auto: bool,
     /// At a decode step's start: the copied bytes and the CPU jobs' seconds so far (the
     /// statistics' totals), for the outer loop's shares of that step.
     pub(super) step_mark: Option<(u64, f64)>,
 }
 
-/// `POCKETMOE_SLACK_TARGET_US`: the setpoint (microseconds, -300 to 300; unset:
-/// [`SLACK_TARGET_S`]) and whether the outer loop moves it (`auto`, from [`SLACK_TARGET_S`]).
-/// Read once.
+/// `POCKETMOE_SLACK_TARGET_US`: the setpoint (microseconds, -300 to 300) and whether the outer
+/// loop moves it (unset or `auto`: from [`SLACK_TARGET_S`]; a number fixes it). Read once.
 fn slack_target() -> (f64, bool) {
     static S: std::sync::OnceLock<(f64, bool)> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
         let v = std::env::var("POCKETMOE_SLACK_TARGET_US").unwrap_or_default();
-        if v.trim() == "auto" {
-            return (SLACK_TARGET_S, true);
+        match v.trim().parse::<f64>().ok().filter(|x| x.is_finite()) {
+            Some(us) => (us.clamp(-300.0, 300.0) * 1e-6, false),
+            None => {
+                if !matches!(v.trim(), "" | "auto") {
+                    tracing::warn!(
+                        "POCKETMOE_SLACK_TARGET_US={v:?} is neither microseconds nor \"auto\": using auto"
+                    );
+                }
+                (SLACK_TARGET_S, true)
+            }
         }
-        let us = v.trim().parse::<f64>().ok().filter(|x| x.is_finite());
-        (
-            us.map_or(SLACK_TARGET_S, |us| us.clamp(-300.0, 300.0) * 1e-6),
-            false,
-        )
     })
 }
 
@@ -70,9 +74,10 @@ fn slack_target() -> (f64, bool) {
 /// -150 us (the step waits that long for the CPU on average) and [`SLACK_TARGET_S`], by
 /// `SETPOINT_GAIN_S` per step times the gap between the two channels' busy shares, and only
 /// down while the copy engine is busier than `PCIE_BUSY` of the step (the bottleneck), else back
-/// up at a fifth of the gain: ~40 steps of a 0.6 gap from the default to -100 us.
+/// up at a fifth of the gain: ~13 steps of a 0.6 gap from the default to -100 us, so that the
+/// gated arm of a duel (`duel`: blocks of 8 steps) is measured near where the loop settles.
 const SETPOINT_MIN_S: f64 = -150e-6;
-const SETPOINT_GAIN_S: f64 = 5e-6;
+const SETPOINT_GAIN_S: f64 = 15e-6;
 const PCIE_BUSY: f64 = 0.6;
 
 /// GPU time from an offloaded layer's expert matmuls to the next offloaded layer's stop
@@ -110,6 +115,7 @@ impl MissModel {
             slack_control: true,
             gated: false,
             other_correction_s: 0.0,
+            other_setpoint_s: slack_target().0,
             balance,
             copy_idle_at: Vec::new(),
             cpu_idle_at: None,
@@ -180,10 +186,12 @@ impl MissModel {
     /// value on each path (H100, uniform routing, 2026-12-05: -67 to -213 us on the eval-hook
     /// path, where the GPU's experts run beside a job; -7 to +19 us gated), so each path keeps
     /// its own, and a step that switches (`Gated::Auto`'s duel) starts from where its path
-    /// left off instead of re-learning within the step.
+    /// left off instead of re-learning within the step. So does the setpoint, which the outer
+    /// loop (`auto`) moves from the steps of the path it is on.
     pub(super) fn set_gated(&mut self, gated: bool) {
         if gated != self.gated {
             std::mem::swap(&mut self.cpu_correction_s, &mut self.other_correction_s);
+            std::mem::swap(&mut self.slack_target_s, &mut self.other_setpoint_s);
             self.gated = gated;
         }
     }

@@ -159,6 +159,29 @@ fn each_path_keeps_its_own_correction() {
 }
 
 #[test]
+fn each_path_keeps_its_own_setpoint() {
+    let mut m = model(50e9, 50e9, 60e-6);
+    m.setpoint_auto = true;
+    m.set_gated(true);
+    for _ in 0..10 {
+        m.steer_setpoint(0.78, 0.16); // gated steps with the copy engine the bottleneck
+    }
+    let gated = m.slack_target_s;
+    assert!(gated < super::SLACK_TARGET_S);
+    m.set_gated(false);
+    assert_eq!(
+        m.slack_target_s,
+        super::SLACK_TARGET_S,
+        "the hook path's own setpoint: its steps did not move it"
+    );
+    m.set_gated(true);
+    assert_eq!(
+        m.slack_target_s, gated,
+        "back on the gated path, its setpoint"
+    );
+}
+
+#[test]
 fn split_over_links_gives_each_link_its_own_backlog() {
     // Copies take 1 ms a miss on any link, the CPU 1.5 ms. Link 0 is busy for 3 ms, link 1
     // idle: link 1's misses are copied (1, 2 ms), link 0's go to the CPU first (1.5 ms
@@ -197,12 +220,13 @@ fn backlog_follows_what_was_queued() {
 /// The outer loop (`POCKETMOE_SLACK_TARGET_US=auto`): while the copy engine is the bottleneck
 /// and busier than the CPU (the uniform rows of 2026-12-07: 0.78 against 0.16) the setpoint
 /// falls, never below its floor; once the copy engine is not the bottleneck it rises back to
-/// the default and no further; off unless asked for.
+/// the default and no further; off where the setpoint is fixed (a number).
 #[test]
 fn the_setpoint_falls_while_the_copy_engine_is_the_bottleneck() {
     let mut m = model(50e9, 50e9, 60e-6);
+    m.setpoint_auto = false;
     m.steer_setpoint(0.78, 0.16);
-    assert_eq!(m.slack_target_s, super::SLACK_TARGET_S, "not asked for");
+    assert_eq!(m.slack_target_s, super::SLACK_TARGET_S, "fixed");
     m.setpoint_auto = true;
     m.steer_setpoint(0.78, 0.16);
     assert!(m.slack_target_s < super::SLACK_TARGET_S, "it moved down");
