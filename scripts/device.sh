@@ -28,7 +28,7 @@
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
 #   sitting OUT                  stock built beside the offload tests, then the decode A/B and the floor beside stock
 #   table-hang OUT               table form at uniform routing under the watchdog: as built, capture guard off, with eager loading, with no PDL
-#   prefetch OUT                 where PCIe is the busy channel: the hook path at two prefetch shares and a lower slack setpoint, gated at three setpoints and the setpoint's outer loop; uniform routing, GPT-OSS-20B at 4 GiB
+#   prefetch OUT                 where PCIe is the busy channel: gated and the hook path at fixed slack setpoints and with the setpoint's outer loop (the default), the hook path at two prefetch shares; uniform routing, GPT-OSS-20B at 4 GiB
 #   run pocketmoe|exec ARGS...   the packed build's CLI or any command in its environment (device-run.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -201,17 +201,13 @@ case "$sub" in
     cmd=(table_hang "$@") ;;
   prefetch)
     # How the misses should split between PCIe and the CPU where the cache misses (issue 30's
-    # uniform rows; docs/bench-h200.md "2026-12-07 (later)": PCIe ~80% busy beside a CPU channel
-    # at ~16% on Qwen3-30B-A3B at 12 GiB, the copy engine ~80% busy at GPT-OSS-20B 4 GiB) in
-    # one device call (< 10 min, ours only): the offload tests, then the hook path (GATED=0) at
-    # PREFETCH_SCALE 0.5 (the duel's arm), 0.25, and 0.5 with the slack controller's setpoint at
-    # -40 us (SLACK_TARGET_US: the step waits 40 us for the CPU on average instead of results
-    # waiting 20, so the CPU takes more misses), and gated as built, at setpoints -40 and
-    # -100 us and with the setpoint's outer loop (SLACK_TARGET_US=auto), on Qwen3-30B-A3B q4_k_m
-    # at uniform routing, 12 and 8 GiB; then the hook path's three and the hook path at half
-    # prefetch with the outer loop on GPT-OSS-20B mxfp4 at 4 GiB.
-    # (No prefetch at all was slower everywhere: H100, 2026-12-05.) Each run's summary says how
-    # busy each channel was ("busy over the steps' time").
+    # uniform rows; docs/bench-h200.md "2026-12-07 (third)") in one device call (< 10 min, ours
+    # only): the offload tests, then on Qwen3-30B-A3B q4_k_m at uniform routing, 12 and 8 GiB,
+    # gated with the slack setpoint fixed at 20 us (as before 48087df), with its outer loop (the
+    # default) and fixed at -40 and -100 us (SLACK_TARGET_US), the hook path (GATED=0) at
+    # PREFETCH_SCALE 0.5 (the duel's arm), 0.25, and 0.5 at -40 us; then on GPT-OSS-20B mxfp4 at
+    # 4 GiB the hook path at half prefetch at 20 us and with the loop, and at 0.25. Each run's
+    # summary says how busy each channel was ("busy over the steps' time") and the setpoint.
     prefetch() {
       local out="${1:?usage: scripts/device.sh prefetch OUT}" start rc=0 t left
       mkdir -p "$out"; start=$(date +%s)
@@ -222,10 +218,10 @@ case "$sub" in
       local hook="GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.25 GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=-40"
       # The most telling first: a deadline may cut the last.
       left=$(( 420 - ($(date +%s) - start) ))
-      SKEW=0 VARIANTS="GATED=1 GATED=1+SLACK_TARGET_US=auto GATED=1+SLACK_TARGET_US=-40 $hook GATED=1+SLACK_TARGET_US=-100" BUDGETS=12GiB,8GiB \
+      SKEW=0 VARIANTS="GATED=1+SLACK_TARGET_US=20 GATED=1 GATED=1+SLACK_TARGET_US=-40 $hook GATED=1+SLACK_TARGET_US=-100" BUDGETS=12GiB,8GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/qwen3-skew0" > /dev/null 2>&1 || rc=1
       left=$(( 585 - ($(date +%s) - start) ))
-      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=auto GATED=0+PREFETCH_SCALE=0.25" BUDGETS=4GiB \
+      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 VARIANTS="GATED=0+PREFETCH_SCALE=0.5+SLACK_TARGET_US=20 GATED=0+PREFETCH_SCALE=0.5 GATED=0+PREFETCH_SCALE=0.25" BUDGETS=4GiB \
         timeout "$left" scripts/device-decode-ab.sh "$out/gpt-oss-20b" > /dev/null 2>&1 || rc=1
       sed 's/\x1b\[[0-9;]*m//g' "$out"/*/ab.md | grep -E "^## |tg128  |busy over" | cut -c1-300
       return $rc

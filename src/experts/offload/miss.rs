@@ -33,13 +33,14 @@ pub struct MissModel {
     copy_idle_at: Vec<Option<Instant>>,
     /// When the CPU job in flight should be done.
     pub(super) cpu_idle_at: Option<Instant>,
-    /// The slack controller's setpoint ([`MissModel::observe`]): [`SLACK_TARGET_S`], or
+    /// The slack controller's setpoint ([`MissModel::observe`]): where the outer loop
+    /// ([`MissModel::steer_setpoint`]) leaves it, from [`SLACK_TARGET_S`], or fixed by
     /// `POCKETMOE_SLACK_TARGET_US`. Below it (negative: the step waits that long for the CPU on
-    /// average) the controller charges the CPU less and it takes more misses. An A/B knob for
-    /// where the copy engine is the step's busy channel (issue 30's uniform rows: PCIe ~80% busy
-    /// beside a CPU at ~16%), which each stop's balance does not see; the setpoint is what an
-    /// outer loop on the channels' busy shares would set. (A fixed charge on copies in the split
-    /// would be undone: the controller's integral moves the CPU's charge by as much.)
+    /// average) the controller charges the CPU less and it takes more misses: what moves misses
+    /// off the copy engine where it is the step's busy channel (issue 30's uniform rows: PCIe
+    /// ~80% busy beside a CPU at ~16%), which each stop's balance does not see. (A fixed charge
+    /// on copies in the split would be undone: the controller's integral moves the CPU's charge
+    /// by as much.)
     pub slack_target_s: f64,
     /// Whether an outer loop sets the setpoint from how busy each channel was in the last decode
     /// step ([`MissModel::steer_setpoint`]): by default (`POCKETMOE_SLACK_TARGET_US` unset or
