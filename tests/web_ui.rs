@@ -446,6 +446,10 @@ impl Drop for Browser {
     }
 }
 
+/// The page's greedy reply, in tokens (`chat_page_in_a_browser`): ~0.5 s at the ~900 tok/s of
+/// 2 cores, ten of the page's 50 ms renders, so that it must be seen to grow in steps.
+const REPLY_TOKENS: u32 = 480;
+
 /// The last assistant message's fields, as the page shows them.
 const LAST_REPLY: &str =
     "(() => { const m = [...document.querySelectorAll('#log .msg.assistant')].pop(); \
@@ -512,11 +516,13 @@ fn chat_page_in_a_browser() {
     );
     assert_eq!(name, json!("tiny"), "the header shows the wrong model");
 
-    // Greedy, bounded, so the API can be asked for the same reply.
-    b.eval(
+    // Greedy, bounded, so the API can be asked for the same reply; long enough to span several
+    // of the page's renders (at most one every 50 ms) at the ~900 tok/s of 2 cores: 96 tokens
+    // (~0.1 s) once reached the page in one render (CI, 2026-12-07), failing the check below.
+    b.eval(&format!(
         "document.getElementById('temperature').value = '0'; \
-         document.getElementById('max-tokens').value = '96'",
-    );
+         document.getElementById('max-tokens').value = '{REPLY_TOKENS}'"
+    ));
     // Every change to the reply's text, as rendered: it must grow in steps (streamed), not
     // appear at once.
     b.eval(
@@ -551,7 +557,7 @@ fn chat_page_in_a_browser() {
         "POST",
         "/v1/chat/completions",
         true,
-        &json!({"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 96})
+        &json!({"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": REPLY_TOKENS})
             .to_string(),
     );
     assert_eq!(st, 200, "{api}");
