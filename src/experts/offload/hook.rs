@@ -32,7 +32,7 @@ impl Offload {
 
     /// Adds a step's graph compute time (stops included); after a decode step, the outer loop
     /// of the slack controller's setpoint takes the step's channel shares (`MissModel::
-    /// steer_setpoint`, with `POCKETMOE_SLACK_TARGET_US=auto`).
+    /// steer_setpoint`; unless `POCKETMOE_SLACK_TARGET_US` fixes the setpoint).
     pub fn add_step_time(&mut self, compute_s: f64) {
         self.duels.step_time(compute_s);
         self.stats.compute_s += compute_s;

@@ -107,6 +107,7 @@ const MAX_CORRECTION_S: f64 = 300e-6;
 impl MissModel {
     /// Given rates (`bw`: PCIe, CPU, bytes/s), or the defaults until [`Offload::measure_rates`].
     pub(super) fn new(bw: Option<(f64, f64)>, cuda: bool, balance: bool) -> Self {
+        let (setpoint, auto) = slack_target();
         Self {
             pcie_bw: bw.map_or(if cuda { 45e9 } else { 20e9 }, |b| b.0),
             cpu_bw: bw.map_or(30e9, |b| b.1),
@@ -116,12 +117,12 @@ impl MissModel {
             slack_control: true,
             gated: false,
             other_correction_s: 0.0,
-            other_setpoint_s: slack_target().0,
+            other_setpoint_s: setpoint,
             balance,
             copy_idle_at: Vec::new(),
             cpu_idle_at: None,
-            slack_target_s: slack_target().0,
-            setpoint_auto: slack_target().1,
+            slack_target_s: setpoint,
+            setpoint_auto: auto,
             step_mark: None,
         }
     }
@@ -188,7 +189,7 @@ impl MissModel {
     /// path, where the GPU's experts run beside a job; -7 to +19 us gated), so each path keeps
     /// its own, and a step that switches (`Gated::Auto`'s duel) starts from where its path
     /// left off instead of re-learning within the step. So does the setpoint, which the outer
-    /// loop (`auto`) moves from the steps of the path it is on.
+    /// loop moves from the steps of the path it is on.
     pub(super) fn set_gated(&mut self, gated: bool) {
         if gated != self.gated {
             std::mem::swap(&mut self.cpu_correction_s, &mut self.other_correction_s);

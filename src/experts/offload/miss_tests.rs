@@ -217,7 +217,7 @@ fn backlog_follows_what_was_queued() {
     assert_eq!(m.copy_backlog(t, 0), 0.0);
 }
 
-/// The outer loop (`POCKETMOE_SLACK_TARGET_US=auto`): while the copy engine is the bottleneck
+/// The outer loop (the default; `POCKETMOE_SLACK_TARGET_US` unset or `auto`): while the copy engine is the bottleneck
 /// and busier than the CPU (the uniform rows of 2026-12-07: 0.78 against 0.16) the setpoint
 /// falls, never below its floor; once the copy engine is not the bottleneck it rises back to
 /// the default and no further; off where the setpoint is fixed (a number).
