@@ -820,10 +820,11 @@ fn auto_gating_leaves_the_cpu_on_the_hook_path() {
     assert!(gated_steps(Gated::Always) >= 8, "always did not gate");
 }
 
-/// `Gated::Auto`'s duel with the table form as its fourth arm (`experts::offload::duel`, the
+/// `Gated::Auto`'s duel with the table form as its last arm (`experts::offload::duel`, the
 /// default options): over 160 decode steps each way to run a step takes its turn — the hook
-/// path, control-form gating, the hook path at half the prefetch budget, table form, the last
-/// in a graph of its own, built when the duel switches to it — and every step computes what the
+/// path, control-form gating, the hook path at half the prefetch budget, control-form gating in
+/// split form, table form, the last in a graph of its own, built when the duel switches to it —
+/// and every step computes what the
 /// eval-hook path computes (no CPU channel: the same experts, so the gated bound of
 /// `gated_decode_equals_the_eval_hook_path`, cosine >= 0.99999). A GPU's case only: on the CPU
 /// Auto never gates (`auto_gating_leaves_the_cpu_on_the_hook_path`).
@@ -881,6 +882,14 @@ fn the_duel_runs_every_arm_table_form_included_and_keeps_the_logits() {
     assert!(
         st.less_prefetch_steps > 0,
         "the half-prefetch arm never ran"
+    );
+    assert!(st.split_steps > 0, "the split form's arm never ran: {st:?}");
+    assert!(
+        st.gated_steps > st.table_steps + st.split_steps,
+        "control-form gating (not split) never ran ({} gated, {} in table form, {} split)",
+        st.gated_steps,
+        st.table_steps,
+        st.split_steps
     );
     assert!(
         st.gated_steps < STEPS as u64,

@@ -162,6 +162,10 @@ pub struct Stats {
     /// Of those, how many ran in table form (`offload::table`).
     #[serde(default)]
     pub table_steps: u64,
+    /// Of those, how many ran in split form (`offload::gated`: a stop's GPU experts beside its
+    /// CPU job; `POCKETMOE_GATED_SPLIT=1` or the duel's arm).
+    #[serde(default)]
+    pub split_steps: u64,
     /// Of their stops, how many the GPU passed on its own, every pick resident in the expert
     /// table (`offload::table`).
     #[serde(default)]
@@ -294,6 +298,7 @@ impl Stats {
         d.gated_steps -= earlier.gated_steps;
         d.capture_steps -= earlier.capture_steps;
         d.table_steps -= earlier.table_steps;
+        d.split_steps -= earlier.split_steps;
         d.hit_stops -= earlier.hit_stops;
         d.less_prefetch_steps -= earlier.less_prefetch_steps;
         d.duel_steps -= earlier.duel_steps;

@@ -34,38 +34,52 @@
 use tracing::debug;
 
 /// A way to run a decode step: gated or on the eval-hook path, prefetching this share of the
-/// miss balance's budget (`Offload::prefetch_budget`), in table form or not.
+/// miss balance's budget (`Offload::prefetch_budget`), in table form or not, gated in split
+/// form or not (`offload::gated`: a stop's GPU experts run while its CPU job does).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Arm {
     pub gated: bool,
     pub prefetch: f64,
     pub table: bool,
+    pub split: bool,
 }
 
 /// The arms a duel measures: the hook path, gated, the hook path prefetching half the budget
 /// (measured H100 2026-12-05, uniform routing: +9% at 8 GiB, +14% at 12 GiB over the hook path;
-/// not measured where the cache hits, which is what a duel is for), and, last, gated in table
-/// form, where a step may take it ([`TABLE_ARM`]).
-pub(super) const ARMS: [Arm; 4] = [
+/// not measured where the cache hits, which is what a duel is for), gated in split form
+/// (measured H100 2026-12-07, uniform routing: +9% at 12 GiB, +6% at 8 GiB over gated; 2-5%
+/// below it where the cache hits, within the spread), and, last, gated in table form, where a
+/// step may take it ([`TABLE_ARM`]).
+pub(super) const ARMS: [Arm; 5] = [
     Arm {
         gated: false,
         prefetch: 1.0,
         table: false,
+        split: false,
     },
     Arm {
         gated: true,
         prefetch: 1.0,
         table: false,
+        split: false,
     },
     Arm {
         gated: false,
         prefetch: 0.5,
         table: false,
+        split: false,
+    },
+    Arm {
+        gated: true,
+        prefetch: 1.0,
+        table: false,
+        split: true,
     },
     Arm {
         gated: true,
         prefetch: 1.0,
         table: true,
+        split: false,
     },
 ];
 
@@ -77,7 +91,7 @@ const _: () = assert!(
     "the table form's arm must be the last"
 );
 
-/// Steps an arm runs at a time in a duel: 8, short enough that a duel of at most 96 steps ends
+/// Steps an arm runs at a time in a duel: 8, short enough that a duel of at most 120 steps ends
 /// within the first tokens of a reply.
 const BLOCK: u32 = 8;
 

@@ -3,7 +3,7 @@ use super::*;
 
 /// Runs `n` steps of one size that may take the table form, each taking `times[arm]`
 /// seconds (a step that begins a block takes `first` more), and returns the arms taken.
-fn run(d: &mut Duels, n: u32, times: [f64; 4], first: f64) -> Vec<Arm> {
+fn run(d: &mut Duels, n: u32, times: [f64; 5], first: f64) -> Vec<Arm> {
     (0..n)
         .map(|_| {
             d.discard();
@@ -42,50 +42,61 @@ fn the_arms_take_turns_in_blocks_then_the_fastest_runs() {
         "the hook path first"
     );
     // Within PRUNE of each other: every arm runs every round.
-    let times = [12.5e-3, 11e-3, 12e-3, 11.5e-3];
+    let times = [12.5e-3, 11e-3, 12e-3, 11.8e-3, 11.5e-3];
     let arms = run(&mut d, DUEL, times, 0.0);
     assert_eq!(arms, want, "in turn, blocks of {BLOCK}");
     // Gated was fastest: it runs for HOLD steps.
     let held = run(&mut d, HOLD, times, 0.0);
     assert!(held.iter().all(|&a| a == ARMS[1]));
     // Then a new duel, where the hook path prefetching half is fastest now: it wins.
-    let times = [10e-3, 10e-3, 9e-3, 9.8e-3];
+    let times = [10e-3, 10e-3, 9e-3, 9.6e-3, 9.8e-3];
     assert_eq!(run(&mut d, DUEL, times, 0.0), want);
     let held = run(&mut d, HOLD, times, 0.0);
     assert!(held.iter().all(|&a| a == ARMS[2]));
+    // Split form when it is.
+    let times = [10e-3, 10e-3, 9.5e-3, 9e-3, 9.8e-3];
+    assert_eq!(run(&mut d, DUEL, times, 0.0), want);
+    let held = run(&mut d, HOLD, times, 0.0);
+    assert!(
+        held.iter().all(|&a| a.split && a.gated && !a.table),
+        "{held:?}"
+    );
     // The table form when it is.
-    let times = [10e-3, 10e-3, 9.5e-3, 9e-3];
+    let times = [10e-3, 10e-3, 9.5e-3, 9.8e-3, 9e-3];
     assert_eq!(run(&mut d, DUEL, times, 0.0), want);
     let held = run(&mut d, 4, times, 0.0);
-    assert!(held.iter().all(|&a| a.table && a.gated), "{held:?}");
-    run(&mut d, HOLD - 4, [1.0; 4], 0.0);
+    assert!(
+        held.iter().all(|&a| a.table && a.gated && !a.split),
+        "{held:?}"
+    );
+    run(&mut d, HOLD - 4, [1.0; 5], 0.0);
     // And the plain hook path when it is.
-    let times = [9e-3, 10e-3, 9.5e-3, 9.8e-3];
+    let times = [9e-3, 10e-3, 9.5e-3, 9.9e-3, 9.8e-3];
     assert_eq!(run(&mut d, DUEL, times, 0.0), want);
     assert!(run(&mut d, 4, times, 0.0).iter().all(|&a| a == ARMS[0]));
 }
 
 #[test]
 fn an_arm_far_slower_after_a_round_sits_out_the_rest() {
-    // Half prefetch 18% slower than gated after the first round: out. The hook path, 27%
-    // slower, ran the duel's first block: out after its second. So 32 + 24 + 16 steps, and
-    // gated wins.
+    // Half prefetch 18% and split form 16% slower than gated after the first round: out. The
+    // hook path, 27% slower, ran the duel's first block: out after its second. So 40 + 24 + 16
+    // steps, and gated wins.
     let mut d = Duels::default();
-    let times = [14e-3, 11e-3, 13e-3, 11.5e-3];
-    let arms = run(&mut d, 32 + 24 + 16, times, 0.0);
+    let times = [14e-3, 11e-3, 13e-3, 12.8e-3, 11.5e-3];
+    let arms = run(&mut d, 40 + 24 + 16, times, 0.0);
     assert!(
-        arms[32..].iter().all(|&a| a != ARMS[2]),
-        "half prefetch ran after the first round"
+        arms[40..].iter().all(|&a| a != ARMS[2] && a != ARMS[3]),
+        "half prefetch or split form ran after the first round"
     );
-    assert_eq!(arms[32..40], [ARMS[0]; 8], "the hook path's second block");
+    assert_eq!(arms[40..48], [ARMS[0]; 8], "the hook path's second block");
     assert!(
-        arms[56..].iter().all(|&a| a != ARMS[0]),
+        arms[64..].iter().all(|&a| a != ARMS[0]),
         "the hook path ran a third block"
     );
-    assert_eq!(d.by_tokens[1].winner, Some(1), "gated won after 72 steps");
+    assert_eq!(d.by_tokens[1].winner, Some(1), "gated won after 80 steps");
     // Every arm but one far slower: the duel ends when the hook path has run its second block.
     let mut d = Duels::default();
-    run(&mut d, 32 + 16, [20e-3, 10e-3, 20e-3, 20e-3], 0.0);
+    run(&mut d, 40 + 16, [20e-3, 10e-3, 20e-3, 20e-3, 20e-3], 0.0);
     assert_eq!(d.by_tokens[1].winner, Some(1));
 }
 
@@ -102,9 +113,12 @@ fn a_size_that_cannot_take_the_table_form_duels_without_it() {
         })
         .collect();
     assert!(arms.iter().all(|a| !a.table), "no table step in the duel");
-    assert!(arms.contains(&ARMS[2]), "the other arms all ran");
+    assert!(
+        (0..TABLE_ARM).all(|i| arms.contains(&ARMS[i])),
+        "the other arms all ran"
+    );
     d.discard();
-    assert!(d.by_tokens[16].winner.is_some(), "3 arms: the duel ended");
+    assert!(d.by_tokens[16].winner.is_some(), "4 arms: the duel ended");
     assert!(!d.choose(16, false).table);
 }
 
@@ -114,21 +128,24 @@ fn slow_first_steps_of_blocks_and_an_outlier_do_not_decide() {
     // path), and one more gated step is very slow: the medians still pick gated (the means
     // would pick the hook path).
     let mut d = Duels::default();
-    let times = [10e-3, 9.5e-3, 10e-3, 10e-3];
-    // Step 41 lies in gated's second block (steps 40-47).
-    run(&mut d, 41, times, 0.2);
+    let times = [10e-3, 9.5e-3, 10e-3, 10e-3, 10e-3];
+    // Step 49 lies in gated's second block (steps 48-55).
+    run(&mut d, 49, times, 0.2);
     d.discard();
     let a = d.choose(1, true);
     d.step_time(1.0);
-    assert!(a.gated && !a.table, "step 41 is in a gated block");
-    run(&mut d, DUEL - 42, times, 0.2);
+    assert!(
+        a.gated && !a.table && !a.split,
+        "step 49 is in a gated block"
+    );
+    run(&mut d, DUEL - 50, times, 0.2);
     assert!(run(&mut d, 4, times, 0.0).iter().all(|&a| a == ARMS[1]));
 }
 
 #[test]
 fn each_micro_batch_size_duels_on_its_own_and_a_step_without_a_time_is_not_counted() {
     let mut d = Duels::default();
-    run(&mut d, 3, [1.0; 4], 0.0);
+    run(&mut d, 3, [1.0; 5], 0.0);
     // A 4-token step starts its own duel on the hook path.
     d.discard();
     assert_eq!(d.choose(4, true), ARMS[0]);
@@ -147,7 +164,7 @@ fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
     // A block's first two gated steps capture (nothing queued ahead: slow) and are
     // discarded: gated still ends its block with BLOCK counted steps, none of them slow.
     let mut d = Duels::default();
-    run(&mut d, BLOCK, [1.0; 4], 0.0);
+    run(&mut d, BLOCK, [1.0; 5], 0.0);
     for _ in 0..2 {
         d.discard();
         assert!(d.choose(1, true).gated);
@@ -159,8 +176,11 @@ fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
         BLOCK as usize,
         "the two not counted"
     );
-    let arms = run(&mut d, BLOCK, [1.0; 4], 0.0);
-    assert!(arms.iter().all(|a| a.gated && !a.table), "{arms:?}");
+    let arms = run(&mut d, BLOCK, [1.0; 5], 0.0);
+    assert!(
+        arms.iter().all(|a| a.gated && !a.table && !a.split),
+        "{arms:?}"
+    );
     assert!(d.by_tokens[1].times[1].iter().all(|&t| t == 1.0));
 }
 
@@ -170,7 +190,7 @@ fn a_discarded_step_is_not_counted_and_its_arm_runs_on() {
 fn a_duel_is_deciding_until_its_winner_holds() {
     let mut d = Duels::default();
     assert!(!d.deciding(), "no step in flight");
-    let times = [12.5e-3, 11e-3, 12e-3, 11.5e-3];
+    let times = [12.5e-3, 11e-3, 12e-3, 11.8e-3, 11.5e-3];
     let deciding = |d: &mut Duels, n: u32| {
         (0..n)
             .filter(|_| {

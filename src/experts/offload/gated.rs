@@ -188,7 +188,9 @@ impl Offload {
         // Where the nodes after stop `c` start: after its flag, or its routing; in split form
         // (control form with a CPU channel) where its CPU share's add starts, too.
         let after = |c: usize| if table { nodes.flags[c] } else { stops[c].0 } + 1;
-        let on = !table && self.opts.gated_split;
+        // Split form: asked for (`POCKETMOE_GATED_SPLIT=1`), or the duel's arm for this step.
+        let on = !table && (self.opts.gated_split || self.duels.pending().is_some_and(|a| a.split));
+        self.stats.split_steps += u64::from(on && nodes.gpu_outs.iter().any(Option::is_some));
         let split = |c: usize| nodes.gpu_outs[c].filter(|_| on);
         let mut queued = 0;
         for s in 0..=n_stops {

@@ -6,7 +6,7 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         let mut s = format!(
-            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated ({} while ggml-cuda may capture; {} in table form, {} stops passed on the device), {} at a reduced prefetch budget, {} in a duel still deciding; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
+            "offload: {} steps, {} tokens; hit rate {:.3} ({} hits, {} misses, {:.1}% of misses on the CPU; cache alone, without prefetched hits: {:.3}); {:.2} GB host->device; waited {:.3} s on copies, {:.3} s on the CPU; {} graph stops ({:.1} us each in the hook); {} steps gated ({} while ggml-cuda may capture; {} in table form, {} stops passed on the device, {} in split form), {} at a reduced prefetch budget, {} in a duel still deciding; per step {:.0} us computing; prefetch precision {:.2} recall {:.2}\nper-layer hit rate:",
             self.steps,
             self.tokens,
             self.hit_rate(),
@@ -23,6 +23,7 @@ impl Stats {
             self.capture_steps,
             self.table_steps,
             self.hit_stops,
+            self.split_steps,
             self.less_prefetch_steps,
             self.duel_steps,
             1e6 * self.compute_s / self.steps.max(1) as f64,
