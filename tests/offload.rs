@@ -500,10 +500,23 @@ fn gated_decode_equals_the_eval_hook_path() {
                 (false, true) => 0.999,
                 (false, false) => 0.99999,
             };
+            // On a GPU, one flipped near-tie moves one step; where attention reads only the
+            // indexer's top-k positions (deepseek32's tiny preset: the top 8 of ~50), the flipped
+            // step's own position gets another indexer key, which may enter or leave a later
+            // step's top 8: a second step off from the same flip. Measured (H100, 2026-12-06 and
+            // twice 2026-12-07, 4 slots, CPU channel, either form): steps 8 and 10, cosine
+            // 0.990005 (the same figure each time) and 0.975-0.977; 4 of 5 reruns passed.
+            let flips = if cuda && probe.hp.indexer.top_k > 0 {
+                2
+            } else {
+                1
+            };
             check!(
-                over.len() <= 1 && over.iter().all(|&(_, _, c)| c >= floor),
-                "{arch} {slots} slots: steps beyond {CPU_CHANNEL_MAX_DIFF} (or, the prompt \
-                 tipped, below cosine {TIP_MIN_COSINE}) (step, max |dlogit|, cosine): {over:?}"
+                over.len() <= flips && over.iter().all(|&(_, _, c)| c >= floor),
+                "{arch} {slots} slots: more than {flips} steps off, or one below cosine {floor} \
+                 (off: on a GPU below cosine 0.999; on the CPU beyond {CPU_CHANNEL_MAX_DIFF}, or, \
+                 the prompt tipped, below cosine {TIP_MIN_COSINE}) (step, max |dlogit|, \
+                 cosine): {over:?}"
             );
             if bw == cpu || slots < k {
                 check!(
