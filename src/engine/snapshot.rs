@@ -97,10 +97,13 @@ pub struct ExpertsSnapshot {
     /// Graph stops for expert routing, and the host seconds spent in them.
     pub stops: u64,
     pub stop_s: f64,
-    /// Forward passes with offloaded experts; of them those run gated, and the stops of gated
-    /// steps the GPU passed on its own (table form: every pick resident).
+    /// Forward passes with offloaded experts; of them those run gated, of those the ones in
+    /// table form and in split form (the way `Gated::Auto`'s duel runs them), and the stops of
+    /// gated steps the GPU passed on its own (table form: every pick resident).
     pub steps: u64,
     pub gated_steps: u64,
+    pub table_steps: u64,
+    pub split_steps: u64,
     pub passed_stops: u64,
     /// Wall seconds of those forward passes (the step's time: stops, waits and copies
     /// within it), and the host's waits in them for copies and for the CPU's experts.
@@ -170,6 +173,8 @@ impl ExpertsSnapshot {
             stop_s: s.hook_s,
             steps: s.steps,
             gated_steps: s.gated_steps,
+            table_steps: s.table_steps,
+            split_steps: s.split_steps,
             passed_stops: s.hit_stops,
             compute_s: s.compute_s,
             wait_copy_s: s.wait_copy_s,
@@ -211,6 +216,7 @@ mod tests {
         (s.h2d_bytes, s.cpu_bytes, s.stops, s.hook_s) = (7, 11, 13, 0.5);
         (s.layers[0].copies, s.layers[1].copies) = (5, 2);
         (s.steps, s.gated_steps, s.hit_stops) = (17, 9, 19);
+        (s.table_steps, s.split_steps) = (2, 5);
         (s.compute_s, s.wait_copy_s, s.wait_cpu_s) = (1.5, 0.25, 0.125);
         s.channels = Some(Rates {
             pcie_gb_s: 25.0,
@@ -241,6 +247,8 @@ mod tests {
                 stop_s: 0.5,
                 steps: 17,
                 gated_steps: 9,
+                table_steps: 2,
+                split_steps: 5,
                 passed_stops: 19,
                 compute_s: 1.5,
                 wait_copy_s: 0.25,

@@ -296,6 +296,18 @@ impl HttpMetrics {
                     x.gated_steps as f64,
                 ),
                 (
+                    "expert_table_steps_total",
+                    COUNTER,
+                    "Of the gated steps, those in table form (the GPU gathers its picks' slots itself).",
+                    x.table_steps as f64,
+                ),
+                (
+                    "expert_split_steps_total",
+                    COUNTER,
+                    "Of the gated steps, those in split form (a layer's GPU experts run beside its CPU job).",
+                    x.split_steps as f64,
+                ),
+                (
                     "expert_stops_passed_on_gpu_total",
                     COUNTER,
                     "Stops of gated steps the GPU passed on its own, every pick resident in its expert table.",
@@ -500,13 +512,21 @@ mod tests {
         assert!(!text.contains("expert"));
         s.experts = Some(crate::engine::snapshot::ExpertsSnapshot {
             hit_rate: 0.75,
+            gated_steps: 9,
+            table_steps: 2,
+            split_steps: 5,
             ..Default::default()
         });
         let text = m.render(&card, &Health::Ready, &s, None);
-        assert!(
-            text.contains("pocketmoe_expert_cache_hit_ratio 0.75"),
-            "{text}"
-        );
+        for want in [
+            "pocketmoe_expert_cache_hit_ratio 0.75",
+            // Which way the gated steps ran (`Gated::Auto`'s duel chooses).
+            "pocketmoe_expert_gated_steps_total 9",
+            "pocketmoe_expert_table_steps_total 2",
+            "pocketmoe_expert_split_steps_total 5",
+        ] {
+            assert!(text.contains(want), "{want} missing: {text}");
+        }
         // One device: no per-device series.
         assert!(!text.contains("expert_device"), "{text}");
         // A layer split over two devices: each one's cache, by device label.
