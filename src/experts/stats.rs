@@ -108,6 +108,17 @@ pub struct DeviceStats {
     pub h2d_bytes: u64,
 }
 
+/// `Gated::Auto`'s last decision for one micro-batch size (`offload::duel`): the arm that runs
+/// until the next duel, and each arm's median step time.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DuelChoice {
+    pub n_tokens: usize,
+    pub winner: &'static str,
+    /// Per arm that took part (the duel's order): its name, median step time in us (infinite
+    /// where it ran no counted step) and whether it sat the duel's end out (1.15x the best).
+    pub arms: Vec<(&'static str, f64, bool)>,
+}
+
 /// Counters for the whole model.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Stats {
@@ -178,6 +189,10 @@ pub struct Stats {
     /// (`offload::duel`: the arms in turn, before the winner's hold): the duel's share of decode.
     #[serde(default)]
     pub duel_steps: u64,
+    /// The duels' last decisions, one per micro-batch size, by size (not counters: `since`
+    /// keeps the later snapshot's).
+    #[serde(default)]
+    pub duels: Vec<DuelChoice>,
 }
 
 impl Stats {
@@ -270,6 +285,17 @@ impl Stats {
         (0..n)
             .map(|d| of(&self.total_of(|il| dev(il) == d), used(&|il| dev(il) == d)))
             .collect()
+    }
+
+    /// Records a duel's decision, replacing the one before of its micro-batch size.
+    pub fn record_duel(&mut self, choice: DuelChoice) {
+        match self
+            .duels
+            .binary_search_by_key(&choice.n_tokens, |c| c.n_tokens)
+        {
+            Ok(i) => self.duels[i] = choice,
+            Err(i) => self.duels.insert(i, choice),
+        }
     }
 
     /// `self - earlier`, counter by counter.

@@ -31,6 +31,7 @@
 //! The table form is a graph of its own: the arm is chosen before the step's graph is built
 //! ([`Duels::choose`] from `Offload::begin_form`), and the engine builds the graph of the form
 //! the arm asks for.
+use crate::experts::stats::DuelChoice;
 use tracing::debug;
 
 /// A way to run a decode step: gated or on the eval-hook path, prefetching this share of the
@@ -42,6 +43,19 @@ pub(super) struct Arm {
     pub prefetch: f64,
     pub table: bool,
     pub split: bool,
+}
+
+impl Arm {
+    /// Its name in the offload summary (`Stats::duels`).
+    pub fn name(&self) -> &'static str {
+        match (self.gated, self.table, self.split) {
+            (false, ..) if self.prefetch < 1.0 => "hook-half",
+            (false, ..) => "hook",
+            (true, true, _) => "table",
+            (true, false, true) => "split",
+            (true, false, false) => "gated",
+        }
+    }
 }
 
 /// The arms a duel measures: the hook path, gated, the hook path prefetching half the budget
@@ -176,11 +190,11 @@ impl Duels {
         self.pending = None;
     }
 
-    /// The step chosen last took `secs` (its graph's compute, stops included).
-    pub fn step_time(&mut self, secs: f64) {
-        if let Some((n, arm)) = self.pending.take() {
-            self.by_tokens[n].record(n, arm, secs);
-        }
+    /// The step chosen last took `secs` (its graph's compute, stops included). Returns the
+    /// duel's decision where this step ended one.
+    pub fn step_time(&mut self, secs: f64) -> Option<DuelChoice> {
+        let (n, arm) = self.pending.take()?;
+        self.by_tokens[n].record(n, arm, secs)
     }
 }
 
@@ -189,7 +203,7 @@ impl Duel {
         self.winner.unwrap_or(self.turn)
     }
 
-    fn record(&mut self, n_tokens: usize, arm: usize, secs: f64) {
+    fn record(&mut self, n_tokens: usize, arm: usize, secs: f64) -> Option<DuelChoice> {
         let arms = self.arms;
         if self.winner.is_some() {
             self.hold = self.hold.saturating_sub(1);
@@ -199,17 +213,17 @@ impl Duel {
                     ..Duel::default()
                 };
             }
-            return;
+            return None;
         }
         self.times[arm].push(secs);
         self.in_block += 1;
         if self.in_block < BLOCK {
-            return;
+            return None;
         }
         self.in_block = 0;
         if let Some(next) = (self.turn + 1..arms).find(|&a| !self.out[a]) {
             self.turn = next;
-            return;
+            return None;
         }
         // A round is over. An arm with no times yet counts as the slowest.
         self.rounds += 1;
@@ -229,24 +243,23 @@ impl Duel {
         let left = (0..arms).filter(|&a| !self.out[a]).count();
         if self.rounds < BLOCKS && left > 1 {
             self.turn = (0..arms).find(|&a| !self.out[a]).unwrap_or(best);
-            return;
+            return None;
         }
-        debug!(
-            "decode of {n_tokens}-token steps: {:?} (median step us by arm {:?}: {:?}; out: {:?})",
-            ARMS[best],
-            &ARMS[..arms],
-            medians
-                .iter()
-                .map(|m| (m * 1e6).round())
-                .collect::<Vec<_>>(),
-            &self.out[..arms]
-        );
+        let choice = DuelChoice {
+            n_tokens,
+            winner: ARMS[best].name(),
+            arms: (0..arms)
+                .map(|a| (ARMS[a].name(), medians[a] * 1e6, self.out[a]))
+                .collect(),
+        };
+        debug!("decode of {choice}");
         *self = Duel {
             arms,
             winner: Some(best),
             hold: HOLD,
             ..Duel::default()
         };
+        Some(choice)
     }
 }
 

@@ -213,3 +213,39 @@ fn a_duel_is_deciding_until_its_winner_holds() {
     d.choose(2, true);
     assert!(d.deciding(), "a size that has not dueled yet");
 }
+
+/// The step that ends a duel returns its decision (for the offload summary): the winner's name,
+/// and each arm's median step time and whether it sat out; no other step returns one.
+#[test]
+fn the_step_that_ends_a_duel_reports_its_choice() {
+    let mut d = Duels::default();
+    // Half prefetch and split form far slower after the first round: out; the others run on.
+    let times = [12e-3, 10e-3, 13e-3, 12.5e-3, 10.5e-3];
+    let mut choices = Vec::new();
+    for i in 0..DUEL {
+        d.discard();
+        let arm = d.choose(1, true);
+        let a = ARMS.iter().position(|x| *x == arm).unwrap();
+        if let Some(c) = d.step_time(times[a]) {
+            choices.push((i, c));
+        }
+    }
+    assert_eq!(choices.len(), 1, "{choices:?}");
+    let (i, c) = &choices[0];
+    // 40 steps of the first round, then 24 and 16 (hook path out after its second block).
+    assert_eq!(*i, 40 + 24 + 16 - 1, "the duel's last step");
+    assert_eq!(c.n_tokens, 1);
+    assert_eq!(c.winner, "gated");
+    let want = [
+        ("hook", 12e3, true),
+        ("gated", 10e3, false),
+        ("hook-half", 13e3, true),
+        ("split", 12.5e3, true),
+        ("table", 10.5e3, false),
+    ];
+    assert_eq!(c.arms.len(), want.len());
+    for (got, want) in c.arms.iter().zip(want) {
+        assert_eq!((got.0, got.2), (want.0, want.2), "{got:?}");
+        assert!((got.1 - want.1).abs() < 1e-6, "{got:?} against {want:?}");
+    }
+}

@@ -34,7 +34,9 @@ impl Offload {
     /// of the slack controller's setpoint takes the step's channel shares (`MissModel::
     /// steer_setpoint`; unless `POCKETMOE_SLACK_TARGET_US` fixes the setpoint).
     pub fn add_step_time(&mut self, compute_s: f64) {
-        self.duels.step_time(compute_s);
+        if let Some(choice) = self.duels.step_time(compute_s) {
+            self.stats.record_duel(choice);
+        }
         self.stats.compute_s += compute_s;
         if let Some((h2d, cpu_s)) = self.miss.step_mark.take().filter(|_| compute_s > 0.0) {
             let st = &self.stats;

@@ -61,6 +61,9 @@ impl Stats {
                 us(self.wait_cpu_s),
             );
         }
+        for d in &self.duels {
+            s += &format!("\nduel (POCKETMOE_GATED=auto): {d}");
+        }
         if let Some(c) = self.channels {
             s += &format!(
                 "\nmiss channels ({}): PCIe {:.1} GB/s, CPU {:.1} GB/s + {:.0} us per job (slack correction {:+.0} us, setpoint {:+.0} us)",
@@ -111,6 +114,29 @@ impl Stats {
     }
 }
 
+/// `8-token steps: split runs (median step us: hook 12923 (out), gated 10800, split 9211)`.
+impl std::fmt::Display for super::DuelChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}-token steps: {} runs (median step us:",
+            self.n_tokens, self.winner
+        )?;
+        for (i, (name, us, out)) in self.arms.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            if us.is_finite() {
+                write!(f, "{sep}{name} {us:.0}")?;
+            } else {
+                write!(f, "{sep}{name} -")?;
+            }
+            if *out {
+                write!(f, " (out)")?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
 /// The copy engine's and the CPU channel's shares of `secs`: `h2d_bytes` at `pcie_bytes_s`, and
 /// `cpu_s` ([`Stats::channels_busy`] over a run's totals; the setpoint's outer loop over one
 /// step's, `offload::hook`).
@@ -149,5 +175,34 @@ mod tests {
         assert!((cpu - 0.15).abs() < 1e-9, "{cpu}");
         let s = st.summary();
         assert!(s.contains("PCIe 80% (400 MB a step), CPU 15%"), "{s}");
+    }
+
+    /// The duels' decisions, one line per micro-batch size in size order, the later decision of
+    /// a size replacing the earlier; an arm without a counted step shows as `-`.
+    #[test]
+    fn the_summary_names_each_duels_choice() {
+        use super::super::DuelChoice;
+        let mut st = Stats::new(1);
+        let choice = |n, winner, split_us| DuelChoice {
+            n_tokens: n,
+            winner,
+            arms: vec![
+                ("hook", 12923.4, true),
+                ("gated", 10800.0, false),
+                ("split", split_us, false),
+            ],
+        };
+        st.record_duel(choice(8, "gated", f64::INFINITY));
+        st.record_duel(choice(1, "gated", 11000.0));
+        st.record_duel(choice(1, "split", 9211.0));
+        assert_eq!(st.duels.len(), 2);
+        let s = st.summary();
+        let one = s.find("duel (POCKETMOE_GATED=auto): 1-token steps: split runs (median step us: hook 12923 (out), gated 10800, split 9211)");
+        let eight = s.find("duel (POCKETMOE_GATED=auto): 8-token steps: gated runs (median step us: hook 12923 (out), gated 10800, split -)");
+        assert!(one.is_some() && eight.is_some() && one < eight, "{s}");
+        assert!(
+            !s.contains("11000"),
+            "the earlier 1-token decision stayed: {s}"
+        );
     }
 }
