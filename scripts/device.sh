@@ -130,7 +130,7 @@ case "$sub" in
       [[ " $parts " == *" ab "* ]] || return $rc
       VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1+TABLE=1+TABLE_PREFETCH=landed GATED=1 GATED=0}" BUDGETS="${BUDGETS:-12GiB,8GiB}" \
         timeout $(( 585 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
-      grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
+      grep -h "tg128 \|offload:\|^duel (" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
       return $rc
     }
     cmd=(table "$@") ;;
@@ -157,7 +157,7 @@ case "$sub" in
       echo "tests, model and stock ready at $(( $(date +%s) - start )) s"
       VARIANTS="${VARIANTS:-GATED=1+TABLE=1 GATED=1}" BUDGETS="${BUDGETS:-12GiB}" SKEW="${SKEW-0}" \
         REPS="${REPS:-3}" timeout $(( 470 - ($(date +%s) - start) )) scripts/device-decode-ab.sh "$out/ab" || rc=1
-      grep -h "tg128 \|offload:" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
+      grep -h "tg128 \|offload:\|^duel (" "$out/ab/ab.log" "$out/ab/ab.md" | cut -c1-400
       SKEW="${SKEW-0}" BUDGETS=resident PROMPTS=0 DEPTHS=0 REPS=3 \
         timeout $(( 585 - ($(date +%s) - start) )) scripts/device-bench.sh "$out/floor" || rc=1
       grep -h "^floor\|tg128" "$out/floor/bench.log" "$out/floor/bench.md" | cut -c1-300
