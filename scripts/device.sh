@@ -11,6 +11,7 @@
 #   build-stock-server           stock llama-server (device-stock-server.sh)
 #   bench OUT                    the bench matrix beside stock llama-bench (device-bench.sh)
 #   floor OUT                    resident tg128 floor guard: Qwen3-30B-A3B and GPT-OSS-20B vs stock
+#   rows OUT                     issue 30's decode rows beside stock (uniform, calibrated, GPT-OSS-20B)
 #   tests [FILTER]               the packed CUDA test executables, TESTS="a b" picks (device-run.sh)
 #   verify OUT                   tests + (SERVE=1) serving + decode figures (device-verify.sh)
 #   serve-compare prep|bench OUT pocketmoe-serve vs stock llama-server (device-serve-compare.sh)
@@ -58,6 +59,30 @@ case "$sub" in
       return $rc
     }
     cmd=(floor "$@") ;;
+  rows)
+    # Issue 30's decode rows beside stock in one device call (< 10 min; stock llama-bench of the
+    # same tree already built in this warm machine, e.g. by `sitting`): Qwen3-30B-A3B q4_k_m at
+    # uniform routing (SKEW=0) and calibrated, 12 and 8 GiB, then GPT-OSS-20B mxfp4 at 8 and
+    # 4 GiB; tg128 at depth 0, REPS (3). Prints each row (budget, ours, llama.cpp, ratio, its
+    # setting, in-process / stock) and each duel's decision (the offload summary's lines).
+    rows() {
+      local out="${1:?usage: scripts/device.sh rows OUT}" start rc=0 x
+      mkdir -p "$out"; start=$(date +%s)
+      export PROMPTS=0 DEPTHS=0 REPS="${REPS:-3}"
+      SKEW=0 BUDGETS=12GiB,8GiB DEADLINE=200 scripts/device-bench.sh "$out/uniform" > "$out/uniform.log" 2>&1 || rc=1
+      BUDGETS=12GiB,8GiB DEADLINE=$(( 380 - ($(date +%s) - start) )) \
+        scripts/device-bench.sh "$out/calibrated" > "$out/calibrated.log" 2>&1 || rc=1
+      ARCH=gpt-oss PRESET=gpt-oss-20b QUANT=mxfp4 BUDGETS=8GiB,4GiB DEADLINE=$(( 570 - ($(date +%s) - start) )) \
+        scripts/device-bench.sh "$out/gpt-oss-20b" > "$out/gpt-oss-20b.log" 2>&1 || rc=1
+      for x in uniform calibrated gpt-oss-20b; do
+        echo "== $x"
+        grep -h "^| [0-9].*tg128" "$out/$x/bench.md" | cut -d'|' -f2-8
+        grep -ah "^duel (" "$out/$x/bench.log" | cut -c1-300
+      done
+      echo "rows: $(( $(date +%s) - start )) s"
+      return $rc
+    }
+    cmd=(rows "$@") ;;
   gated)
     # Gated decode (docs/design.md §4.4a) in one device call (< 10 min): the offload and batch
     # tests, whose gated cases run it on CUDA, under a timeout (a hang there is a host
