@@ -62,8 +62,10 @@ impl Arm {
 /// (measured H100 2026-12-05, uniform routing: +9% at 8 GiB, +14% at 12 GiB over the hook path;
 /// not measured where the cache hits, which is what a duel is for), gated in split form
 /// (measured H100 2026-12-07, uniform routing: +9% at 12 GiB, +6% at 8 GiB over gated; 2-5%
-/// below it where the cache hits, within the spread), and, last, gated in table form, where a
-/// step may take it ([`TABLE_ARM`]).
+/// below it where the cache hits, within the spread; a duel's medians on another H100 the same
+/// day: 9211 us a step against gated's 10800 at 12 GiB), and, last, gated in table form, where a
+/// step may take it ([`TABLE_ARM`]). Split form is gated for the slack controller: it shares the
+/// gated path's setpoint and correction (`MissModel::set_gated`).
 pub(super) const ARMS: [Arm; 5] = [
     Arm {
         gated: false,
