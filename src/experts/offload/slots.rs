@@ -173,6 +173,7 @@ impl Offload {
                 (ids, mask)
             })
             .collect();
+        super::trace::with(|r, now| r.decided = now);
         for (s, slot, e) in copies {
             let backend = self.parts[devs[s]].backend.clone();
             let addrs = self.addrs_of(il, s);

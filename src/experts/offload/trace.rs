@@ -2,8 +2,9 @@
 //! (issue 30: at uniform routing the CPU channel idles ~80% of a step while PCIe is saturated,
 //! and a cost model with the GPU's ~70 us of work per layer predicts ~90 t/s where 68 were
 //! measured). `POCKETMOE_STOP_TRACE=path` appends one CSV row per stop (host clock, us since
-//! the trace began): when the host began waiting for the routing, had it, opened the gate (or,
-//! on the eval-hook path, returned to ggml), and what the stop decided. Off (the default) it
+//! the trace began): when the host began waiting for the routing, had it, had made the stop's
+//! decisions, opened the gate (or, on the eval-hook path, returned to ggml), and what the stop
+//! decided. Off (the default) it
 //! costs one load of a `OnceLock` per call.
 //!
 //! Process-wide, not a field of `Offload`: a diagnostic that must not grow the protocol's
@@ -34,6 +35,11 @@ pub(super) struct Row {
     pub wait: f64,
     /// The routing was on the host.
     pub routed: f64,
+    /// The stop's decisions were made (the CPU/PCIe split, the CPU job handed over, cache
+    /// lookups and admissions), before its copies, control words and gate were queued:
+    /// `routed -> decided` is host logic, `decided -> open` the calls that queue them (and,
+    /// gated with a CPU job, its join).
+    pub decided: f64,
     /// The gate was opened (queued behind the stop's copies; gated only).
     pub open: f64,
     /// The stop's protocol returned.
@@ -145,19 +151,20 @@ fn write_rows(path: &str, run: u32, rows: &[Row]) -> std::io::Result<()> {
     if new {
         writeln!(
             w,
-            "run,step,layer,kind,wait,routed,open,done,used,misses,cpu,backlog,cands,\
+            "run,step,layer,kind,wait,routed,decided,open,done,used,misses,cpu,backlog,cands,\
              prefetched,cpu_wait,cpu_compute,fast"
         )?;
     }
     for r in rows {
         writeln!(
             w,
-            "{run},{},{},{:?},{:.1},{:.1},{:.1},{:.1},{},{},{},{:.1},{},{},{:.1},{:.1},{}",
+            "{run},{},{},{:?},{:.1},{:.1},{:.1},{:.1},{:.1},{},{},{},{:.1},{},{},{:.1},{:.1},{}",
             r.step,
             r.il,
             r.kind,
             r.wait,
             r.routed,
+            r.decided,
             r.open,
             r.done,
             r.used,
