@@ -1168,6 +1168,7 @@ fn metrics_and_slots_text_is_pinned() {
     (st.h2d_bytes, st.cpu_bytes, st.stops, st.hook_s) = (123_456_789, 4567, 12, 0.25);
     (st.layers[0].copies, st.layers[1].copies) = (7, 4);
     (st.steps, st.gated_steps, st.hit_stops) = (20, 14, 9);
+    (st.table_steps, st.split_steps) = (3, 5);
     (st.compute_s, st.wait_copy_s, st.wait_cpu_s) = (1.75, 0.5, 0.125);
     let stats = StatsSnapshot {
         queued: 1,
@@ -1302,6 +1303,12 @@ pocketmoe_expert_steps_total 20
 # HELP pocketmoe_expert_gated_steps_total Of those, steps run gated (the graph queued a stop ahead, behind a gate on the GPU).
 # TYPE pocketmoe_expert_gated_steps_total counter
 pocketmoe_expert_gated_steps_total 14
+# HELP pocketmoe_expert_table_steps_total Of the gated steps, those in table form (the GPU gathers its picks' slots itself).
+# TYPE pocketmoe_expert_table_steps_total counter
+pocketmoe_expert_table_steps_total 3
+# HELP pocketmoe_expert_split_steps_total Of the gated steps, those in split form (a layer's GPU experts run beside its CPU job).
+# TYPE pocketmoe_expert_split_steps_total counter
+pocketmoe_expert_split_steps_total 5
 # HELP pocketmoe_expert_stops_passed_on_gpu_total Stops of gated steps the GPU passed on its own, every pick resident in its expert table.
 # TYPE pocketmoe_expert_stops_passed_on_gpu_total counter
 pocketmoe_expert_stops_passed_on_gpu_total 9
