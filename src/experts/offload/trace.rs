@@ -4,8 +4,7 @@
 //! measured). `POCKETMOE_STOP_TRACE=path` appends one CSV row per stop (host clock, us since
 //! the trace began): when the host began waiting for the routing, had it, had made the stop's
 //! decisions, opened the gate (or, on the eval-hook path, returned to ggml), and what the stop
-//! decided. Off (the default) it
-//! costs one load of a `OnceLock` per call.
+//! decided. Off (the default) it costs one load of a `OnceLock` per call.
 //!
 //! Process-wide, not a field of `Offload`: a diagnostic that must not grow the protocol's
 //! state; `Offload`'s `Drop` flushes what is left.
