@@ -25,6 +25,7 @@
 #   multi OUT                    several GPUs: multi_device tests, -sm layer/tensor vs stock (device-multi.sh)
 #   floor-trace OUT              resident decode kernel by kernel, CUPTI (device-floor-trace.sh)
 #   profile OUT                  nsys summaries of offloaded and resident decode (device-decode-profile.sh)
+#   stops OUT                    where a cache-hit step's time goes: per-stop traces and kernel traces, gated forms vs resident
 #   model ARCH PRESET QUANT [SKEW]  path of the synthetic model, made once (device-model.sh)
 #   hang-probe OUT CMD...        CMD under a watchdog: its threads' states should it hang (device-hang-probe.sh)
 #   sitting OUT                  stock built beside the offload tests, then the decode A/B and the floor beside stock
@@ -252,6 +253,44 @@ case "$sub" in
       return $rc
     }
     cmd=(prefetch "$@") ;;
+  stops)
+    # Where an offloaded decode step's time goes where the cache hits (issue 30: >= 75% of
+    # resident), in one device call (< 10 min, ours only), Qwen3-30B-A3B q4_k_m, calibrated
+    # routing, at BUDGET (12GiB): for each form (STOP_FORMS, default table form and control
+    # form, gated) the per-stop trace (POCKETMOE_STOP_TRACE, tools/stop-trace.py: the host's
+    # wait for the routing, its logic, its queueing calls, the time between stops), then CUPTI
+    # kernel traces of tg64 resident and in each form (tools/kernel-trace, dist/ktrace carried:
+    # GPU busy, idle gaps by the kernels around them, API calls per step).
+    stops() {
+      local out="${1:?usage: scripts/device.sh stops OUT}" m f d rc=0 csvs=()
+      mkdir -p "$out"; out=$(cd "$out" && pwd)
+      m=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW:-}") || return 1
+      local forms="${STOP_FORMS:-GATED=1+TABLE=1 GATED=1}"
+      for f in $forms; do
+        d=${f//[=+]/_}
+        env POCKETMOE_STEP_PROFILE=1 POCKETMOE_STOP_TRACE="$out/stops-$d.csv" \
+          $(sed 's/\([A-Z_]*=\)/POCKETMOE_\1/g' <<<"${f//+/ }") \
+          scripts/device-run.sh exec pocketmoe bench -m "$m" --gpu 0 --gpu-mem "${BUDGET:-12GiB}" \
+          -p 0 -n 128 --reps 2 --no-baseline > "$out/stops-$d.md" 2> "$out/stops-$d.log" || rc=1
+        echo "== $f: $(grep -E 'tg128' "$out/stops-$d.md" | tail -1 | tr -s ' ' | cut -c1-200)"
+        grep -ah "step profile\|^duel (\|offload:" "$out/stops-$d.log" | cut -c1-420
+        python3 tools/stop-trace.py --last 200 "$out/stops-$d.csv" || rc=1
+      done
+      for f in resident $forms; do
+        d=${f//[=+]/_}
+        local mem=(--gpu-mem "${BUDGET:-12GiB}") envs=()
+        [ "$f" = resident ] && mem=() || envs=($(sed 's/\([A-Z_]*=\)/POCKETMOE_\1/g' <<<"${f//+/ }"))
+        env "${envs[@]}" KTRACE_OUT="$out/k-$d-%p.csv" scripts/device-run.sh exec bash tools/kernel-trace/run.sh \
+          pocketmoe bench -m "$m" --gpu 0 "${mem[@]}" --no-baseline --reps 2 -p 0 -n 64 \
+          > "$out/k-$d.md" 2> "$out/k-$d.log" || { echo "trace $f FAILED"; rc=1; }
+        csvs+=("$out/k-$d"-*.csv)
+      done
+      python3 tools/kernel-trace/summarise.py --last 60 --top 30 "${csvs[@]}" > "$out/kernels.txt" 2>&1 || rc=1
+      cat "$out/kernels.txt"
+      xz -T0 "$out"/*.csv
+      return $rc
+    }
+    cmd=(stops "$@") ;;
   multi) cmd=(scripts/device-multi.sh "$@") ;;
   tests) cmd=(scripts/device-run.sh tests "$@") ;;
   verify) cmd=(scripts/device-verify.sh "$@") ;;

@@ -57,14 +57,23 @@ def load(path, logits_bytes, last):
     # GPU busy: union of kernel intervals (several streams may overlap).
     busy, cur_s, cur_e = 0, None, None
     gaps = []  # GPU idle intervals between kernels (ns)
-    for s, e, _ in kern:
+    # Idle time by the kernels on either side of the gap (what the GPU waited to start, after
+    # what): a gated step's waits show as gaps before its gathers, flag or experts kernels.
+    before = collections.defaultdict(lambda: [0, 0])
+    prev_name = None
+    for s, e, n in kern:
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 busy += cur_e - cur_s
                 gaps.append(s - cur_e)
+                b = before[f"{prev_name} -> {n}"]
+                b[0] += 1
+                b[1] += s - cur_e
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
+        if e >= cur_e:
+            prev_name = n
     if cur_e is not None:
         busy += cur_e - cur_s
     ks = collections.defaultdict(lambda: [0, 0])
@@ -92,6 +101,7 @@ def load(path, logits_bytes, last):
         "kern_us": sum(v[1] for v in ks.values()) / 1e3 / last,
         "n_kern": len(kern) / last,
         "kernels": ks,
+        "before": before,
         "api": apis,
     }
 
@@ -143,6 +153,7 @@ def main():
         print(f"#{i} copies per step: {cps or 'none'}")
         print(f"#{i} GPU idle gaps per step: {gs}")
     table("kernels", ts, "kernels", a.top)
+    table("GPU idle by the kernels around it (previous -> next)", ts, "before", a.top)
     table("runtime API", ts, "api", a.top)
 
 
