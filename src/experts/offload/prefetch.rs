@@ -95,8 +95,9 @@ impl Offload {
         // Early, the next stop's experts wait for the bytes: their ticket opens after them. With
         // nothing fetched there are no bytes to wait for, and the ticket opens now: else the
         // next stop's experts waited for this stop's whole protocol (its hit flag read back
-        // included) even where every pick of both layers was resident (H100, 2026-12-07,
-        // calibrated 12 GiB, table form: 56 us of GPU idle before the experts of every stop).
+        // included) even where every pick of both layers was resident, which stalls the GPU
+        // wherever the host runs late (H100, 2026-12-07: most stops fetch nothing at
+        // calibrated routing, 12 GiB).
         let wait = early && !fetched.is_empty();
         self.open_pre(il, pre.map(|p| if wait { p.gathers } else { p.experts }))?;
         Ok(Some(Prefetch {
