@@ -260,7 +260,9 @@ case "$sub" in
     # form, gated) the per-stop trace (POCKETMOE_STOP_TRACE, tools/stop-trace.py: the host's
     # wait for the routing, its logic, its queueing calls, the time between stops), then CUPTI
     # kernel traces of tg64 resident and in each form (tools/kernel-trace, dist/ktrace carried:
-    # GPU busy, idle gaps by the kernels around them, API calls per step).
+    # GPU busy, idle gaps by the kernels around them, API calls per step). CUPTI slows the
+    # host's CUDA calls 2-3x, which makes a gated step host-bound: read the kernel traces for the
+    # GPU's own work per step, the per-stop trace (untraced runs) for where the step waits.
     stops() {
       local out="${1:?usage: scripts/device.sh stops OUT}" m f d rc=0 csvs=()
       mkdir -p "$out"; out=$(cd "$out" && pwd)
@@ -287,7 +289,8 @@ case "$sub" in
       done
       python3 tools/kernel-trace/summarise.py --last 60 --top 30 "${csvs[@]}" > "$out/kernels.txt" 2>&1 || rc=1
       cat "$out/kernels.txt"
-      xz -T0 "$out"/*.csv
+      # One archive of the traces and logs: the device tool brings back only a few files a call.
+      (cd "$out" && tar czf traces.tgz --remove-files ./*.csv ./*.log ./*.md)
       return $rc
     }
     cmd=(stops "$@") ;;

@@ -58,6 +58,17 @@ def main():
         )
         for k, v in cols.items():
             print(f"  {k:<28} mean {statistics.mean(v):8.1f}  median {statistics.median(v):8.1f}  sum/step {sum(v) / len(keep):9.1f}")
+        # Table form: stops the GPU passed on its own against those that took the host's path.
+        for name, fast in (("passed on the GPU", "1"), ("took the host's path", "0")):
+            rs = [r for r in rows if r["fast"] == fast and f(r, "decided") > 0]
+            if rs and len(rs) < len(rows):
+                logic = statistics.median(f(r, "decided") - f(r, "routed") for r in rs)
+                calls = statistics.median(f(r, "done") - f(r, "decided") for r in rs)
+                print(f"  {name}: {len(rs) / len(keep):.1f} a step, median routed -> decided {logic:.1f}, decided -> done {calls:.1f}")
+        ordered = sorted(by_step, key=int)
+        tails = [f(by_step[b][0], "wait") - f(by_step[a][-1], "done") for a, b in zip(ordered, ordered[1:])]
+        if tails:
+            print(f"  last stop done -> next step's first wait: median {statistics.median(tails):.1f}")
 
 
 if __name__ == "__main__":
