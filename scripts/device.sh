@@ -136,7 +136,9 @@ case "$sub" in
       # nofusion, the same without ggml-cuda's fusion; landed, table form with prefetched
       # experts resident only once landed (POCKETMOE_TABLE_PREFETCH=landed); ahead0, table form
       # with no piece queued ahead of its stop (POCKETMOE_GATED_AHEAD=0: if only this passes,
-      # device-side order, not the kernels); graphs0, table form without ggml-cuda's CUDA graphs.
+      # device-side order, not the kernels); graphs0, table form without ggml-cuda's CUDA graphs;
+      # kernel, table form with its lookup as one kernel of ours (POCKETMOE_TABLE_KERNEL=1), and
+      # ggml_smoke's test of that kernel beside the others.
       local parts="${PARTS:-tests ab}"
       for f in ${FLAVOURS:-default table nofusion}; do
         [[ " $parts " == *" tests "* ]] || break
@@ -146,10 +148,12 @@ case "$sub" in
           landed) export POCKETMOE_TABLE=1 POCKETMOE_TABLE_PREFETCH=landed ;;
           ahead0) export POCKETMOE_TABLE=1 POCKETMOE_GATED_AHEAD=0 ;;
           graphs0) export POCKETMOE_TABLE=1 POCKETMOE_CUDA_GRAPHS=0 ;;
+          kernel) export POCKETMOE_TABLE=1 POCKETMOE_TABLE_KERNEL=1 ;;
         esac
-        TESTS="offload batch" timeout 150 scripts/device-run.sh tests > "$out/tests-$f.log" 2>&1
+        local tests="offload batch"; [ "$f" = kernel ] && tests="offload batch ggml_smoke"
+        TESTS="$tests" timeout 150 scripts/device-run.sh tests > "$out/tests-$f.log" 2>&1
         t=$?
-        unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE POCKETMOE_TABLE_PREFETCH POCKETMOE_GATED_AHEAD POCKETMOE_CUDA_GRAPHS
+        unset GGML_CUDA_DISABLE_FUSION POCKETMOE_TABLE POCKETMOE_TABLE_PREFETCH POCKETMOE_GATED_AHEAD POCKETMOE_CUDA_GRAPHS POCKETMOE_TABLE_KERNEL
         [ "$t" = 0 ] || { rc=1; echo "table: tests ($f) FAILED (exit $t; 124: timed out)"; }
         grep -E "^test result|FAILED|panicked|cosine|slots:" "$out/tests-$f.log" | cut -c1-300
       done

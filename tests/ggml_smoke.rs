@@ -329,3 +329,87 @@ fn cpu_hyper_connection_ops_match_their_definition() {
 fn cuda_hyper_connection_ops_match_their_definition() {
     check_hyper_connections(&Backend::cuda(0).unwrap());
 }
+
+/// Table form's lookup kernel (extra-kernels/kernels/table_lookup.cu, `POCKETMOE_TABLE_KERNEL=1`)
+/// against its definition, queued on ggml-cuda's own stream as a gated step queues it: each
+/// pick's slot id and residency from the layer's table, the flag the step's base plus the
+/// resident picks (exact: integers below 2^24), a pick outside the table a miss at slot 0. Two
+/// launches with other picks and another base: the second's flag and rows are its own.
+#[cfg(feature = "cuda-api")]
+#[test]
+fn cuda_table_lookup_matches_its_definition() {
+    let backend = Backend::cuda(0).expect("a CUDA build's tests need a GPU");
+    // ggml-cuda makes its stream at first use.
+    backend.synchronize();
+    let stream = backend
+        .cuda_stream()
+        .expect("ggml-cuda's compute stream, read from its backend context");
+    let (n_expert, n) = (128usize, 24usize); // 3 tokens x 8 picks
+    let ctx = Context::new(8, 16).unwrap();
+    let t = |ty, len: usize| ctx.new_tensor(ty, &[len as i64]).unwrap();
+    let (picks, tab, on) = (
+        t(GgmlType::I32, n),
+        t(GgmlType::I32, n_expert),
+        t(GgmlType::F32, n_expert),
+    );
+    let (ids, mask, base, flag) = (
+        t(GgmlType::I32, n),
+        t(GgmlType::F32, n),
+        t(GgmlType::F32, 1),
+        t(GgmlType::F32, 1),
+    );
+    ctx.alloc_tensors(&backend).unwrap();
+    let slot: Vec<i32> = (0..n_expert as i32).map(|e| (e * 7) % 50).collect();
+    let res: Vec<f32> = (0..n_expert)
+        .map(|e| if e % 3 == 0 { 1.0 } else { 0.0 })
+        .collect();
+    tab.write_i32(&slot).unwrap();
+    on.write_f32(&res).unwrap();
+    let mut rng = Rng::new(5);
+    for (round, b) in [(0, 4096.0f32), (1, 8192.0)] {
+        let mut p: Vec<i32> = (0..n)
+            .map(|_| (rng.next_u64() % n_expert as u64) as i32)
+            .collect();
+        p[round] = n_expert as i32 + 5; // outside the table
+        picks.write_i32(&p).unwrap();
+        base.write_f32(&[b]).unwrap();
+        flag.write_f32(&[-1.0]).unwrap();
+        let l = extra_kernels::Lookup {
+            picks: picks.data_addr(),
+            n,
+            n_expert,
+            tab: tab.data_addr(),
+            on: on.data_addr(),
+            ids: ids.data_addr(),
+            mask: mask.data_addr(),
+            base: base.data_addr(),
+            flag: flag.data_addr(),
+        };
+        // SAFETY: every address is a live tensor of this backend's device, untouched until the
+        // synchronisation below.
+        unsafe { extra_kernels::table_lookup(stream, &l) }.unwrap();
+        backend.synchronize();
+        let inside = |e: i32| (0..n_expert as i32).contains(&e);
+        let want_ids: Vec<i32> = p
+            .iter()
+            .map(|&e| if inside(e) { slot[e as usize] } else { 0 })
+            .collect();
+        let want_mask: Vec<f32> = p
+            .iter()
+            .map(|&e| if inside(e) { res[e as usize] } else { 0.0 })
+            .collect();
+        let got_ids: Vec<i32> = bytemuck::cast_slice(&ids.read_bytes().unwrap()).to_vec();
+        assert_eq!(got_ids, want_ids, "round {round}: slot ids");
+        assert_eq!(
+            mask.read_f32().unwrap(),
+            want_mask,
+            "round {round}: residency"
+        );
+        let want_flag = b + want_mask.iter().sum::<f32>();
+        assert_eq!(
+            flag.read_f32().unwrap(),
+            [want_flag],
+            "round {round}: hit flag"
+        );
+    }
+}

@@ -27,6 +27,71 @@ extern "C" {
     ) -> c_int;
 }
 
+// Our kernels' launchers (kernels/*.cu), compiled and linked with the `cuda` feature.
+extern "C" {
+    fn pmoe_table_lookup(
+        picks: *const c_void,
+        n: c_int,
+        n_expert: c_int,
+        tab: *const c_void,
+        on: *const c_void,
+        ids: *mut c_void,
+        mask: *mut c_void,
+        base: *const c_void,
+        flag: *mut c_void,
+        stream: Stream,
+    ) -> c_int;
+}
+
+/// Device addresses of a table-form stop's lookup ([`table_lookup`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Lookup {
+    /// The picks, `n` expert ids (i32), each below `n_expert`.
+    pub picks: usize,
+    pub n: usize,
+    pub n_expert: usize,
+    /// The layer's table: slot id (i32) and residency (f32) per expert.
+    pub tab: usize,
+    pub on: usize,
+    /// Where the picks' slot ids (i32) and residency (f32) go, `n` each.
+    pub ids: usize,
+    pub mask: usize,
+    /// The step's base (f32) and the layer's flag word (f32): base plus the resident picks.
+    pub base: usize,
+    pub flag: usize,
+}
+
+/// Queues table form's lookup on `stream` (kernels/table_lookup.cu): each pick's slot id and
+/// residency gathered from the table, and the hit flag written, in one kernel.
+///
+/// # Safety
+/// `stream` must be a live CUDA stream of the device every address lies on; the addresses must
+/// stay valid until the kernel has run, and nothing else may write `ids`, `mask` or `flag`
+/// meanwhile.
+pub unsafe fn table_lookup(stream: Stream, l: &Lookup) -> Result<(), CudaError> {
+    let (Ok(n), Ok(n_expert)) = (c_int::try_from(l.n), c_int::try_from(l.n_expert)) else {
+        return check("pmoe_table_lookup", INVALID_VALUE);
+    };
+    // SAFETY: per the contract above.
+    check("pmoe_table_lookup", unsafe {
+        pmoe_table_lookup(
+            l.picks as *const c_void,
+            n,
+            n_expert,
+            l.tab as *const c_void,
+            l.on as *const c_void,
+            l.ids as *mut c_void,
+            l.mask as *mut c_void,
+            l.base as *const c_void,
+            l.flag as *mut c_void,
+            stream,
+        )
+    })
+}
+
+/// `cudaErrorInvalidValue`.
+const INVALID_VALUE: c_int = 1;
+
 /// `cudaMemcpyDefault`: direction inferred from the addresses (unified addressing).
 const DEFAULT: c_int = 4;
 /// `cudaErrorNotReady`: what `cudaEventQuery` returns while the event's work is pending.

@@ -82,6 +82,13 @@ pub trait Transfer {
     fn wait_batch(&mut self, _id: u64) -> Result<(), GgmlError> {
         Err(no_gate())
     }
+    /// Queues table form's lookup of a stop on the compute stream: one kernel of our own
+    /// (extra-kernels' `table_lookup`) in place of the graph's gathers and hit flag nodes.
+    /// False where this engine has none (the host; a device whose compute stream cannot be
+    /// had): the caller computes the nodes.
+    fn table_lookup(&mut self, _l: &Lookup) -> Result<bool, GgmlError> {
+        Ok(false)
+    }
     /// The highest tickets closed and opened so far, as the host queued them.
     fn gate_tally(&self) -> GateTally {
         GateTally::default()
@@ -91,6 +98,23 @@ pub trait Transfer {
     fn peek(&mut self, _addr: Option<usize>) -> (Option<u32>, Option<u64>) {
         (None, None)
     }
+}
+
+/// A table-form stop's lookup ([`Transfer::table_lookup`]), device addresses: `n` picks (i32
+/// expert ids below `n_expert`), the layer's table (slot id i32 and residency f32 per expert),
+/// where the picks' slot ids and residency go (`n` each), the step's base and the layer's hit
+/// flag word (f32 each; the flag becomes base plus the resident picks).
+#[derive(Clone, Copy, Debug)]
+pub struct Lookup {
+    pub picks: usize,
+    pub n: usize,
+    pub n_expert: usize,
+    pub tab: usize,
+    pub on: usize,
+    pub ids: usize,
+    pub mask: usize,
+    pub base: usize,
+    pub flag: usize,
 }
 
 /// Read batches a gated step may have queued and not yet waited for.
@@ -268,6 +292,35 @@ impl Transfer for CudaCopy {
 
     fn gate_tally(&self) -> GateTally {
         self.gated.as_ref().map(|g| g.tally).unwrap_or_default()
+    }
+
+    fn table_lookup(&mut self, l: &Lookup) -> Result<bool, GgmlError> {
+        let Some(stream) = self.backend.cuda_stream() else {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "POCKETMOE_TABLE_KERNEL: ggml-cuda's compute stream could not be read from \
+                     its context (another ggml layout?): the graph's gathers run instead"
+                )
+            });
+            return Ok(false);
+        };
+        let k = extra_kernels::Lookup {
+            picks: l.picks,
+            n: l.n,
+            n_expert: l.n_expert,
+            tab: l.tab,
+            on: l.on,
+            ids: l.ids,
+            mask: l.mask,
+            base: l.base,
+            flag: l.flag,
+        };
+        // SAFETY: the addresses are the live graph's and the offload's device tensors (the
+        // caller's), on the compute stream's device; the kernel runs in the stream's order,
+        // where the graph's gathers would, so nothing else writes its outputs meanwhile.
+        unsafe { extra_kernels::table_lookup(stream, &k) }.map_err(cuda_err)?;
+        Ok(true)
     }
 
     fn peek(&mut self, addr: Option<usize>) -> (Option<u32>, Option<u64>) {

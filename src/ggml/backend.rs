@@ -364,6 +364,55 @@ impl Backend {
         cstr(unsafe { sys::ggml_backend_name(self.raw()) })
     }
 
+    /// ggml-cuda's compute stream of this CUDA backend (`cudaStream_t`), for a kernel of our own
+    /// queued between the graph pieces it computes. ggml has no accessor: read from the pinned
+    /// ggml's `struct ggml_backend` (ggml-backend-impl.h) and `ggml_backend_cuda_context`
+    /// (ggml-cuda/common.cuh), each checked against what the library itself says (the backend's
+    /// device, and the context's name, whose characters `ggml_backend_name` returns). None where
+    /// a check fails (another layout), on another backend, or before ggml-cuda made the stream
+    /// (its first compute).
+    #[cfg(feature = "cuda-api")]
+    pub fn cuda_stream(&self) -> Option<*mut std::ffi::c_void> {
+        use std::ffi::c_void;
+        /// `struct ggml_backend`: the guid, 16 interface functions, the device, the context.
+        #[repr(C)]
+        struct RawBackend {
+            guid: *mut c_void,
+            iface: [*const c_void; 16],
+            device: *mut c_void,
+            context: *mut c_void,
+        }
+        /// The head of `ggml_backend_cuda_context`: the device, its name (a libstdc++
+        /// `std::string`: data pointer, length, 16 bytes of buffer), the copy event, and the
+        /// streams [GGML_CUDA_MAX_DEVICES = 16][GGML_CUDA_MAX_STREAMS = 8].
+        #[repr(C)]
+        struct RawCudaContext {
+            device: i32,
+            name: [usize; 4],
+            copy_event: *mut c_void,
+            streams: [[*mut c_void; 8]; 16],
+        }
+        if !self.name().starts_with("CUDA") {
+            return None;
+        }
+        // SAFETY: a live CUDA backend; each field is read only once the one before it checked
+        // out against the library (the device pointer's offset, then the context's name, which
+        // for ggml-cuda is the string `ggml_backend_name` returns the characters of).
+        unsafe {
+            let b = self.raw() as *const RawBackend;
+            if (*b).device != sys::ggml_backend_get_device(self.raw()) as *mut c_void {
+                return None;
+            }
+            let ctx = (*b).context as *const RawCudaContext;
+            if ctx.is_null() || (*ctx).name[0] != sys::ggml_backend_name(self.raw()) as usize {
+                return None;
+            }
+            let dev = usize::try_from((*ctx).device).ok().filter(|&d| d < 16)?;
+            let stream = (*ctx).streams[dev][0];
+            (!stream.is_null()).then_some(stream)
+        }
+    }
+
     /// On a CPU backend, switches ggml's reference kernels on or off: no llamafile sgemm, no
     /// tiled or KV-split flash attention, so each output row is computed the same way whatever
     /// the batch shape (slower prompt processing). Returns false (and does nothing) elsewhere.

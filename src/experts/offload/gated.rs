@@ -45,10 +45,12 @@
 //!   the scheduler made no copies), and from a graph's third step on (its first two go through
 //!   the eval hook, so ggml-cuda has warmed up, captured its pieces and grown its memory pool,
 //!   whose growth may synchronise the device).
-use super::gates::{ahead, capture_guard, GateStop, Open, Tickets};
+use super::gates::{ahead, capture_guard, table_kernel, GateStop, Open, Tickets};
 use super::prefetch::Pre;
 use super::trace;
 use super::*;
+use crate::experts::step::HitAddrs;
+use crate::experts::transfer::Lookup;
 use std::time::Instant;
 
 impl Offload {
@@ -109,6 +111,24 @@ impl Offload {
         self.gate_reads.clear();
         self.gate_stop = None;
         r
+    }
+
+    /// Table form's lookup of stop `n` (`h`: where the graph puts its gathers and flag) for
+    /// [`Transfer::table_lookup`]: the picks the stop's anchor kept (table form's selected ids
+    /// are that copy, contiguous), the layer's table, the step's base.
+    fn lookup(&self, n: &Resolved, h: HitAddrs, n_tokens: usize) -> Lookup {
+        let (tab, on) = self.table(n.il);
+        Lookup {
+            picks: n.sel_addr,
+            n: self.k * n_tokens,
+            n_expert: self.n_expert,
+            tab: tab.data_addr(),
+            on: on.data_addr(),
+            ids: h.ids,
+            mask: h.mask,
+            base: self.hit_base().data_addr(),
+            flag: h.flag,
+        }
     }
 
     /// Whether every ticket the step closed has been opened: a closed one never opened would
@@ -223,12 +243,24 @@ impl Offload {
                 self.parts[0].xfer.reads_after_compute()?;
                 self.scratch_region = c;
                 let reads = self.queue_reads(n, n_tokens)?;
+                let lookup = n
+                    .hit
+                    .filter(|_| table_kernel())
+                    .map(|h| self.lookup(n, h, n_tokens));
                 let x = self.parts[0].xfer.as_mut();
                 let routed = x.end_batch()?;
                 let flagged = match n.hit {
                     Some(h) => {
                         x.close_gate(t.gathers(c))?;
-                        backend.compute_nodes_async(graph, anchor + 1, after(c))?;
+                        // The gathers and the flag: one kernel of ours where asked for and
+                        // possible, else the graph's nodes.
+                        let looked = match &lookup {
+                            Some(l) => x.table_lookup(l)?,
+                            None => false,
+                        };
+                        if !looked {
+                            backend.compute_nodes_async(graph, anchor + 1, after(c))?;
+                        }
                         x.reads_after_compute()?;
                         x.read(reads.flag_at(), h.flag, 4)?;
                         Some(x.end_batch()?)

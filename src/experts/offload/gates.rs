@@ -116,6 +116,16 @@ pub(super) fn ahead() -> usize {
     })
 }
 
+/// Whether a gated table-form stop looks its picks up with one kernel of our own on ggml-cuda's
+/// stream (extra-kernels' `table_lookup`) instead of computing the graph's gathers and hit flag
+/// nodes (five small kernels and a copy, ~12.5 us a layer on the H100, docs/bench-h200.md
+/// 2026-12-07 evening): `POCKETMOE_TABLE_KERNEL=1`, read once; off by default until it has run
+/// on a GPU.
+pub(super) fn table_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("POCKETMOE_TABLE_KERNEL").is_ok_and(|v| v.trim() == "1"))
+}
+
 /// Whether the capture guard is on (`run_gated`): yes, unless `POCKETMOE_CAPTURE_GUARD=0`.
 pub(super) fn capture_guard() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
