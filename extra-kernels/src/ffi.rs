@@ -43,24 +43,6 @@ extern "C" {
     ) -> c_int;
 }
 
-/// Device addresses of a table-form stop's lookup ([`table_lookup`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Lookup {
-    /// The picks, `n` expert ids (i32), each below `n_expert`.
-    pub picks: usize,
-    pub n: usize,
-    pub n_expert: usize,
-    /// The layer's table: slot id (i32) and residency (f32) per expert.
-    pub tab: usize,
-    pub on: usize,
-    /// Where the picks' slot ids (i32) and residency (f32) go, `n` each.
-    pub ids: usize,
-    pub mask: usize,
-    /// The step's base (f32) and the layer's flag word (f32): base plus the resident picks.
-    pub base: usize,
-    pub flag: usize,
-}
-
 /// Queues table form's lookup on `stream` (kernels/table_lookup.cu): each pick's slot id and
 /// residency gathered from the table, and the hit flag written, in one kernel.
 ///
@@ -68,7 +50,7 @@ pub struct Lookup {
 /// `stream` must be a live CUDA stream of the device every address lies on; the addresses must
 /// stay valid until the kernel has run, and nothing else may write `ids`, `mask` or `flag`
 /// meanwhile.
-pub unsafe fn table_lookup(stream: Stream, l: &Lookup) -> Result<(), CudaError> {
+pub unsafe fn table_lookup(stream: Stream, l: &crate::Lookup) -> Result<(), CudaError> {
     let (Ok(n), Ok(n_expert)) = (c_int::try_from(l.n), c_int::try_from(l.n_expert)) else {
         return check("pmoe_table_lookup", INVALID_VALUE);
     };

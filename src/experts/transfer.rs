@@ -15,6 +15,7 @@ use super::host_copy::HostCopy;
 #[cfg(feature = "cuda-api")]
 use crate::ggml::Event;
 use crate::ggml::{Backend, GgmlError};
+pub use extra_kernels::Lookup;
 use std::rc::Rc;
 
 pub trait Transfer {
@@ -98,23 +99,6 @@ pub trait Transfer {
     fn peek(&mut self, _addr: Option<usize>) -> (Option<u32>, Option<u64>) {
         (None, None)
     }
-}
-
-/// A table-form stop's lookup ([`Transfer::table_lookup`]), device addresses: `n` picks (i32
-/// expert ids below `n_expert`), the layer's table (slot id i32 and residency f32 per expert),
-/// where the picks' slot ids and residency go (`n` each), the step's base and the layer's hit
-/// flag word (f32 each; the flag becomes base plus the resident picks).
-#[derive(Clone, Copy, Debug)]
-pub struct Lookup {
-    pub picks: usize,
-    pub n: usize,
-    pub n_expert: usize,
-    pub tab: usize,
-    pub on: usize,
-    pub ids: usize,
-    pub mask: usize,
-    pub base: usize,
-    pub flag: usize,
 }
 
 /// Read batches a gated step may have queued and not yet waited for.
@@ -305,21 +289,10 @@ impl Transfer for CudaCopy {
             });
             return Ok(false);
         };
-        let k = extra_kernels::Lookup {
-            picks: l.picks,
-            n: l.n,
-            n_expert: l.n_expert,
-            tab: l.tab,
-            on: l.on,
-            ids: l.ids,
-            mask: l.mask,
-            base: l.base,
-            flag: l.flag,
-        };
         // SAFETY: the addresses are the live graph's and the offload's device tensors (the
         // caller's), on the compute stream's device; the kernel runs in the stream's order,
         // where the graph's gathers would, so nothing else writes its outputs meanwhile.
-        unsafe { extra_kernels::table_lookup(stream, &k) }.map_err(cuda_err)?;
+        unsafe { extra_kernels::table_lookup(stream, l) }.map_err(cuda_err)?;
         Ok(true)
     }
 
