@@ -143,6 +143,7 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
         backend: backend.clone(),
         unfenced: false,
         gated,
+        compute_stream: None,
     }))
 }
 
@@ -172,6 +173,9 @@ struct CudaCopy {
     unfenced: bool,
     /// The gate and its events, where the driver has stream memory operations.
     gated: Option<Gated>,
+    /// ggml-cuda's compute stream, once read (`Backend::cuda_stream`; the handle lives as long
+    /// as the backend): where table form's lookup kernel goes.
+    compute_stream: Option<*mut std::ffi::c_void>,
 }
 
 #[cfg(feature = "cuda-api")]
@@ -279,7 +283,10 @@ impl Transfer for CudaCopy {
     }
 
     fn table_lookup(&mut self, l: &Lookup) -> Result<bool, GgmlError> {
-        let Some(stream) = self.backend.cuda_stream() else {
+        if self.compute_stream.is_none() {
+            self.compute_stream = self.backend.cuda_stream();
+        }
+        let Some(stream) = self.compute_stream else {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::warn!(
