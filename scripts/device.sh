@@ -272,10 +272,12 @@ case "$sub" in
       mkdir -p "$out"; out=$(cd "$out" && pwd)
       m=$(scripts/device-model.sh qwen3moe qwen3-30b-a3b q4_k_m "${SKEW:-}") || return 1
       local forms="${STOP_FORMS:-GATED=1+TABLE=1 GATED=1}"
+      # A form's switches as the environment takes them: GATED=1+TABLE=1 -> POCKETMOE_GATED=1 ...
+      vars_of() { local a; for a in ${1//+/ }; do printf 'POCKETMOE_%s\n' "$a"; done; }
       for f in $forms; do
         d=${f//[=+]/_}
-        env POCKETMOE_STEP_PROFILE=1 POCKETMOE_STOP_TRACE="$out/stops-$d.csv" \
-          $(sed 's/\([A-Z_]*=\)/POCKETMOE_\1/g' <<<"${f//+/ }") \
+        # shellcheck disable=SC2046
+        env POCKETMOE_STEP_PROFILE=1 POCKETMOE_STOP_TRACE="$out/stops-$d.csv" $(vars_of "$f") \
           scripts/device-run.sh exec pocketmoe bench -m "$m" --gpu 0 --gpu-mem "${BUDGET:-12GiB}" \
           -p 0 -n 128 --reps 2 --no-baseline > "$out/stops-$d.md" 2> "$out/stops-$d.log" || rc=1
         echo "== $f: $(grep -E 'tg128' "$out/stops-$d.md" | tail -1 | tr -s ' ' | cut -c1-200)"
@@ -285,7 +287,8 @@ case "$sub" in
       for f in resident $forms; do
         d=${f//[=+]/_}
         local mem=(--gpu-mem "${BUDGET:-12GiB}") envs=()
-        [ "$f" = resident ] && mem=() || envs=($(sed 's/\([A-Z_]*=\)/POCKETMOE_\1/g' <<<"${f//+/ }"))
+        # shellcheck disable=SC2207
+        [ "$f" = resident ] && mem=() || envs=($(vars_of "$f"))
         env "${envs[@]}" KTRACE_OUT="$out/k-$d-%p.csv" scripts/device-run.sh exec bash tools/kernel-trace/run.sh \
           pocketmoe bench -m "$m" --gpu 0 "${mem[@]}" --no-baseline --reps 2 -p 0 -n 64 \
           > "$out/k-$d.md" 2> "$out/k-$d.log" || { echo "trace $f FAILED"; rc=1; }

@@ -254,11 +254,7 @@ impl Offload {
                         x.close_gate(t.gathers(c))?;
                         // The gathers and the flag: one kernel of ours where asked for and
                         // possible, else the graph's nodes.
-                        let looked = match &lookup {
-                            Some(l) => x.table_lookup(l)?,
-                            None => false,
-                        };
-                        if !looked {
+                        if !lookup.map_or(Ok(false), |l| x.table_lookup(&l))? {
                             backend.compute_nodes_async(graph, anchor + 1, after(c))?;
                         }
                         x.reads_after_compute()?;
