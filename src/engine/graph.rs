@@ -4,7 +4,8 @@
 use super::*;
 
 impl Engine {
-    /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` positions).
+    /// Builds the graph for a micro-batch of `n` tokens at `n_past` (attending `n_kv` cache rows
+    /// from row `kv_lo`).
     /// `n_out > 0`: logits only for the `n_out` rows named by the `inp_out_ids` input (`batch`).
     /// `embd`: the output (named [`out_name`]) is the final normed hidden state, not logits.
     #[allow(clippy::too_many_arguments)]
@@ -12,6 +13,7 @@ impl Engine {
         &self,
         n: usize,
         n_kv: usize,
+        kv_lo: usize,
         last_only: bool,
         n_out: usize,
         embd: bool,
@@ -69,6 +71,7 @@ impl Engine {
                 kv_idx: t_idx,
                 n_tokens: n,
                 n_kv,
+                kv_lo,
                 last_only,
                 out_ids: t_out,
                 embd,

@@ -471,7 +471,7 @@ impl Engine {
     ) -> Result<OwnedGraph, EngineError> {
         let n_kv = BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx);
         let plan = self.arch_step(&arch_step::single(n_past, n), n);
-        Ok(self.build_graph(n, n_kv, last_only, 0, false, &plan)?.0)
+        Ok(self.build_graph(n, n_kv, 0, last_only, 0, false, &plan)?.0)
     }
 
     /// Sizes the compute buffer on the largest graph (a full micro-batch at the full context, in

@@ -535,6 +535,7 @@ impl Engine {
             pos: (n_past as i32..(n_past + n) as i32).collect(),
             rows: (n_past as i64..(n_past + n) as i64).collect(),
             n_kv: BatchInputs::padded_n_kv(n_past, n, self.kv.n_ctx),
+            kv_lo: 0,
             mask: step::Mask::Causal { n_past },
             out: if last_only && n > 1 {
                 step::Outputs::Last

@@ -64,6 +64,7 @@ impl Outputs {
 pub(super) struct GraphKey {
     n_tokens: usize,
     n_kv: usize,
+    kv_lo: usize,
     /// (last_only, n_out), see [`Outputs::graph_args`].
     out: (bool, usize),
     embd: bool,
@@ -114,15 +115,19 @@ pub(super) enum Mask<'a> {
 }
 
 impl Mask<'_> {
-    /// f16 [n_kv, n] mask bits: 0 where a token may attend, -inf elsewhere; `window` limits
-    /// how far back (`usize::MAX`: no limit).
-    fn build(&self, n: usize, n_kv: usize, window: usize) -> Vec<u16> {
+    /// f16 [n_kv, n] mask bits over cache rows `lo..lo + n_kv`: 0 where a token may attend,
+    /// -inf elsewhere; `window` limits how far back (`usize::MAX`: no limit). A causal mask's
+    /// sequence starts at row 0, so its `lo` is 0.
+    fn build(&self, n: usize, lo: usize, n_kv: usize, window: usize) -> Vec<u16> {
         match self {
-            Mask::Causal { n_past } => causal_mask_f16(*n_past, n, n_kv, window),
+            Mask::Causal { n_past } => {
+                debug_assert_eq!(lo, 0, "a single sequence's rows start at 0");
+                causal_mask_f16(*n_past, n, n_kv, window)
+            }
             Mask::Seqs { chunks, toks } => {
                 let mut m = vec![half::f16::NEG_INFINITY.to_bits(); n_kv * n];
                 for (t, row) in toks.iter().zip(m.chunks_exact_mut(n_kv)) {
-                    mask_row(row, &chunks[t.chunk], t.pos, window);
+                    mask_row(row, lo, &chunks[t.chunk], t.pos, window);
                 }
                 m
             }
@@ -136,8 +141,9 @@ pub(super) struct StepPlan<'a> {
     pub ids: Vec<i32>,
     pub pos: Vec<i32>,
     pub rows: Vec<i64>,
-    /// Cache rows attention reads (padded: see `BatchInputs::padded_n_kv`).
+    /// Cache rows attention reads (padded: see `BatchInputs::padded_n_kv`), from row `kv_lo`.
     pub n_kv: usize,
+    pub kv_lo: usize,
     pub mask: Mask<'a>,
     pub out: Outputs,
     /// The final normed hidden states instead of logits.
@@ -213,6 +219,7 @@ impl Engine {
         let key = GraphKey {
             n_tokens: n,
             n_kv: p.n_kv,
+            kv_lo: p.kv_lo,
             out: p.out.graph_args(),
             embd: p.embd,
             arch: p.arch.key(),
@@ -223,7 +230,8 @@ impl Engine {
                 self.warm_keys.replaced(k, nodes.runs.get() > 2, &key);
             }
             let (last_only, n_out) = key.out;
-            let (g, nodes) = self.build_graph(n, p.n_kv, last_only, n_out, p.embd, &p.arch)?;
+            let (g, nodes) =
+                self.build_graph(n, p.n_kv, p.kv_lo, last_only, n_out, p.embd, &p.arch)?;
             let gated = self.gated_inputs(&g, n);
             match (&self.split, &gated) {
                 (None, None) => self.sched.alloc(&g.graph())?,
@@ -267,12 +275,19 @@ impl Engine {
         // An architecture whose every block is windowed (deepseek4) reads no full mask.
         let full = g.tensor("attn_inp_kq_mask");
         if full.is_allocated() {
-            full.write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, usize::MAX)))?;
+            full.write_bytes(bytemuck::cast_slice(&p.mask.build(
+                n,
+                p.kv_lo,
+                p.n_kv,
+                usize::MAX,
+            )))?;
         }
         if g.has("attn_inp_kq_mask_swa") {
             let window = self.hp.swa.window as usize;
             g.tensor("attn_inp_kq_mask_swa")
-                .write_bytes(bytemuck::cast_slice(&p.mask.build(n, p.n_kv, window)))?;
+                .write_bytes(bytemuck::cast_slice(
+                    &p.mask.build(n, p.kv_lo, p.n_kv, window),
+                ))?;
         }
         if let Outputs::Rows(r) = &p.out {
             g.tensor("inp_out_ids").write_i32(r)?;

@@ -36,6 +36,10 @@ pub struct BatchInputs<'a> {
     /// [`KV_PAD`] (capped at the context), the rest masked. A stable shape across decode steps
     /// lets ggml-cuda replay its CUDA graph instead of rebuilding it every token.
     pub n_kv: usize,
+    /// The first cache row attention reads: it reads rows `kv_lo..kv_lo + n_kv` (the mask's
+    /// columns). 0 but for a multi-sequence pass whose sequences all sit above the cache's
+    /// bottom (`engine::batch`): rows below them would only be masked, at full cost.
+    pub kv_lo: usize,
     /// Compute logits for the last position only (prompt processing).
     pub last_only: bool,
     /// i32 [n_outputs]: compute logits for these batch positions only (multi-sequence batches,

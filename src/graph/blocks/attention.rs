@@ -139,7 +139,7 @@ impl<'a> GraphBuilder<'a> {
         self.kv_store(kc, k_flat);
         self.kv_store(vc, v_flat);
 
-        // Attend over cache positions 0..n_kv.
+        // Attend over cache rows kv_lo..kv_lo + n_kv.
         let k_all = self.kv_view(kc, k_row, dk, dk, n_head_kv); // [dk, n_kv, n_head_kv]
         let v_all = self.kv_view(vc, v_row, dv, dv, n_head_kv); // [dv, n_kv, n_head_kv]
         let qp = ctx.permute(q, [0, 2, 1, 3]); // [dk, nt, n_head]
@@ -169,8 +169,8 @@ impl<'a> GraphBuilder<'a> {
             .build_forward(self.ctx.set_rows(cache, rows, self.batch.kv_idx));
     }
 
-    /// `cache` (rows of `row` elements) over positions 0..n_kv as `heads` heads of `d` elements,
-    /// `head` elements apart: [d, n_kv, heads] (a view, as llama.cpp's `get_k`/`get_v`).
+    /// `cache` (rows of `row` elements) over rows `kv_lo..kv_lo + n_kv` as `heads` heads of `d`
+    /// elements, `head` elements apart: [d, n_kv, heads] (a view, as llama.cpp's `get_k`/`get_v`).
     pub(crate) fn kv_view(
         &self,
         cache: Tensor<'a>,
@@ -185,9 +185,12 @@ impl<'a> GraphBuilder<'a> {
         // build_attn_mha): the same memory as viewing [d, n_kv, heads] directly, but a view
         // ggml's meta backend can follow through a tensor split (it cannot view a permuted
         // layout; `engine::tensor_split`).
-        let v = self
-            .ctx
-            .view(cache, &[d, heads, n_kv], &[bytes(head), bytes(row)], 0);
+        let v = self.ctx.view(
+            cache,
+            &[d, heads, n_kv],
+            &[bytes(head), bytes(row)],
+            self.batch.kv_lo * bytes(row),
+        );
         self.ctx.permute(v, [0, 2, 1, 3])
     }
 }
