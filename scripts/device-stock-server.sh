@@ -30,7 +30,8 @@ rm -rf "$ROOT" && mkdir -p "$ROOT"
 tar -C "$ROOT" -xJf dist/stock/llama-server.tar.xz
 export PATH="/usr/local/cuda/bin:$PATH"
 start=$(date +%s)
-cmake -S "$ROOT/llama.cpp" -B "$ROOT/build" -G Ninja "${cuda[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+cmake -S "$ROOT/llama.cpp" -B "$ROOT/build" -G Ninja "${cuda[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
   -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$ROOT/cmake.log" 2>&1 \
