@@ -143,7 +143,7 @@ fn cuda(backend: &Rc<Backend>) -> Result<Box<dyn Transfer>, GgmlError> {
         backend: backend.clone(),
         unfenced: false,
         gated,
-        compute_stream: None,
+        compute_stream: std::cell::OnceCell::new(),
     }))
 }
 
@@ -173,9 +173,9 @@ struct CudaCopy {
     unfenced: bool,
     /// The gate and its events, where the driver has stream memory operations.
     gated: Option<Gated>,
-    /// ggml-cuda's compute stream, once read (`Backend::cuda_stream`; the handle lives as long
-    /// as the backend): where table form's lookup kernel goes.
-    compute_stream: Option<*mut std::ffi::c_void>,
+    /// ggml-cuda's compute stream, read once (`Backend::cuda_stream`; the handle lives as long
+    /// as the backend; `None` inside: it could not be read): where table form's lookup kernel goes.
+    compute_stream: std::cell::OnceCell<Option<*mut std::ffi::c_void>>,
 }
 
 #[cfg(feature = "cuda-api")]
@@ -283,10 +283,10 @@ impl Transfer for CudaCopy {
     }
 
     fn table_lookup(&mut self, l: &Lookup) -> Result<bool, GgmlError> {
-        if self.compute_stream.is_none() {
-            self.compute_stream = self.backend.cuda_stream();
-        }
-        let Some(stream) = self.compute_stream else {
+        let Some(stream) = *self
+            .compute_stream
+            .get_or_init(|| self.backend.cuda_stream())
+        else {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::warn!(
