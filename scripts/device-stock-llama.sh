@@ -8,9 +8,17 @@
 #
 #   LLAMA_BENCH=$(scripts/device-stock-llama.sh | tail -1)
 #   pocketmoe bench ... --llama-bench "$LLAMA_BENCH"     # or POCKETMOE_LLAMA_BENCH=...
+#
+# CUDA=0: the CPU release build instead (every CPU variant, OpenMP, no CUDA), into ROOT (default
+# /tmp/stock-llama-cpu): issue 30's CPU comparison on a machine without a GPU, stock llama-bench
+# of the same tree beside `pocketmoe bench` (~12 min on the 2-core dev box).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=/tmp/stock-llama
+if [ "${CUDA:-1}" = 0 ]; then
+  cuda=(-DGGML_CUDA=OFF); ROOT="${ROOT:-/tmp/stock-llama-cpu}"
+else
+  cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90); ROOT="${ROOT:-/tmp/stock-llama}"
+fi
 BIN="$ROOT/build/bin/llama-bench"
 # A wrapper that runs it with its own libraries only (device-run.sh puts our libggml/libllama on
 # LD_LIBRARY_PATH, which would shadow stock's RUNPATH).
@@ -25,7 +33,7 @@ rm -rf "$ROOT" && mkdir -p "$ROOT"
 tar -C "$ROOT" -xJf dist/stock/llama.cpp.tar.xz
 export PATH="/usr/local/cuda/bin:$PATH"
 start=$(date +%s)
-cmake -S "$ROOT/llama.cpp" -B "$ROOT/build" -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S "$ROOT/llama.cpp" -B "$ROOT/build" -G Ninja "${cuda[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
   -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$ROOT/cmake.log" 2>&1 \
